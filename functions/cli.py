@@ -1,0 +1,50 @@
+"""The ``jobfence`` command: dispatches to one module per entrypoint, imported lazily so a
+short-lived function pays only for what it uses."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from typing import cast
+
+# name -> (module:function, one line of help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "enqueue": ("functions.enqueue:main", "validate and insert job(s), print their ids"),
+    "migrate": ("functions.ops:migrate_main", "apply database migrations"),
+    "status": ("functions.ops:status_main", "show one job"),
+    "list": ("functions.ops:list_main", "list jobs"),
+    "wait": ("functions.ops:wait_main", "block until a job is terminal"),
+    "cancel": ("functions.ops:cancel_main", "cancel a job (and a parent's children)"),
+    "drain": ("functions.ops:drain_main", "drain mode on|off|status"),
+}
+
+
+def usage() -> str:
+    width = max(len(n) for n in COMMANDS)
+    lines = ["usage: jobfence COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {n.ljust(width)}  {h}" for n, (_, h) in COMMANDS.items()]
+    lines += ["", "Run `jobfence COMMAND --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def resolve(name: str) -> Callable[[list[str]], int]:
+    target, _ = COMMANDS[name]
+    module, _, func = target.partition(":")
+    return cast(Callable[[list[str]], int], getattr(importlib.import_module(module), func))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        sys.stderr.write(f"jobfence: error: unknown command {name!r}\n\n{usage()}\n")
+        return 2
+    return resolve(name)(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

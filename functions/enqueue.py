@@ -1,0 +1,118 @@
+"""enqueue: validate job specs, check drain, insert the jobs with their audit events, and
+print one JSON object per spec. Invalid input writes nothing (exit 2)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shared import cli
+from shared.errors import InvalidSpec
+from shared.ids import uuid7
+from shared.settings import Settings
+from shared.spec import JobSpec, parse_action_arg, parse_spec_text, parse_specs, seconds
+from shared.store import Enqueued, FencedStore, NewJob
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    function: str
+    jobs: tuple[Enqueued, ...]
+
+
+def to_new_job(spec: JobSpec, settings: Settings) -> NewJob:
+    return NewJob(
+        job_id=uuid7(),
+        actions=spec.stored_actions(),
+        max_attempts=spec.max_attempts or settings.max_attempts,
+        resource=spec.resource,
+        priority=spec.priority,
+        after=tuple(spec.after),
+        labels=dict(spec.labels),
+        ttl_seconds=seconds(spec.ttl),
+        timeout_seconds=seconds(spec.timeout),
+        expires_in_seconds=seconds(spec.expires_in),
+        idempotency_key=spec.idempotency_key,
+        spec_hash=spec.fingerprint(),
+    )
+
+
+def run_once(settings: Settings, store: FencedStore, specs: Sequence[JobSpec]) -> Report:
+    if any(s.inputs for s in specs):
+        raise InvalidSpec("S3 inputs are not supported by this version")
+    jobs = [to_new_job(spec, settings) for spec in specs]
+    return Report("enqueue", tuple(store.enqueue(jobs)))
+
+
+def parser() -> cli.Parser:
+    p = cli.Parser(prog="jobfence enqueue", description=__doc__)
+    p.add_argument("actions", nargs="*", metavar="ACTION",
+                   help="NAME or NAME:JSON_PARAMS, run in order")
+    p.add_argument("--spec", metavar="FILE", help="a JSON or YAML job spec (or list); - for stdin")
+    p.add_argument("--resource")
+    p.add_argument("--max-attempts", type=int)
+    p.add_argument("--priority", type=int)
+    p.add_argument("--after", action="append", default=[], metavar="JOB_ID")
+    p.add_argument("--idempotency-key")
+    p.add_argument("--ttl", metavar="DUR")
+    p.add_argument("--timeout", metavar="DUR")
+    p.add_argument("--expires-in", metavar="DUR")
+    p.add_argument("--inputs", metavar="s3://BUCKET/PREFIX")
+    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+    return p
+
+
+def specs_from_args(argv: list[str]) -> list[JobSpec]:
+    args = parser().parse_args(argv)
+    flags = {
+        "resource": args.resource, "max_attempts": args.max_attempts,
+        "priority": args.priority, "after": args.after or None,
+        "idempotency_key": args.idempotency_key, "ttl": args.ttl, "timeout": args.timeout,
+        "expires_in": args.expires_in, "inputs": args.inputs,
+    }
+    if args.spec:
+        if args.actions or any(v is not None for v in flags.values()) or args.label:
+            raise InvalidSpec("give either --spec or ACTION arguments with flags, not both")
+        if args.spec == "-":
+            text, source = sys.stdin.read(), "stdin"
+        else:
+            try:
+                with open(args.spec, encoding="utf-8") as f:
+                    text, source = f.read(), args.spec
+            except OSError as exc:
+                raise InvalidSpec(f"cannot read spec {args.spec!r}: {exc.strerror}") from None
+        return parse_spec_text(text, source)
+    if not args.actions:
+        raise InvalidSpec("nothing to enqueue: give ACTION arguments or --spec FILE")
+    labels = {}
+    for item in args.label:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidSpec(f"--label {item!r}: expected KEY=VALUE")
+        labels[key] = value
+    spec = {k: v for k, v in flags.items() if v is not None}
+    spec["actions"] = [parse_action_arg(a) for a in args.actions]
+    if labels:
+        spec["labels"] = labels
+    return parse_specs(spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    def body() -> int:
+        specs = specs_from_args(list(sys.argv[1:] if argv is None else argv))
+        settings = cli.setup("enqueue")
+        with cli.open_store(settings, "enqueue") as store:
+            report = run_once(settings, store, specs)
+        for job in report.jobs:
+            out = {"job_id": job.job_id, "status": job.status}
+            if not job.created:
+                out["created"] = False
+            cli.emit(out)
+        return 0
+
+    return cli.run_command("enqueue", body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Operator commands over the fenced store: migrate, status, list, wait, cancel, drain."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from shared import cli
+from shared.db import connect
+from shared.errors import ExitCode, InvalidSpec, JobNotFound, WaitTimeout
+from shared.ids import parse_job_id
+from shared.migrations import migrate
+from shared.store import ACTIVE, TERMINAL, FencedStore
+from shared.views import job_views, render_text
+
+
+def _job_id(text: str):  # type: ignore[no-untyped-def]
+    try:
+        return parse_job_id(text)
+    except ValueError as exc:
+        raise InvalidSpec(str(exc)) from None
+
+
+def migrate_main(argv: list[str]) -> int:
+    def body() -> int:
+        cli.Parser(prog="jobfence migrate", description="Apply database migrations "
+                   "(idempotent; safe to run from several pods at once).").parse_args(argv)
+        settings = cli.setup("migrate")
+        conn = connect(settings.database_url, application_name="jobfence-migrate",
+                       connect_timeout=settings.connect_timeout_seconds)
+        try:
+            report = migrate(conn)
+        finally:
+            conn.close()
+        cli.emit({"function": "migrate", "applied": list(report.applied),
+                  "version": report.current})
+        return 0
+
+    return cli.run_command("migrate", body)
+
+
+def status_main(argv: list[str]) -> int:
+    def body() -> int:
+        p = cli.Parser(prog="jobfence status", description="Show one job.")
+        p.add_argument("job_id")
+        p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+        p.add_argument("--events", action="store_true", help="include the audit trail")
+        args = p.parse_args(argv)
+        job_id = _job_id(args.job_id)
+        settings = cli.setup("status")
+        with cli.open_store(settings, "status") as store:
+            row = store.get(job_id)
+            if row is None:
+                raise JobNotFound(job_id)
+            view = job_views(store, [row])[0]
+            if args.events:
+                view["events"] = store.events(job_id)
+        if args.output == "json":
+            cli.emit(view)
+        else:
+            print(render_text(view))
+            for e in view.get("events", []):
+                print(f"    {e['at']:%H:%M:%S.%f} {e['from_status'] or '-':>9} -> "
+                      f"{e['to_status']:<9} {e['reason'] or ''}")
+        return 0
+
+    return cli.run_command("status", body)
+
+
+def list_main(argv: list[str]) -> int:
+    def body() -> int:
+        p = cli.Parser(prog="jobfence list", description="List jobs, newest first.")
+        p.add_argument("--status", choices=[*ACTIVE, *TERMINAL])
+        p.add_argument("--resource")
+        p.add_argument("--parent", metavar="JOB_ID")
+        p.add_argument("--limit", type=int, default=50)
+        p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+        args = p.parse_args(argv)
+        if not 1 <= args.limit <= 10_000:
+            raise InvalidSpec("--limit must be between 1 and 10000")
+        parent = _job_id(args.parent) if args.parent else None
+        settings = cli.setup("list")
+        with cli.open_store(settings, "list") as store:
+            views = job_views(store, store.list_jobs(status=args.status, resource=args.resource,
+                                                parent_id=parent, limit=args.limit))
+        if args.output == "json":
+            cli.emit(views)
+            return 0
+        print(f"{'JOB_ID':<36}  {'STATUS':<9}  {'ATTEMPT':>7}  {'RESOURCE':<20}  ACTIONS")
+        for v in views:
+            actions = ",".join(a["name"] for a in v["actions"])
+            print(f"{v['job_id']!s:<36}  {v['status']:<9}  "
+                  f"{v['attempt_count']:>3}/{v['max_attempts']:<3}  "
+                  f"{(v['resource'] or '-')[:20]:<20}  {actions}")
+        return 0
+
+    return cli.run_command("list", body)
+
+
+def cancel_main(argv: list[str]) -> int:
+    def body() -> int:
+        p = cli.Parser(prog="jobfence cancel",
+                       description="Cancel a job; a running worker stops within a heartbeat.")
+        p.add_argument("job_id")
+        p.add_argument("--reason", default="cancelled by operator")
+        args = p.parse_args(argv)
+        job_id = _job_id(args.job_id)
+        settings = cli.setup("cancel")
+        with cli.open_store(settings, "cancel") as store:
+            done = store.cancel(job_id=job_id, reason=args.reason)
+        cli.emit({"job_id": job_id, "status": "cancelled",
+                  "children_cancelled": sum(1 for t in done if t.job_id != job_id
+                                            and t.status == "cancelled")})
+        return 0
+
+    return cli.run_command("cancel", body)
+
+
+def drain_main(argv: list[str]) -> int:
+    def body() -> int:
+        p = cli.Parser(prog="jobfence drain", description="Quiesce: refuse new work, let "
+                       "running jobs finish.")
+        p.add_argument("mode", choices=["on", "off", "status"])
+        p.add_argument("--reason")
+        args = p.parse_args(argv)
+        settings = cli.setup("drain")
+        with cli.open_store(settings, "drain") as store:
+            if args.mode != "status":
+                store.set_drain(on=args.mode == "on", reason=args.reason)
+            state = store.drain_status()
+        cli.emit({"draining": state["draining"], "since": state["drain_changed_at"],
+                  "reason": state["drain_reason"], "running": state["running"],
+                  "scaler_value": state["scaler_value"]})
+        return 0
+
+    return cli.run_command("drain", body)
+
+
+def wait_main(argv: list[str]) -> int:
+    def body() -> int:
+        p = cli.Parser(prog="jobfence wait", description="Block until a job is terminal: "
+                       "exit 0 succeeded, 1 failed or cancelled, 7 timed out.")
+        p.add_argument("job_id")
+        p.add_argument("--timeout", type=float, metavar="SECONDS")
+        p.add_argument("--interval", type=float, default=0.5, metavar="SECONDS")
+        args = p.parse_args(argv)
+        job_id = _job_id(args.job_id)
+        if args.timeout is not None and args.timeout < 0:
+            raise InvalidSpec("--timeout must not be negative")
+        settings = cli.setup("wait")
+        deadline = None if args.timeout is None else time.monotonic() + args.timeout
+        tty = sys.stdout.isatty()
+        with cli.open_store(settings, "wait") as store:
+            while True:
+                row = store.get(job_id)
+                if row is None:
+                    raise JobNotFound(job_id)
+                if tty:
+                    _progress(store, row)
+                if row["status"] in TERMINAL:
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    if tty:
+                        sys.stdout.write("\n")
+                    raise WaitTimeout(f"job {job_id} still {row['status']} after "
+                                      f"{args.timeout:g}s")
+                time.sleep(args.interval if deadline is None
+                           else max(0.0, min(args.interval, deadline - time.monotonic())))
+        if tty:
+            sys.stdout.write("\n")
+        cli.emit({"job_id": job_id, "status": row["status"], "error": row["error"]})
+        return int(ExitCode.OK if row["status"] == "succeeded" else ExitCode.FAILED)
+
+    return cli.run_command("wait", body)
+
+
+def _progress(store: FencedStore, row: dict) -> None:  # type: ignore[type-arg]
+    """A one-line progress bar: children done / total for a parent, actions otherwise."""
+    if row["is_parent"]:
+        counts = store.children_counts(row["job_id"])
+        total = sum(counts.values())
+        done = sum(n for s, n in counts.items() if s in TERMINAL)
+        label = "children"
+    else:
+        views = job_views(store, [row])[0]["actions"]
+        total = len(views)
+        done = sum(1 for a in views if a["status"] in ("succeeded", "failed", "skipped"))
+        label = "actions"
+    width = 30
+    filled = int(width * done / total) if total else width
+    bar = "#" * filled + "-" * (width - filled)
+    sys.stdout.write(f"\r[{bar}] {done}/{total} {label}  {row['status']:<9}")
+    sys.stdout.flush()

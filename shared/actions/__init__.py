@@ -1,0 +1,86 @@
+"""Actions: the steps a job runs, resolved by name.
+
+Built-ins (``sleep``, ``command``) live in ``shared.actions.builtin``; installed packages
+add more through the entry-point group ``jobfence.actions``, whose objects satisfy the
+``Action`` protocol (or are classes that construct one with no arguments).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+from uuid import UUID
+
+from shared.errors import InvalidSpec
+
+ENTRY_POINT_GROUP = "jobfence.actions"
+
+
+class StopRequested(Exception):
+    """Raised inside an action when the attempt must stop (fence lost, cancel, SIGTERM)."""
+
+
+@dataclass
+class ActionContext:
+    """What a running action may use. ``stop`` is set the moment the attempt must end;
+    long-running actions wait on it rather than sleeping, and register child processes with
+    ``track_process`` so they can be killed from another thread."""
+
+    job_id: UUID
+    attempt_id: UUID
+    action_index: int
+    workdir: Path
+    stop: threading.Event
+    track_process: Callable[[int], None]
+    untrack_process: Callable[[int], None]
+    env: Mapping[str, str] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def check_stop(self) -> None:
+        if self.stop.is_set():
+            raise StopRequested("the attempt was told to stop")
+
+
+@runtime_checkable
+class Action(Protocol):
+    name: str
+
+    def validate(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Normalized params, or InvalidSpec saying what is wrong (called at enqueue)."""
+        ...
+
+    def run(self, ctx: ActionContext, params: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """Do the work; return a small JSON-able result, raise to fail the attempt."""
+        ...
+
+
+@cache
+def registry() -> Mapping[str, Action]:
+    """Built-ins plus installed actions; an installed action may not shadow a built-in."""
+    from importlib.metadata import entry_points
+
+    from shared.actions.builtin import BUILTINS
+
+    actions: dict[str, Action] = dict(BUILTINS)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in actions:
+            continue
+        loaded = ep.load()
+        action = loaded() if isinstance(loaded, type) else loaded
+        if not isinstance(action, Action):
+            raise TypeError(f"entry point {ep.value} is not a jobfence action")
+        actions[ep.name] = action
+    return actions
+
+
+def get_action(name: str) -> Action:
+    actions = registry()
+    try:
+        return actions[name]
+    except KeyError:
+        known = ", ".join(sorted(actions))
+        raise InvalidSpec(f"unknown action {name!r} (known: {known})") from None

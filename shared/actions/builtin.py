@@ -1,0 +1,163 @@
+"""Built-in actions: ``sleep`` and ``command``.
+
+``command`` runs an argv in its own process group so that the whole tree can be killed at
+once — by the action itself on timeout, or by the worker's heartbeat or SIGTERM watcher
+from another thread when the attempt must stop.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import IO, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shared.actions import Action, ActionContext, StopRequested
+from shared.durations import Duration
+from shared.errors import InvalidSpec
+
+TAIL_BYTES = 4096
+# The child never sees the worker's own secrets.
+_HIDDEN_ENV = ("JOBFENCE_DATABASE_URL",)
+
+
+class ActionFailed(Exception):
+    """The action ran and failed; ``detail`` carries what helps a person (stderr tail)."""
+
+    def __init__(self, message: str, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+def _validated(model: type[BaseModel], name: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        return model.model_validate(params).model_dump(mode="json", exclude_none=True)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'params'}: {e['msg']}" for e in exc.errors()
+        )
+        raise InvalidSpec(f"action {name!r}: {problems}") from None
+
+
+class SleepParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    seconds: float = Field(ge=0, le=7 * 86400)
+
+
+class SleepAction:
+    """Wait ``seconds``; stops at once when the attempt is told to stop."""
+
+    name = "sleep"
+
+    def validate(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        return _validated(SleepParams, self.name, params)
+
+    def run(self, ctx: ActionContext, params: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        seconds = float(params["seconds"])
+        if ctx.stop.wait(seconds):
+            raise StopRequested("stopped during sleep")
+        return {"slept_seconds": seconds}
+
+
+class CommandParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    argv: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    timeout: Duration | None = None
+
+
+class _Tail:
+    """Keeps the last TAIL_BYTES of a stream, read on a thread so the pipe never fills."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._size = 0
+        self._thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _pump(self, stream: IO[bytes]) -> None:
+        with stream:
+            for chunk in iter(lambda: stream.read1(65536), b""):  # type: ignore[attr-defined]
+                self._chunks.append(chunk)
+                self._size += len(chunk)
+                while self._size - len(self._chunks[0]) >= TAIL_BYTES:
+                    self._size -= len(self._chunks.popleft())
+
+    def text(self) -> str:
+        self._thread.join(timeout=2)
+        data = b"".join(self._chunks)[-TAIL_BYTES:]
+        return data.decode("utf-8", errors="replace")
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL a whole process group; gone already is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+class CommandAction:
+    """Run ``argv`` (no shell unless the argv asks for one) with the job's environment."""
+
+    name = "command"
+    poll_seconds = 0.05
+
+    def validate(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        return _validated(CommandParams, self.name, params)
+
+    def run(self, ctx: ActionContext, params: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        p = CommandParams.model_validate(params)
+        env = {k: v for k, v in os.environ.items() if k not in _HIDDEN_ENV}
+        env.update(ctx.env)
+        env.update(p.env)
+        ctx.check_stop()
+        started = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                p.argv, cwd=ctx.workdir, env=env, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            )
+        except OSError as exc:
+            raise ActionFailed(f"cannot start {p.argv[0]!r}: {exc.strerror or exc}") from exc
+        ctx.track_process(proc.pid)
+        assert proc.stdout is not None and proc.stderr is not None
+        out, err = _Tail(proc.stdout), _Tail(proc.stderr)
+        deadline = started + p.timeout.total_seconds() if p.timeout else None
+        try:
+            code = self._wait(proc, ctx, deadline, p.timeout)
+        finally:
+            kill_group(proc.pid)   # grandchildren left behind by the child die with it
+            proc.wait()
+            ctx.untrack_process(proc.pid)
+        stdout, stderr = out.text(), err.text()
+        result = {"exit_code": code, "duration_seconds": round(time.monotonic() - started, 3),
+                  "stdout_tail": stdout, "stderr_tail": stderr}
+        if code != 0:
+            last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
+            raise ActionFailed(f"command exited with {code}" + (f": {last}" if last else ""),
+                               detail=stderr)
+        return result
+
+    def _wait(self, proc: subprocess.Popen[bytes], ctx: ActionContext, deadline: float | None,
+              timeout: timedelta | None) -> int:
+        while True:
+            try:
+                return proc.wait(timeout=self.poll_seconds)
+            except subprocess.TimeoutExpired:
+                pass
+            if ctx.stop.is_set():
+                kill_group(proc.pid)
+                raise StopRequested("stopped while the command ran")
+            if deadline is not None and time.monotonic() >= deadline:
+                kill_group(proc.pid)
+                raise ActionFailed(f"command timed out after {timeout}")
+
+
+BUILTINS: dict[str, Action] = {"sleep": SleepAction(), "command": CommandAction()}

@@ -1,0 +1,91 @@
+"""Plumbing shared by every command: settings, logging, the store, JSON on stdout, and the
+one place where errors become the contract's exit codes and a message on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, is_dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from shared import logs
+from shared.db import connect
+from shared.durations import format_duration
+from shared.errors import ExitCode, InvalidSpec, JobfenceError
+from shared.settings import Settings, load_settings
+from shared.store import FencedStore
+
+
+def to_jsonable(value: Any) -> Any:
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return format_duration(value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return to_jsonable(asdict(value))
+    if isinstance(value, dict):
+        return {k: to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_jsonable(v) for v in value]
+    return value
+
+
+def emit(obj: Any) -> None:
+    """One JSON document on stdout."""
+    sys.stdout.write(json.dumps(to_jsonable(obj)) + "\n")
+    sys.stdout.flush()
+
+
+def error(message: str) -> None:
+    sys.stderr.write(f"jobfence: error: {message}\n")
+    sys.stderr.flush()
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports bad arguments as exit 2 with the contract's message form."""
+
+    def error(self, message: str) -> Any:
+        raise InvalidSpec(f"{self.prog}: {message}")
+
+
+def run_command(name: str, body: Callable[[], int]) -> int:
+    """Run a command body; map every error to its exit code and one line on stderr."""
+    try:
+        return body()
+    except JobfenceError as exc:
+        error(str(exc))
+        return int(exc.exit_code)
+    except KeyboardInterrupt:
+        error("interrupted")
+        return 130
+    except BrokenPipeError:
+        return int(ExitCode.OK)
+    except Exception as exc:
+        logs.get_logger(name).exception("command_crashed", command=name)
+        error(f"{name} failed unexpectedly: {type(exc).__name__}: {exc}")
+        return int(ExitCode.FAILED)
+
+
+def setup(name: str, **overrides: object) -> Settings:
+    """Settings and logging for a command run."""
+    settings = load_settings(**overrides)
+    logs.configure(settings.log_format, settings.log_level, command=name)
+    return settings
+
+
+@contextmanager
+def open_store(settings: Settings, name: str) -> Iterator[FencedStore]:
+    conn = connect(settings.database_url, application_name=f"jobfence-{name}",
+                   connect_timeout=settings.connect_timeout_seconds)
+    try:
+        yield FencedStore(conn)
+    finally:
+        conn.close()

@@ -1,0 +1,50 @@
+"""ISO 8601 durations (``PT90S``, ``PT1H30M``, ``P1DT12H``, ``PT0.5S``, ``P2W``) parsed by a
+real parser (pydantic's), never by string slicing. Years and months have no fixed length:
+they count as 365 and 30 days.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated
+
+from pydantic import BeforeValidator, TypeAdapter, ValidationError
+
+_TIMEDELTA = TypeAdapter(timedelta)
+
+
+def parse_duration(text: object) -> timedelta:
+    """A positive duration from an ISO 8601 string; ValueError saying what is wrong."""
+    if isinstance(text, timedelta):
+        value = text
+    else:
+        if not isinstance(text, str) or not text.strip().upper().startswith("P"):
+            raise ValueError(f"{text!r} is not an ISO 8601 duration (e.g. PT90S, PT1H30M, P7D)")
+        try:
+            value = _TIMEDELTA.validate_python(text.strip().upper())
+        except ValidationError:
+            raise ValueError(
+                f"{text!r} is not an ISO 8601 duration (e.g. PT90S, PT1H30M, P7D)"
+            ) from None
+    if value <= timedelta(0):
+        raise ValueError(f"duration {text!r} must be positive")
+    return value
+
+
+def format_duration(value: timedelta) -> str:
+    """The ISO 8601 form of a duration, days and seconds only (``P1DT30M``)."""
+    total = value.total_seconds()
+    days, rem = divmod(total, 86400)
+    hours, rem = divmod(rem, 3600)
+    minutes, seconds = divmod(rem, 60)
+    out = "P" + (f"{int(days)}D" if days else "")
+    time_part = (f"{int(hours)}H" if hours else "") + (f"{int(minutes)}M" if minutes else "")
+    if seconds:
+        time_part += f"{seconds:g}S"
+    if time_part:
+        out += "T" + time_part
+    return out if out != "P" else "PT0S"
+
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+"""A pydantic field type: an ISO 8601 duration string in, a positive timedelta out."""

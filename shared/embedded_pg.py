@@ -1,0 +1,143 @@
+"""A throwaway PostgreSQL cluster from the local server binaries, for tests, the demo and
+the benchmarks: ``initdb`` into a temporary directory, ``pg_ctl start`` on a free loopback
+port, stopped (and deleted) on exit.
+
+PostgreSQL refuses to run as root; when this process is root the server runs as the
+``postgres`` user, in a directory handed over to it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Self
+
+
+class EmbeddedPostgresError(RuntimeError):
+    pass
+
+
+def find_bindir() -> Path:
+    """Where ``initdb`` and ``pg_ctl`` live: $JOBFENCE_PG_BINDIR, pg_config, Debian's
+    /usr/lib/postgresql/N/bin (newest), or PATH."""
+    candidates: list[str] = []
+    if os.environ.get("JOBFENCE_PG_BINDIR"):
+        candidates.append(os.environ["JOBFENCE_PG_BINDIR"])
+    pg_config = shutil.which("pg_config")
+    if pg_config:
+        with contextlib.suppress(subprocess.CalledProcessError, OSError):
+            candidates.append(subprocess.run([pg_config, "--bindir"], capture_output=True,
+                                             text=True, check=True).stdout.strip())
+    candidates += sorted(glob.glob("/usr/lib/postgresql/*/bin"),
+                         key=lambda p: int(p.split("/")[-2]) if p.split("/")[-2].isdigit()
+                         else 0, reverse=True)
+    initdb = shutil.which("initdb")
+    if initdb:
+        candidates.append(str(Path(initdb).parent))
+    for c in candidates:
+        if (Path(c) / "initdb").exists() and (Path(c) / "pg_ctl").exists():
+            return Path(c)
+    raise EmbeddedPostgresError(
+        "no PostgreSQL server binaries found (initdb, pg_ctl); install them "
+        "(Debian: apt-get install -y postgresql) or set JOBFENCE_PG_BINDIR")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class EmbeddedPostgres:
+    """One local cluster. ``durable=False`` turns off fsync and friends: fine for tests and
+    demos, never for data anyone wants to keep."""
+
+    def __init__(self, *, durable: bool = False, port: int | None = None,
+                 max_connections: int = 300, settings: dict[str, str] | None = None) -> None:
+        self.bindir = find_bindir()
+        self.durable = durable
+        self.port = port or free_port()
+        self.max_connections = max_connections
+        self.extra = settings or {}
+        self.root = Path(tempfile.mkdtemp(prefix="jobfence-pg-"))
+        self.data = self.root / "data"
+        self.logfile = self.root / "server.log"
+        self._run_as: dict[str, Any] = {}
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam("postgres")
+            os.chown(self.root, pw.pw_uid, pw.pw_gid)
+            self._run_as = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+        self._started = False
+
+    @property
+    def dsn(self) -> str:
+        return self.url("postgres")
+
+    def url(self, dbname: str) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
+
+    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(self.bindir / args[0]), *args[1:]], cwd=self.root,
+                              capture_output=True, text=True, check=check, **self._run_as)
+
+    def _options(self) -> str:
+        opts = {
+            "listen_addresses": "127.0.0.1",
+            "unix_socket_directories": str(self.root),
+            "max_connections": str(self.max_connections),
+            **({} if self.durable else {
+                "fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}),
+            **self.extra,
+        }
+        return " ".join([f"-p {self.port}", *(f"-c {k}={v}" for k, v in opts.items())])
+
+    def start(self) -> Self:
+        if not (self.data / "PG_VERSION").exists():
+            try:
+                self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust",
+                          "-E", "UTF8", "--locale=C", "-N")
+            except subprocess.CalledProcessError as exc:
+                raise EmbeddedPostgresError(f"initdb failed: {exc.stderr.strip()}") from exc
+        try:
+            self._run("pg_ctl", "-D", str(self.data), "-l", str(self.logfile), "-w",
+                      "-t", "30", "-o", self._options(), "start")
+        except subprocess.CalledProcessError as exc:
+            log = self.logfile.read_text() if self.logfile.exists() else ""
+            raise EmbeddedPostgresError(
+                f"PostgreSQL did not start: {exc.stderr.strip()}\n{log[-2000:]}") from exc
+        self._started = True
+        atexit.register(self.destroy)
+        return self
+
+    def stop(self, mode: str = "fast") -> None:
+        if self._started:
+            self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "30", "stop",
+                      check=False)
+            self._started = False
+
+    def restart(self, down_seconds: float = 0.0) -> None:
+        """Stop (immediate: like a crash) and start again on the same port."""
+        self.stop(mode="immediate")
+        if down_seconds:
+            time.sleep(down_seconds)
+        self.start()
+
+    def destroy(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()

@@ -1,0 +1,102 @@
+"""Typed errors, and the one table that maps them to the CLI's exit codes (CONTRACT.md).
+
+psycopg errors are translated in one place, ``shared.db.translate``; nothing else needs to
+know what a ``UniqueViolation`` on a given index means.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    FAILED = 1
+    INVALID = 2
+    CONFLICT = 3
+    UNAVAILABLE = 4
+    NOT_FOUND = 5
+    TIMEOUT = 7
+
+
+class JobfenceError(Exception):
+    """Base of every error jobfence raises on purpose."""
+
+    exit_code: ExitCode = ExitCode.FAILED
+
+
+class InvalidSpec(JobfenceError):
+    """The input is wrong; nothing was written."""
+
+    exit_code = ExitCode.INVALID
+
+
+class ConfigError(InvalidSpec):
+    """A setting is missing or malformed."""
+
+
+class Conflict(JobfenceError):
+    """The request contradicts the current state."""
+
+    exit_code = ExitCode.CONFLICT
+
+
+class ResourceBusy(Conflict):
+    """Another active job holds the resource."""
+
+    def __init__(self, resource: str | None) -> None:
+        self.resource = resource
+        what = f"resource {resource!r}" if resource else "a resource"
+        super().__init__(f"{what} is held by another active job")
+
+
+class JobAlreadyTerminal(Conflict):
+    """The job has already finished; terminal states never change."""
+
+
+class IdempotencyConflict(Conflict):
+    """An idempotency key was reused with a different spec."""
+
+
+class Unavailable(JobfenceError):
+    """The service cannot take the request right now."""
+
+    exit_code = ExitCode.UNAVAILABLE
+
+
+class Drained(Unavailable):
+    """Drain mode is on: no new work is accepted."""
+
+
+class StoreUnavailable(Unavailable):
+    """The database cannot be reached."""
+
+
+class NotFound(JobfenceError):
+    exit_code = ExitCode.NOT_FOUND
+
+
+class JobNotFound(NotFound):
+    def __init__(self, job_id: object) -> None:
+        self.job_id = job_id
+        super().__init__(f"job {job_id} not found")
+
+
+class WaitTimeout(JobfenceError):
+    exit_code = ExitCode.TIMEOUT
+
+
+class FenceLost(JobfenceError):
+    """A fenced write matched nothing: this attempt no longer owns the job."""
+
+    def __init__(self, job_id: object, attempt_id: object, why: str = "") -> None:
+        self.job_id = job_id
+        self.attempt_id = attempt_id
+        super().__init__(f"attempt {attempt_id} of job {job_id} lost its fence{why}")
+
+
+def exit_code_for(exc: BaseException) -> ExitCode:
+    """The contract's exit code for an error (anything unexpected is a failure)."""
+    if isinstance(exc, JobfenceError):
+        return exc.exit_code
+    return ExitCode.FAILED

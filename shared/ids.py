@@ -1,0 +1,30 @@
+"""Time-ordered job ids (UUID version 7, RFC 9562).
+
+Ordered ids keep the primary-key index append-mostly under heavy enqueue and let `list`
+show newest first by walking that index, without a separate index on created_at.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+
+def uuid7() -> uuid.UUID:
+    ms = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms & 0xFFFF_FFFF_FFFF) << 80
+    value |= 0x7 << 76                               # version 7
+    value |= ((rand >> 62) & 0x0FFF) << 64           # rand_a, 12 bits
+    value |= 0b10 << 62                              # RFC 4122 variant
+    value |= rand & 0x3FFF_FFFF_FFFF_FFFF            # rand_b, 62 bits
+    return uuid.UUID(int=value)
+
+
+def parse_job_id(text: str) -> uuid.UUID:
+    """A job id from user input; ValueError with a readable message if malformed."""
+    try:
+        return uuid.UUID(text.strip())
+    except (ValueError, AttributeError):
+        raise ValueError(f"{text!r} is not a job id (expected a UUID)") from None

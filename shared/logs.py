@@ -1,0 +1,43 @@
+"""structlog JSON lines on stderr (console style for people), configured once per process.
+
+stdout is reserved for results a program reads; logs never go there.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import structlog
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+           "error": logging.ERROR}
+
+
+def configure(fmt: str = "json", level: str = "info", **context: Any) -> None:
+    """Configure structlog for this process; ``context`` is bound to every line."""
+    renderer: Any = (
+        structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        if fmt == "console"
+        else structlog.processors.JSONRenderer()
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    structlog.contextvars.clear_contextvars()
+    if context:
+        structlog.contextvars.bind_contextvars(**context)
+
+
+def get_logger(name: str) -> Any:
+    return structlog.get_logger(name)

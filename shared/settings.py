@@ -1,0 +1,124 @@
+"""Settings from the environment (prefix ``JOBFENCE_``), validated at construction.
+
+Each field says its unit and why its default is what it is. A CLI flag may override a field;
+functions build ``Settings`` once in ``main()`` and pass it down.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Literal, Self
+
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.errors import ConfigError
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="JOBFENCE_", extra="ignore", frozen=True)
+
+    database_url: str = Field(min_length=1)
+    """PostgreSQL DSN (URL or key=value). Required: the database is the source of truth."""
+
+    connect_timeout_seconds: float = Field(default=5.0, gt=0)
+    """How long to wait for a database connection before reporting it unavailable (exit 4).
+    Short, because every function is a short-lived pod that the scheduler will run again."""
+
+    lease_seconds: float = Field(default=120.0, gt=0)
+    """Claim lease. A worker that cannot renew it within this time stops its work; the
+    sweeper reclaims the job once it has run out. Two minutes keeps a lost job's wait short
+    while tolerating a database failover (typically well under a minute)."""
+
+    heartbeat_seconds: float | None = Field(default=None, gt=0)
+    """Lease renewal period; default a quarter of the lease, so three renewals can fail
+    before the worker has to give up."""
+
+    max_attempts: int = Field(default=3, ge=1, le=1000)
+    """Default attempts per job when a spec does not say."""
+
+    retry_base_seconds: float = Field(default=10.0, ge=0)
+    """First retry delay; doubles per attempt, with jitter."""
+
+    retry_max_seconds: float = Field(default=3600.0, ge=0)
+    """Cap of the retry delay, so a job with many attempts still comes back within an hour."""
+
+    batch_size: int = Field(default=500, ge=1, le=100_000)
+    """Rows per batch in every periodic pass: bounds each transaction and the memory of a
+    pass, whatever the size of the table."""
+
+    worker_id: str | None = None
+    """Claimer identity written on every claim; default the pod name from the downward API
+    (``POD_NAME``), so that reconciliation can match a claim to its pod; else host:pid."""
+
+    cluster: Literal["kubernetes", "local", "none"] = "none"
+    """Where worker pods live: the Kubernetes API, processes on this machine, or nowhere
+    (reconciliation and pod clean-up then have nothing to compare against)."""
+
+    namespace: str = "default"
+    """Namespace of the worker pods."""
+
+    s3_endpoint_url: str | None = None
+    """Object store endpoint (unset: AWS's own)."""
+
+    s3_bucket: str | None = None
+    """Bucket for outputs and manifests (under the ``jobfence/`` prefix)."""
+
+    s3_region: str = "us-east-1"
+    """Region for the object store client."""
+
+    pushgateway_url: str | None = None
+    """Prometheus Pushgateway for run metrics; unset: nothing is pushed."""
+
+    log_format: Literal["json", "console"] = "json"
+    """Log lines on stderr: JSON for machines, console for people."""
+
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Lowest level logged."""
+
+    @model_validator(mode="after")
+    def _defaults(self) -> Self:
+        if self.heartbeat_seconds is None:
+            object.__setattr__(self, "heartbeat_seconds", self.lease_seconds / 4)
+        elif self.heartbeat_seconds >= self.lease_seconds:
+            raise ValueError("heartbeat_seconds must be shorter than lease_seconds")
+        if self.worker_id is None:
+            object.__setattr__(self, "worker_id", default_worker_id(self.cluster))
+        return self
+
+    @property
+    def heartbeat(self) -> float:
+        assert self.heartbeat_seconds is not None
+        return self.heartbeat_seconds
+
+    @property
+    def worker(self) -> str:
+        assert self.worker_id is not None
+        return self.worker_id
+
+
+def default_worker_id(cluster: str) -> str:
+    pod = os.environ.get("POD_NAME")
+    if pod:
+        return pod
+    host = socket.gethostname()
+    if cluster == "local":
+        return f"local:{host}:{os.getpid()}"
+    return f"{host}:{os.getpid()}"
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment plus CLI overrides; a clear ConfigError if invalid."""
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "settings"
+            env = f"JOBFENCE_{field.upper()}"
+            required = err["type"] == "missing" or (
+                field == "database_url" and err["type"] == "string_too_short")
+            msg = "is required" if required else err["msg"]
+            problems.append(f"{env} {msg}")
+        raise ConfigError("; ".join(problems)) from None

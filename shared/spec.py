@@ -1,0 +1,152 @@
+"""Job specs: what `enqueue` accepts, validated completely before anything is written.
+
+A spec is the JSON object of CONTRACT.md. Validation resolves every action by name and
+checks its params, parses ISO 8601 durations, and fills defaults from settings, so the
+store only ever sees well-formed jobs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from shared.actions import get_action
+from shared.durations import Duration
+from shared.errors import InvalidSpec
+
+MAX_SPECS_PER_CALL = 100_000
+
+
+class ActionSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(min_length=1, max_length=200)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class InputsSpec(BaseModel):
+    """S3 inputs of a datum job: every object under ``url``; ``per_datum`` objects per
+    child (in key order)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    url: str
+    per_datum: int = Field(default=1, ge=1, le=10_000)
+
+    @field_validator("url")
+    @classmethod
+    def _s3(cls, v: str) -> str:
+        if not v.startswith("s3://") or len(v) <= len("s3://") or v[5] == "/":
+            raise ValueError(f"{v!r} is not an s3://BUCKET/PREFIX url")
+        return v
+
+
+class JobSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    actions: list[ActionSpec] = Field(min_length=1, max_length=1000)
+    resource: str | None = Field(default=None, min_length=1, max_length=500)
+    max_attempts: int | None = Field(default=None, ge=1, le=1000)
+    priority: int = Field(default=0, ge=-1_000_000, le=1_000_000)
+    after: list[UUID] = Field(default_factory=list, max_length=1000)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=500)
+    ttl: Duration | None = None
+    timeout: Duration | None = None
+    expires_in: Duration | None = None
+    inputs: InputsSpec | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _inputs_url(cls, v: object) -> object:
+        return {"url": v} if isinstance(v, str) else v
+
+    @field_validator("actions")
+    @classmethod
+    def _known_actions(cls, actions: list[ActionSpec]) -> list[ActionSpec]:
+        # Resolve names and normalize params now: an unknown action is an input error.
+        return [ActionSpec(name=a.name, params=get_action(a.name).validate(a.params))
+                for a in actions]
+
+    def stored_actions(self) -> list[dict[str, Any]]:
+        return [{"name": a.name, "params": a.params} for a in self.actions]
+
+    def fingerprint(self) -> str:
+        """Hash of everything but the idempotency key: a repeated key must carry the
+        same spec, or it is a conflict."""
+        body = self.model_dump(mode="json", exclude={"idempotency_key"})
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def seconds(value: timedelta | None) -> float | None:
+    return None if value is None else value.total_seconds()
+
+
+def _describe(exc: ValidationError, where: str) -> str:
+    problems = []
+    for e in exc.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        problems.append(f"{loc}: {msg}" if loc else msg)
+    return f"{where}: " + "; ".join(problems)
+
+
+def parse_specs(data: object) -> list[JobSpec]:
+    """One spec or a list of them, each validated; InvalidSpec names the first bad one."""
+    items: Sequence[object] = data if isinstance(data, list) else [data]
+    if not items:
+        raise InvalidSpec("the spec list is empty")
+    if len(items) > MAX_SPECS_PER_CALL:
+        raise InvalidSpec(f"at most {MAX_SPECS_PER_CALL} specs per call, got {len(items)}")
+    specs = []
+    for i, item in enumerate(items):
+        where = "spec" if not isinstance(data, list) else f"spec #{i}"
+        if not isinstance(item, Mapping):
+            raise InvalidSpec(f"{where}: expected a JSON object, got {type(item).__name__}")
+        try:
+            specs.append(JobSpec.model_validate(item))
+        except ValidationError as exc:
+            raise InvalidSpec(_describe(exc, where)) from None
+    keys = [s.idempotency_key for s in specs if s.idempotency_key]
+    if len(keys) != len(set(keys)):
+        raise InvalidSpec("an idempotency key appears twice in one call")
+    return specs
+
+
+def parse_spec_text(text: str, source: str = "spec") -> list[JobSpec]:
+    """Specs from JSON, or YAML when the text is not JSON."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as json_exc:
+        try:
+            import yaml
+
+            data = yaml.safe_load(text)
+        except Exception:
+            raise InvalidSpec(
+                f"{source}: not valid JSON ({json_exc.msg} at line {json_exc.lineno}) "
+                "nor YAML") from None
+        if isinstance(data, str | int | float) or data is None:
+            raise InvalidSpec(f"{source}: not valid JSON ({json_exc.msg} "
+                              f"at line {json_exc.lineno})") from None
+    return parse_specs(data)
+
+
+def parse_action_arg(arg: str) -> dict[str, Any]:
+    """``NAME`` or ``NAME:JSON_PARAMS`` from the command line."""
+    name, sep, raw = arg.partition(":")
+    if not name:
+        raise InvalidSpec(f"action {arg!r}: missing name")
+    if not sep:
+        return {"name": name, "params": {}}
+    try:
+        params = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidSpec(f"action {name!r}: params are not valid JSON ({exc.msg})") from None
+    if not isinstance(params, dict):
+        raise InvalidSpec(f"action {name!r}: params must be a JSON object")
+    return {"name": name, "params": params}

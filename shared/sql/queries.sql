@@ -1,0 +1,325 @@
+-- Named queries of the fenced store, parsed once by shared.queries.
+-- A block starts with `-- name --`, then a one-line description, then the statement.
+-- Every write after a claim carries the fence: `attempt_id = %(attempt_id)s`, a live lease
+-- (`visible_at > now()`), and RETURNING, so the caller learns whether it still held it.
+
+-- control_drain_get --
+-- Whether drain mode is on, and since when.
+SELECT draining, drain_changed_at, drain_reason FROM jobfence_control;
+
+-- control_drain_lock --
+-- Enqueue takes this share lock so that `drain on` waits for enqueues already under way.
+SELECT draining FROM jobfence_control FOR SHARE;
+
+-- control_drain_set --
+-- Switch drain mode on or off.
+UPDATE jobfence_control
+SET draining = %(draining)s, drain_changed_at = now(), drain_reason = %(reason)s
+RETURNING draining, drain_changed_at, drain_reason;
+
+-- job_insert_many --
+-- Insert a batch of new jobs; a repeated idempotency key inserts nothing for that job.
+INSERT INTO jobs (
+    job_id, status, actions, resource, priority, max_attempts, visible_at, parent_id,
+    is_parent, inputs, labels, ttl, timeout, expires_at, idempotency_key, spec_hash, reason
+)
+SELECT
+    x.job_id, x.status, x.actions, x.resource, x.priority, x.max_attempts, now(), x.parent_id,
+    x.is_parent, x.inputs, coalesce(x.labels, '{}'::jsonb),
+    make_interval(secs => x.ttl_seconds), make_interval(secs => x.timeout_seconds),
+    now() + make_interval(secs => x.expires_in_seconds),
+    x.idempotency_key, x.spec_hash, x.reason
+FROM jsonb_to_recordset(%(jobs)s::jsonb) AS x (
+    job_id uuid, status text, actions jsonb, resource text, priority integer,
+    max_attempts integer, parent_id uuid, is_parent boolean, inputs jsonb, labels jsonb,
+    ttl_seconds float8, timeout_seconds float8, expires_in_seconds float8,
+    idempotency_key text, spec_hash text, reason text
+)
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING job_id;
+
+-- job_get_by_idempotency_keys --
+-- Jobs already enqueued under these idempotency keys.
+SELECT job_id, idempotency_key, spec_hash, status
+FROM jobs WHERE idempotency_key = ANY(%(keys)s::text[]);
+
+-- job_ids_existing --
+-- Which of these job ids exist.
+SELECT job_id FROM jobs WHERE job_id = ANY(%(job_ids)s::uuid[]);
+
+-- dependency_insert_many --
+-- Record `after` dependencies of new jobs.
+INSERT INTO job_dependencies (job_id, depends_on)
+SELECT x.job_id, x.depends_on
+FROM jsonb_to_recordset(%(deps)s::jsonb) AS x (job_id uuid, depends_on uuid)
+ON CONFLICT DO NOTHING;
+
+-- job_claim --
+-- Claim up to %(limit)s ready jobs in one statement: fresh fence, lease, attempt_count + 1.
+-- SKIP LOCKED lets concurrent claimers pass each other; drain mode claims nothing.
+WITH candidate AS (
+    SELECT job_id FROM jobs
+    WHERE status = 'pending' AND visible_at <= now()
+      AND NOT (SELECT draining FROM jobfence_control)
+    ORDER BY priority DESC, visible_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs j SET
+    status = 'running',
+    attempt_id = gen_random_uuid(),
+    attempt_count = j.attempt_count + 1,
+    claimed_by = %(worker_id)s,
+    claimed_at = now(),
+    heartbeat_at = now(),
+    visible_at = now() + make_interval(secs => %(lease_seconds)s),
+    run_deadline_at = now() + j.timeout,
+    started_at = coalesce(j.started_at, now()),
+    reason = 'claimed by ' || %(worker_id)s
+FROM candidate c
+WHERE j.job_id = c.job_id AND j.attempt_count < j.max_attempts
+RETURNING j.job_id, j.attempt_id, j.attempt_count, j.max_attempts, j.actions, j.inputs,
+    j.parent_id, j.visible_at AS lease_expires_at, j.run_deadline_at;
+
+-- attempt_heartbeat --
+-- Renew the lease of a live attempt. No row back: the fence is lost (cancelled, reclaimed,
+-- timed out, or the lease already ran out).
+UPDATE jobs SET
+    visible_at = now() + make_interval(secs => %(lease_seconds)s),
+    heartbeat_at = now()
+WHERE job_id = %(job_id)s AND attempt_id = %(attempt_id)s
+  AND status = 'running' AND visible_at > now()
+RETURNING visible_at AS lease_expires_at;
+
+-- attempt_action_record --
+-- Record one action's result under the fence. FOR SHARE makes a concurrent rotation of the
+-- fence either wait for this insert or make it match nothing.
+WITH fence AS (
+    SELECT job_id, attempt_id FROM jobs
+    WHERE job_id = %(job_id)s AND attempt_id = %(attempt_id)s
+      AND status = 'running' AND visible_at > now()
+    FOR SHARE
+)
+INSERT INTO job_action_results (
+    job_id, attempt_id, action_index, name, status, started_at, result, error, error_detail
+)
+SELECT f.job_id, f.attempt_id, %(action_index)s, %(name)s, %(status)s, %(started_at)s,
+    %(result)s, %(error)s, %(error_detail)s
+FROM fence f
+RETURNING action_index;
+
+-- attempt_finish --
+-- Terminal write by the holder of the fence: succeeded or failed.
+UPDATE jobs SET
+    status = %(status)s,
+    finished_at = now(),
+    retain_until = now() + ttl,
+    run_deadline_at = NULL,
+    reason = %(reason)s,
+    error = %(error)s,
+    error_detail = %(error_detail)s
+WHERE job_id = %(job_id)s AND attempt_id = %(attempt_id)s
+  AND status = 'running' AND visible_at > now()
+RETURNING job_id, status, parent_id;
+
+-- attempt_release --
+-- The holder gives the job back: pending after a delay while attempts remain, else failed.
+-- A retry drops the fence; a terminal failure keeps it (this attempt wrote it).
+UPDATE jobs SET
+    status = CASE WHEN attempt_count >= max_attempts THEN 'failed' ELSE 'pending' END,
+    attempt_id = CASE WHEN attempt_count >= max_attempts THEN attempt_id END,
+    visible_at = now() + jobfence_retry_delay(attempt_count, %(base_seconds)s, %(cap_seconds)s),
+    finished_at = CASE WHEN attempt_count >= max_attempts THEN now() END,
+    retain_until = CASE WHEN attempt_count >= max_attempts THEN now() + ttl END,
+    claimed_by = NULL,
+    run_deadline_at = NULL,
+    reason = %(reason)s,
+    error = %(error)s,
+    error_detail = %(error_detail)s
+WHERE job_id = %(job_id)s AND attempt_id = %(attempt_id)s
+  AND status = 'running' AND visible_at > now()
+RETURNING job_id, status, parent_id;
+
+-- job_cancel_children --
+-- Cancel a parent's unfinished children (fences rotated). Runs before job_cancel, in the same
+-- transaction: children before parent, the order a finishing child takes too.
+UPDATE jobs SET
+    status = 'cancelled',
+    attempt_id = NULL,
+    claimed_by = NULL,
+    run_deadline_at = NULL,
+    finished_at = now(),
+    retain_until = now() + ttl,
+    reason = %(reason)s,
+    error = %(reason)s
+WHERE parent_id = %(job_id)s AND status IN ('waiting', 'pending', 'running')
+RETURNING job_id, status, parent_id;
+
+-- job_cancel --
+-- Cancel a job that is not terminal yet; rotates the fence.
+UPDATE jobs SET
+    status = 'cancelled',
+    attempt_id = NULL,
+    claimed_by = NULL,
+    run_deadline_at = NULL,
+    finished_at = now(),
+    retain_until = now() + ttl,
+    reason = %(reason)s,
+    error = %(reason)s
+WHERE job_id = %(job_id)s AND status IN ('waiting', 'pending', 'running')
+RETURNING job_id, status, parent_id;
+
+-- lease_reclaim_expired --
+-- Expired leases, oldest first, in a bounded batch: rotate the fence, then back to pending
+-- with backoff, or failed once attempts are exhausted.
+WITH expired AS (
+    SELECT job_id FROM jobs
+    WHERE status = 'running' AND NOT is_parent
+      AND visible_at <= coalesce(%(now)s::timestamptz, now())
+    ORDER BY visible_at
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs j SET
+    status = CASE WHEN j.attempt_count >= j.max_attempts THEN 'failed' ELSE 'pending' END,
+    attempt_id = NULL,
+    claimed_by = NULL,
+    run_deadline_at = NULL,
+    visible_at = now() + jobfence_retry_delay(j.attempt_count, %(base_seconds)s, %(cap_seconds)s),
+    finished_at = CASE WHEN j.attempt_count >= j.max_attempts THEN now() END,
+    retain_until = CASE WHEN j.attempt_count >= j.max_attempts THEN now() + j.ttl END,
+    reason = 'lease expired (claimed by ' || coalesce(j.claimed_by, '?') || ')',
+    error = CASE WHEN j.attempt_count >= j.max_attempts
+        THEN 'lease expired; attempts exhausted' ELSE j.error END
+FROM expired e
+WHERE j.job_id = e.job_id
+RETURNING j.job_id, j.status, j.parent_id;
+
+-- dependency_dependents --
+-- Waiting jobs that depend on any of these jobs.
+SELECT DISTINCT dep.job_id
+FROM job_dependencies dep JOIN jobs j ON j.job_id = dep.job_id
+WHERE dep.depends_on = ANY(%(job_ids)s::uuid[]) AND j.status = 'waiting';
+
+-- waiting_resolve --
+-- Resolve waiting jobs whose dependencies allow it: pending (a parent: running) once every
+-- dependency succeeded; failed, naming the dependency, as soon as one failed, was cancelled
+-- or is gone. Jobs with a dependency still active stay waiting.
+WITH verdict AS (
+    SELECT dep.job_id,
+        count(*) FILTER (WHERE d.status IN ('waiting', 'pending', 'running')) AS active,
+        min(CASE
+            WHEN d.job_id IS NULL THEN 'dependency ' || dep.depends_on || ' missing'
+            WHEN d.status IN ('failed', 'cancelled')
+                THEN 'dependency ' || dep.depends_on || ' ' || d.status
+        END) AS failure
+    FROM job_dependencies dep LEFT JOIN jobs d ON d.job_id = dep.depends_on
+    WHERE dep.job_id = ANY(%(job_ids)s::uuid[])
+    GROUP BY dep.job_id
+)
+UPDATE jobs j SET
+    status = CASE WHEN v.failure IS NOT NULL THEN 'failed'
+                  WHEN j.is_parent THEN 'running' ELSE 'pending' END,
+    visible_at = now(),
+    finished_at = CASE WHEN v.failure IS NOT NULL THEN now() END,
+    retain_until = CASE WHEN v.failure IS NOT NULL THEN now() + j.ttl END,
+    started_at = CASE WHEN v.failure IS NULL AND j.is_parent THEN now() END,
+    reason = coalesce(v.failure, 'dependencies succeeded'),
+    error = v.failure
+FROM verdict v
+WHERE j.job_id = v.job_id AND j.status = 'waiting' AND (v.failure IS NOT NULL OR v.active = 0)
+RETURNING j.job_id, j.status, j.parent_id, j.is_parent;
+
+-- children_release --
+-- A parent whose dependencies succeeded: its waiting children become claimable.
+UPDATE jobs SET status = 'pending', visible_at = now(), reason = 'parent started'
+WHERE parent_id = ANY(%(parent_ids)s::uuid[]) AND status = 'waiting'
+RETURNING job_id, status, parent_id;
+
+-- children_cancel_with_parent --
+-- A parent that failed before starting: its waiting children will never run.
+UPDATE jobs SET status = 'cancelled', finished_at = now(), retain_until = now() + ttl,
+    reason = 'parent failed before starting', error = 'parent failed before starting'
+WHERE parent_id = ANY(%(parent_ids)s::uuid[]) AND status = 'waiting'
+RETURNING job_id, status, parent_id;
+
+-- job_get --
+-- One job, everything `status` shows.
+SELECT job_id, status, actions, resource, priority, max_attempts, attempt_count, visible_at,
+    attempt_id, claimed_by, claimed_at, heartbeat_at, run_deadline_at, parent_id, is_parent,
+    inputs, labels, ttl, timeout, expires_at, idempotency_key, reason, error, error_detail,
+    manifest, created_at, started_at, finished_at,
+    ARRAY(SELECT depends_on FROM job_dependencies d WHERE d.job_id = jobs.job_id) AS after
+FROM jobs WHERE job_id = %(job_id)s;
+
+-- job_list --
+-- Newest first (job ids are time-ordered), optionally by status and resource.
+SELECT job_id, status, actions, resource, priority, max_attempts, attempt_count, visible_at,
+    attempt_id, claimed_by, claimed_at, heartbeat_at, run_deadline_at, parent_id, is_parent,
+    inputs, labels, ttl, timeout, expires_at, idempotency_key, reason, error, error_detail,
+    manifest, created_at, started_at, finished_at,
+    ARRAY(SELECT depends_on FROM job_dependencies d WHERE d.job_id = jobs.job_id) AS after
+FROM jobs
+WHERE (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(resource)s::text IS NULL OR resource = %(resource)s)
+  AND (%(parent_id)s::uuid IS NULL OR parent_id = %(parent_id)s)
+ORDER BY job_id DESC
+LIMIT %(limit)s;
+
+-- job_action_results --
+-- Every recorded action result of some jobs, oldest first.
+SELECT job_id, attempt_id, action_index, name, status, started_at, finished_at, result, error
+FROM job_action_results
+WHERE job_id = ANY(%(job_ids)s::uuid[])
+ORDER BY job_id, finished_at, action_index;
+
+-- job_children_counts --
+-- A parent's children by status.
+SELECT status, count(*) AS n FROM jobs WHERE parent_id = %(job_id)s GROUP BY status;
+
+-- job_events --
+-- The audit trail of one job.
+SELECT event_id, from_status, to_status, attempt_id, reason, at
+FROM job_events WHERE job_id = %(job_id)s ORDER BY event_id;
+
+-- jobs_running_count --
+-- Live claims (drain status: how many jobs still run).
+SELECT count(*) AS n FROM jobs WHERE status = 'running' AND NOT is_parent;
+
+-- lock_try --
+-- Take a session-level advisory lock if it is free.
+SELECT pg_try_advisory_lock(%(namespace)s, %(key)s) AS ok;
+
+-- lock_wait --
+-- Take a session-level advisory lock, waiting for it.
+SELECT pg_advisory_lock(%(namespace)s, %(key)s);
+
+-- lock_release --
+-- Release a session-level advisory lock.
+SELECT pg_advisory_unlock(%(namespace)s, %(key)s);
+
+-- migrations_table_create --
+-- Bookkeeping of applied migrations (created before anything else).
+CREATE TABLE IF NOT EXISTS jobfence_schema_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- migrations_applied --
+-- Versions already applied.
+SELECT version, name, applied_at FROM jobfence_schema_migrations ORDER BY version;
+
+-- migration_record --
+-- Mark a migration applied (same transaction as the migration itself).
+INSERT INTO jobfence_schema_migrations (version, name) VALUES (%(version)s, %(name)s);
+
+-- queue_keda_count --
+-- The KEDA ScaledJob's postgresql trigger (manifests/ embeds this same text). KEDA's default
+-- scaling strategy starts ceil(value / target) minus the Jobs already running, so the value
+-- counts ready work plus live claims; 0 while draining. Two partial-index scans, however
+-- many finished jobs the table holds.
+SELECT CASE WHEN (SELECT draining FROM jobfence_control) THEN 0
+    ELSE (SELECT count(*) FROM jobs WHERE status = 'pending' AND visible_at <= now())
+       + (SELECT count(*) FROM jobs WHERE status = 'running' AND NOT is_parent)
+    END AS value;

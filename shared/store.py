@@ -1,0 +1,378 @@
+"""The fenced store: every verb on jobs is one statement or one transaction, and every write
+after a claim is predicated on the claim's ``attempt_id`` and reports whether it matched.
+
+Callers never write SQL; they call these verbs with keyword arguments for ids and fences.
+A verb that makes jobs terminal also settles what waited on them (``settle``), after its
+own commit: whoever commits last sees every other commit, so no dependent is left waiting
+by a race between two finishing jobs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from shared.db import Connection, translated
+from shared.errors import (
+    Drained,
+    IdempotencyConflict,
+    JobAlreadyTerminal,
+    JobNotFound,
+)
+from shared.queries import QUERIES
+
+ACTIVE = ("waiting", "pending", "running")
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A validated job ready to insert (see shared.spec / functions.enqueue)."""
+
+    job_id: UUID
+    actions: list[dict[str, Any]]
+    max_attempts: int
+    resource: str | None = None
+    priority: int = 0
+    after: tuple[UUID, ...] = ()
+    parent_id: UUID | None = None
+    is_parent: bool = False
+    inputs: Any = None
+    labels: dict[str, str] = field(default_factory=dict)
+    ttl_seconds: float | None = None
+    timeout_seconds: float | None = None
+    expires_in_seconds: float | None = None
+    idempotency_key: str | None = None
+    spec_hash: str | None = None
+    waiting: bool = False
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "job_id": str(self.job_id),
+            "status": "waiting" if self.after or self.waiting else "pending",
+            "actions": self.actions,
+            "resource": self.resource,
+            "priority": self.priority,
+            "max_attempts": self.max_attempts,
+            "parent_id": str(self.parent_id) if self.parent_id else None,
+            "is_parent": self.is_parent,
+            "inputs": self.inputs,
+            "labels": self.labels,
+            "ttl_seconds": self.ttl_seconds,
+            "timeout_seconds": self.timeout_seconds,
+            "expires_in_seconds": self.expires_in_seconds,
+            "idempotency_key": self.idempotency_key,
+            "spec_hash": self.spec_hash,
+            "reason": "enqueued",
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    job_id: UUID
+    status: str
+    created: bool = True
+    """False when an idempotency key matched an existing job with the same spec."""
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    job_id: UUID
+    attempt_id: UUID
+    attempt_count: int
+    max_attempts: int
+    actions: list[dict[str, Any]]
+    inputs: Any
+    parent_id: UUID | None
+    lease_expires_at: datetime
+    run_deadline_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A job that a verb moved, and where to."""
+
+    job_id: UUID
+    status: str
+    parent_id: UUID | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Retry delay: base * 2^(attempt-1), capped, jittered (SQL: jobfence_retry_delay)."""
+
+    base_seconds: float = 10.0
+    cap_seconds: float = 3600.0
+
+    def params(self) -> dict[str, float]:
+        return {"base_seconds": self.base_seconds, "cap_seconds": self.cap_seconds}
+
+
+IMMEDIATE = RetryPolicy(0.0, 0.0)
+
+
+def _transitions(rows: Iterable[dict[str, Any]]) -> list[Transition]:
+    return [Transition(r["job_id"], r["status"], r.get("parent_id")) for r in rows]
+
+
+class FencedStore:
+    """Domain verbs over one autocommit connection."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    # -- enqueue ---------------------------------------------------------------------------
+
+    def enqueue(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
+        """Insert jobs in one transaction, all or nothing.
+
+        Refused while draining (``Drained``); ``ResourceBusy`` when a resource is held by an
+        active job (the unique index decides, race-free); a repeated idempotency key returns
+        the existing job when the spec is the same and raises ``IdempotencyConflict`` when
+        it is not; an ``after`` id that does not exist raises ``JobNotFound``.
+        """
+        with translated(), self.conn.transaction():
+            lock = self.conn.execute(QUERIES["control_drain_lock"]).fetchone()
+            if lock and lock["draining"]:
+                raise Drained("drain mode is on: enqueue is refused until `drain off`")
+            after = sorted({d for job in jobs for d in job.after}, key=str)
+            if after:
+                found = {r["job_id"] for r in self.conn.execute(
+                    QUERIES["job_ids_existing"], {"job_ids": after})}
+                missing = [d for d in after if d not in found]
+                if missing:
+                    raise JobNotFound(missing[0])
+            inserted = {r["job_id"] for r in self.conn.execute(
+                QUERIES["job_insert_many"],
+                {"jobs": json.dumps([job.row() for job in jobs])})}
+            results = self._idempotent_replays(jobs, inserted)
+            deps = [{"job_id": str(j.job_id), "depends_on": str(d)}
+                    for j in jobs if j.job_id in inserted for d in j.after]
+            if deps:
+                self.conn.execute(QUERIES["dependency_insert_many"],
+                                  {"deps": json.dumps(deps)})
+        waiting = [j.job_id for j in jobs if j.job_id in inserted and j.after]
+        if waiting:
+            # A dependency may have finished before this commit; its own settle could not
+            # see these rows. Resolve them now that they are visible.
+            settled = {t.job_id: t.status for t in self._resolve_waiting(waiting)}
+            results = [Enqueued(r.job_id, settled.get(r.job_id, r.status), r.created)
+                       for r in results]
+        return results
+
+    def _idempotent_replays(self, jobs: Sequence[NewJob], inserted: set[UUID]) -> list[Enqueued]:
+        replayed = [j for j in jobs if j.job_id not in inserted]
+        existing: dict[str, dict[str, Any]] = {}
+        if replayed:
+            keys = [j.idempotency_key for j in replayed]
+            existing = {r["idempotency_key"]: r for r in self.conn.execute(
+                QUERIES["job_get_by_idempotency_keys"], {"keys": keys})}
+        out = []
+        for job in jobs:
+            if job.job_id in inserted:
+                out.append(Enqueued(job.job_id, job.row()["status"]))
+                continue
+            row = existing.get(job.idempotency_key or "")
+            if row is None:  # the other job was deleted between the two statements
+                raise IdempotencyConflict(f"idempotency key {job.idempotency_key!r} "
+                                          "changed hands during enqueue; try again")
+            if row["spec_hash"] != job.spec_hash:
+                raise IdempotencyConflict(
+                    f"idempotency key {job.idempotency_key!r} was used by job "
+                    f"{row['job_id']} with a different spec")
+            out.append(Enqueued(row["job_id"], row["status"], created=False))
+        return out
+
+    # -- the life of an attempt ------------------------------------------------------------
+
+    def claim(self, *, worker_id: str, lease_seconds: float, limit: int = 1) -> list[Claim]:
+        """Claim up to ``limit`` ready jobs, each with a fresh fence; [] when drained/empty."""
+        with translated():
+            rows = self.conn.execute(
+                QUERIES["job_claim"],
+                {"worker_id": worker_id, "lease_seconds": lease_seconds, "limit": limit},
+            ).fetchall()
+        return [Claim(**row) for row in rows]
+
+    def heartbeat(self, *, job_id: UUID, attempt_id: UUID,
+                  lease_seconds: float) -> datetime | None:
+        """Renew the lease; the new deadline, or None when the fence is lost."""
+        with translated():
+            row = self.conn.execute(
+                QUERIES["attempt_heartbeat"],
+                {"job_id": job_id, "attempt_id": attempt_id, "lease_seconds": lease_seconds},
+            ).fetchone()
+        return row["lease_expires_at"] if row else None
+
+    def record_action(self, *, job_id: UUID, attempt_id: UUID, action_index: int, name: str,
+                      succeeded: bool, started_at: datetime, result: Any = None,
+                      error: str | None = None, error_detail: str | None = None) -> bool:
+        """Record one action's outcome under the fence; False when the fence is lost."""
+        with translated():
+            row = self.conn.execute(QUERIES["attempt_action_record"], {
+                "job_id": job_id, "attempt_id": attempt_id, "action_index": action_index,
+                "name": name, "status": "succeeded" if succeeded else "failed",
+                "started_at": started_at,
+                "result": json.dumps(result) if result is not None else None,
+                "error": error, "error_detail": error_detail,
+            }).fetchone()
+        return row is not None
+
+    def finish(self, *, job_id: UUID, attempt_id: UUID, succeeded: bool,
+               reason: str | None = None, error: str | None = None,
+               error_detail: str | None = None) -> Transition | None:
+        """Fenced terminal write; None when the fence is lost (nothing written)."""
+        status = "succeeded" if succeeded else "failed"
+        with translated():
+            row = self.conn.execute(QUERIES["attempt_finish"], {
+                "job_id": job_id, "attempt_id": attempt_id, "status": status,
+                "reason": reason or status, "error": error, "error_detail": error_detail,
+            }).fetchone()
+        if row is None:
+            return None
+        done = _transitions([row])
+        self.settle(done)
+        return done[0]
+
+    def release(self, *, job_id: UUID, attempt_id: UUID, reason: str,
+                retry: RetryPolicy, error: str | None = None,
+                error_detail: str | None = None) -> Transition | None:
+        """Fenced give-back: pending after the retry delay, or failed when attempts are
+        exhausted. None when the fence is lost."""
+        with translated():
+            row = self.conn.execute(QUERIES["attempt_release"], {
+                "job_id": job_id, "attempt_id": attempt_id, "reason": reason,
+                "error": error, "error_detail": error_detail, **retry.params(),
+            }).fetchone()
+        if row is None:
+            return None
+        done = _transitions([row])
+        self.settle(done)
+        return done[0]
+
+    # -- operator verbs --------------------------------------------------------------------
+
+    def cancel(self, *, job_id: UUID, reason: str = "cancelled") -> list[Transition]:
+        """Cancel a job (and a parent's unfinished children); rotates every fence involved.
+
+        ``JobNotFound`` if there is no such job, ``JobAlreadyTerminal`` if it has finished.
+        """
+        params = {"job_id": job_id, "reason": reason}
+        with translated(), self.conn.transaction():
+            # Children first: the same order a finishing child takes (child row, then
+            # the parent), so cancel and finish never deadlock.
+            children = self.conn.execute(QUERIES["job_cancel_children"], params).fetchall()
+            row = self.conn.execute(QUERIES["job_cancel"], params).fetchone()
+            if row is None:
+                current = self.get(job_id)
+                if current is None:
+                    raise JobNotFound(job_id)
+                raise JobAlreadyTerminal(f"job {job_id} is already {current['status']}")
+        done = _transitions([*children, row])
+        self.settle(done)
+        return done
+
+    def set_drain(self, *, on: bool, reason: str | None = None) -> dict[str, Any]:
+        with translated():
+            row = self.conn.execute(QUERIES["control_drain_set"],
+                                    {"draining": on, "reason": reason}).fetchone()
+        assert row is not None
+        return row
+
+    def drain_status(self) -> dict[str, Any]:
+        with translated():
+            row = self.conn.execute(QUERIES["control_drain_get"]).fetchone()
+            running = self.conn.execute(QUERIES["jobs_running_count"]).fetchone()
+        assert row is not None and running is not None
+        return {**row, "running": running["n"], "scaler_value": self.scaler_value()}
+
+    def scaler_value(self) -> int:
+        """What the KEDA trigger sees: ready work plus live claims, 0 while draining."""
+        with translated():
+            row = self.conn.execute(QUERIES["queue_keda_count"]).fetchone()
+        assert row is not None
+        return int(row["value"])
+
+    # -- periodic verbs --------------------------------------------------------------------
+
+    def reclaim_expired(self, *, retry: RetryPolicy, batch_size: int,
+                        now: datetime | None = None) -> list[Transition]:
+        """One bounded batch of expired leases: fence rotated, back to pending with backoff
+        or failed when attempts are exhausted. ``now`` defaults to the database's clock."""
+        with translated():
+            rows = self.conn.execute(QUERIES["lease_reclaim_expired"], {
+                "batch_size": batch_size, "now": now, **retry.params()}).fetchall()
+        done = _transitions(rows)
+        self.settle(done)
+        return done
+
+    # -- settling what waited on finished jobs ---------------------------------------------
+
+    def settle(self, transitions: Sequence[Transition]) -> list[Transition]:
+        """Resolve jobs waiting on the jobs that just became terminal, transitively.
+
+        Returns every further transition it made. Runs after the commit of the transitions
+        it is given, each resolution in its own statement.
+        """
+        made: list[Transition] = []
+        frontier = [t.job_id for t in transitions if t.terminal]
+        while frontier:
+            with translated():
+                dependents = [r["job_id"] for r in self.conn.execute(
+                    QUERIES["dependency_dependents"], {"job_ids": frontier})]
+            resolved = self._resolve_waiting(dependents) if dependents else []
+            made.extend(resolved)
+            frontier = [t.job_id for t in resolved if t.terminal]
+        return made
+
+    def _resolve_waiting(self, job_ids: Sequence[UUID]) -> list[Transition]:
+        with translated(), self.conn.transaction():
+            rows = self.conn.execute(QUERIES["waiting_resolve"],
+                                     {"job_ids": list(job_ids)}).fetchall()
+            started = [r["job_id"] for r in rows if r["is_parent"] and r["status"] == "running"]
+            failed = [r["job_id"] for r in rows if r["is_parent"] and r["status"] == "failed"]
+            children: list[dict[str, Any]] = []
+            if started:
+                children += self.conn.execute(QUERIES["children_release"],
+                                              {"parent_ids": started}).fetchall()
+            if failed:
+                children += self.conn.execute(QUERIES["children_cancel_with_parent"],
+                                              {"parent_ids": failed}).fetchall()
+        return _transitions([*rows, *children])
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def get(self, job_id: UUID) -> dict[str, Any] | None:
+        with translated():
+            row: dict[str, Any] | None = self.conn.execute(
+                QUERIES["job_get"], {"job_id": job_id}).fetchone()
+        return row
+
+    def list_jobs(self, *, status: str | None = None, resource: str | None = None,
+             parent_id: UUID | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        with translated():
+            return self.conn.execute(QUERIES["job_list"], {
+                "status": status, "resource": resource, "parent_id": parent_id,
+                "limit": limit}).fetchall()
+
+    def action_results(self, job_ids: Sequence[UUID]) -> list[dict[str, Any]]:
+        with translated():
+            return self.conn.execute(QUERIES["job_action_results"],
+                                     {"job_ids": list(job_ids)}).fetchall()
+
+    def children_counts(self, job_id: UUID) -> dict[str, int]:
+        with translated():
+            rows = self.conn.execute(QUERIES["job_children_counts"], {"job_id": job_id})
+            return {r["status"]: r["n"] for r in rows}
+
+    def events(self, job_id: UUID) -> list[dict[str, Any]]:
+        with translated():
+            return self.conn.execute(QUERIES["job_events"], {"job_id": job_id}).fetchall()

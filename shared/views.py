@@ -1,0 +1,80 @@
+"""What `status` and `list` show: a job row plus its actions' statuses (derived from the
+per-attempt results, never stored twice) and, for a parent, its children by status."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+from shared.store import TERMINAL, FencedStore
+
+_FIELDS = (
+    "job_id", "status", "attempt_count", "max_attempts", "resource", "priority", "reason",
+    "error", "created_at", "started_at", "finished_at", "claimed_by", "attempt_id",
+    "parent_id", "labels", "idempotency_key", "ttl", "timeout", "expires_at", "manifest",
+)
+
+
+def action_statuses(job: dict[str, Any], results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each action's status: succeeded if any attempt finished it; running if it is the
+    first unfinished action of a running job; else its latest result; else pending (or
+    skipped, once the job is terminal)."""
+    succeeded = {r["action_index"] for r in results if r["status"] == "succeeded"}
+    latest = {r["action_index"]: r for r in results}
+    first_open = next((i for i in range(len(job["actions"])) if i not in succeeded), None)
+    out = []
+    for i, action in enumerate(job["actions"]):
+        if i in succeeded:
+            status = "succeeded"
+        elif job["status"] == "running" and i == first_open and not job["is_parent"]:
+            status = "running"
+        elif i in latest:
+            status = latest[i]["status"]
+        else:
+            status = "skipped" if job["status"] in TERMINAL else "pending"
+        entry: dict[str, Any] = {"name": action["name"], "status": status}
+        if i in latest and latest[i]["error"] and status != "succeeded":
+            entry["error"] = latest[i]["error"]
+        out.append(entry)
+    return out
+
+
+def job_views(store: FencedStore, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    results: dict[UUID, list[dict[str, Any]]] = {}
+    for r in store.action_results([row["job_id"] for row in rows]):
+        results.setdefault(r["job_id"], []).append(r)
+    views = []
+    for row in rows:
+        view = {k: row[k] for k in _FIELDS}
+        view["after"] = list(row["after"])
+        view["lease_expires_at"] = row["visible_at"] if row["status"] == "running" else None
+        view["actions"] = action_statuses(row, results.get(row["job_id"], []))
+        if row["is_parent"]:
+            counts = store.children_counts(row["job_id"])
+            view["children"] = {"total": sum(counts.values()), **counts}
+        views.append(view)
+    return views
+
+
+def render_text(view: dict[str, Any]) -> str:
+    """A person's view of one job."""
+    lines = [f"job {view['job_id']}  {view['status'].upper()}  "
+             f"(attempt {view['attempt_count']}/{view['max_attempts']})"]
+    facts = [("resource", view["resource"]), ("priority", view["priority"]),
+             ("parent", view["parent_id"]), ("claimed by", view["claimed_by"]
+                                                 if view["status"] == "running" else None),
+             ("created", view["created_at"]), ("started", view["started_at"]),
+             ("finished", view["finished_at"]), ("reason", view["reason"]),
+             ("error", view["error"]), ("manifest", view["manifest"])]
+    lines += [f"  {k}: {v}" for k, v in facts if v not in (None, "")]
+    if view["after"]:
+        lines.append(f"  after: {', '.join(str(a) for a in view['after'])}")
+    if "children" in view:
+        counts = ", ".join(f"{k} {v}" for k, v in view["children"].items() if k != "total")
+        lines.append(f"  children: {view['children']['total']} ({counts})")
+    lines.append("  actions:")
+    for i, a in enumerate(view["actions"], 1):
+        err = f"  - {a['error']}" if a.get("error") else ""
+        lines.append(f"    {i}. {a['name']:<12} {a['status']}{err}")
+    return "\n".join(lines)

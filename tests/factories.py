@@ -1,0 +1,20 @@
+"""Small builders for tests."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from shared.ids import uuid7
+from shared.store import FencedStore, NewJob
+
+
+def new_job(**kw: Any) -> NewJob:
+    kw.setdefault("job_id", uuid7())
+    kw.setdefault("actions", [{"name": "sleep", "params": {"seconds": 0}}])
+    kw.setdefault("max_attempts", 3)
+    return NewJob(**kw)
+
+
+def enqueue_one(store: FencedStore, **kw: Any) -> UUID:
+    return store.enqueue([new_job(**kw)])[0].job_id

@@ -1,0 +1,73 @@
+"""The queue's hot queries stay index scans however many finished jobs the table holds:
+no sequential scan of jobs in the claim, the reclaim, the KEDA count or drain status."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from shared.db import connect
+from shared.queries import QUERIES
+from shared.store import FencedStore
+from tests.factories import enqueue_one
+from tests.pg import Databases
+
+FINISHED = 200_000
+
+
+@pytest.fixture(scope="module")
+def big_history(databases: Databases) -> Iterator[FencedStore]:
+    url = databases.create()
+    conn = connect(url)
+    store = FencedStore(conn)
+    store.conn.execute("""
+        INSERT INTO jobs (job_id, status, actions, max_attempts, attempt_count, finished_at)
+        SELECT gen_random_uuid(), 'succeeded', '[]', 3, 1, now() - interval '1 day'
+        FROM generate_series(1, %s)
+    """, (FINISHED,))
+    for _ in range(20):
+        enqueue_one(store)
+    store.claim(worker_id="w", lease_seconds=60, limit=5)
+    store.conn.execute("ANALYZE jobs")
+    yield store
+    conn.close()
+    databases.drop(url)
+
+
+def scanned_jobs_by(store: FencedStore, name: str, params: dict[str, object]) -> set[str]:
+    """How the plan reads the jobs table (EXPLAIN only: nothing is executed)."""
+    [row] = store.conn.execute("EXPLAIN (FORMAT JSON) " + QUERIES[name], params).fetchall()
+    found: set[str] = set()
+
+    def walk(node: dict[str, object]) -> None:
+        if node.get("Relation Name") == "jobs":
+            found.add(str(node["Node Type"]))
+        for child in node.get("Plans", []):  # type: ignore[attr-defined]
+            walk(child)
+
+    walk(row["QUERY PLAN"][0]["Plan"])
+    return found
+
+
+@pytest.mark.parametrize(("name", "params"), [
+    ("job_claim", {"worker_id": "w", "lease_seconds": 60, "limit": 1}),
+    ("lease_reclaim_expired", {"batch_size": 500, "now": None, "base_seconds": 1.0,
+                               "cap_seconds": 1.0}),
+    ("queue_keda_count", {}),
+    ("jobs_running_count", {}),
+])
+def test_hot_queries_never_scan_the_whole_table(big_history: FencedStore, name: str,
+                                                params: dict[str, object]) -> None:
+    scans = scanned_jobs_by(big_history, name, params)
+    assert scans and "Seq Scan" not in scans, scans
+
+
+def test_keda_count_counts_ready_plus_claimed(big_history: FencedStore) -> None:
+    row = big_history.conn.execute(QUERIES["queue_keda_count"]).fetchone()
+    assert row == {"value": 20}
+    big_history.set_drain(on=True)
+    try:
+        assert big_history.conn.execute(QUERIES["queue_keda_count"]).fetchone() == {"value": 0}
+    finally:
+        big_history.set_drain(on=False)

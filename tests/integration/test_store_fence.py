@@ -1,0 +1,175 @@
+"""The fence: after a claim, every write is predicated on (job_id, attempt_id) and a live
+lease; cancel and reclaim rotate it, so a stale attempt's writes match nothing."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from shared.errors import JobAlreadyTerminal, JobNotFound
+from shared.ids import uuid7
+from shared.store import IMMEDIATE, FencedStore, RetryPolicy
+from tests.factories import enqueue_one
+
+NOW = dt.datetime.now(dt.UTC)
+
+
+def stale_writes_match_nothing(store: FencedStore, job_id, attempt_id) -> None:  # type: ignore[no-untyped-def]
+    assert store.heartbeat(job_id=job_id, attempt_id=attempt_id, lease_seconds=60) is None
+    assert not store.record_action(job_id=job_id, attempt_id=attempt_id, action_index=0,
+                                   name="sleep", succeeded=True, started_at=NOW)
+    assert store.finish(job_id=job_id, attempt_id=attempt_id, succeeded=True) is None
+    assert store.release(job_id=job_id, attempt_id=attempt_id, reason="x",
+                         retry=IMMEDIATE) is None
+
+
+def terminal_events(store: FencedStore, job_id) -> list:  # type: ignore[no-untyped-def]
+    return [e for e in store.events(job_id)
+            if e["to_status"] in ("succeeded", "failed", "cancelled")]
+
+
+def test_claim_gives_fresh_fence_and_lease(store: FencedStore) -> None:
+    job_id = enqueue_one(store)
+    [claim] = store.claim(worker_id="w1", lease_seconds=30)
+    assert claim.job_id == job_id
+    assert claim.attempt_count == 1
+    row = store.get(job_id)
+    assert row is not None
+    assert row["status"] == "running" and row["attempt_id"] == claim.attempt_id
+    assert row["claimed_by"] == "w1"
+    assert 25 < (row["visible_at"] - row["claimed_at"]).total_seconds() <= 30
+    assert store.claim(worker_id="w2", lease_seconds=30) == []
+
+
+def test_heartbeat_extends_lease_for_holder(store: FencedStore) -> None:
+    enqueue_one(store)
+    [claim] = store.claim(worker_id="w1", lease_seconds=5)
+    renewed = store.heartbeat(job_id=claim.job_id, attempt_id=claim.attempt_id,
+                              lease_seconds=300)
+    assert renewed is not None and renewed > claim.lease_expires_at
+
+
+def test_finish_with_stale_attempt_after_cancel_matches_no_row(store: FencedStore) -> None:
+    job_id = enqueue_one(store)
+    [claim] = store.claim(worker_id="w1", lease_seconds=30)
+    store.cancel(job_id=job_id, reason="operator")
+    stale_writes_match_nothing(store, job_id, claim.attempt_id)
+    row = store.get(job_id)
+    assert row is not None and row["status"] == "cancelled" and row["attempt_id"] is None
+    assert len(terminal_events(store, job_id)) == 1
+
+
+def test_writes_after_reclaim_match_nothing_and_new_attempt_wins(store: FencedStore) -> None:
+    job_id = enqueue_one(store)
+    [old] = store.claim(worker_id="w1", lease_seconds=30)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=31)
+    [reclaimed] = store.reclaim_expired(retry=IMMEDIATE, batch_size=10, now=later)
+    assert (reclaimed.job_id, reclaimed.status) == (job_id, "pending")
+    stale_writes_match_nothing(store, job_id, old.attempt_id)
+    [new] = store.claim(worker_id="w2", lease_seconds=30)
+    assert new.attempt_id != old.attempt_id and new.attempt_count == 2
+    stale_writes_match_nothing(store, job_id, old.attempt_id)
+    assert store.finish(job_id=job_id, attempt_id=new.attempt_id, succeeded=True) is not None
+    stale_writes_match_nothing(store, job_id, old.attempt_id)
+    stale_writes_match_nothing(store, job_id, new.attempt_id)
+    assert len(terminal_events(store, job_id)) == 1
+
+
+def test_writes_after_lease_ran_out_match_nothing_even_before_reclaim(
+        store: FencedStore) -> None:
+    job_id = enqueue_one(store)
+    [claim] = store.claim(worker_id="w1", lease_seconds=0.2)
+    import time
+
+    time.sleep(0.3)
+    stale_writes_match_nothing(store, job_id, claim.attempt_id)
+    assert store.get(job_id)["status"] == "running"  # type: ignore[index]
+
+
+def test_unexpired_lease_is_not_reclaimed(store: FencedStore) -> None:
+    enqueue_one(store)
+    store.claim(worker_id="w1", lease_seconds=60)
+    assert store.reclaim_expired(retry=IMMEDIATE, batch_size=10) == []
+
+
+def test_finish_is_terminal_exactly_once(store: FencedStore) -> None:
+    job_id = enqueue_one(store)
+    [claim] = store.claim(worker_id="w1", lease_seconds=30)
+    assert store.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=True)
+    assert store.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=False) is None
+    with pytest.raises(JobAlreadyTerminal):
+        store.cancel(job_id=job_id)
+    assert [e["to_status"] for e in terminal_events(store, job_id)] == ["succeeded"]
+    row = store.get(job_id)
+    assert row is not None and row["attempt_id"] == claim.attempt_id
+
+
+def test_release_retries_with_delay_then_fails_when_attempts_exhausted(
+        store: FencedStore) -> None:
+    job_id = enqueue_one(store, max_attempts=2)
+    [a1] = store.claim(worker_id="w", lease_seconds=30)
+    t = store.release(job_id=job_id, attempt_id=a1.attempt_id, reason="boom",
+                      retry=RetryPolicy(100, 100), error="boom")
+    assert t is not None and t.status == "pending"
+    row = store.get(job_id)
+    assert row is not None
+    delay = (row["visible_at"] - dt.datetime.now(dt.UTC)).total_seconds()
+    assert 40 < delay <= 100  # equal jitter: between half and all of the delay
+    assert store.claim(worker_id="w", lease_seconds=30) == []  # not visible yet
+    store.conn.execute("UPDATE jobs SET visible_at = now() WHERE job_id = %s", (job_id,))
+    [a2] = store.claim(worker_id="w", lease_seconds=30)
+    assert a2.attempt_count == 2
+    t = store.release(job_id=job_id, attempt_id=a2.attempt_id, reason="boom again",
+                      retry=IMMEDIATE, error="boom again")
+    assert t is not None and t.status == "failed"
+    row = store.get(job_id)
+    assert row is not None and row["error"] == "boom again" and row["attempt_count"] == 2
+
+
+def test_attempt_count_never_exceeds_max_attempts(store: FencedStore) -> None:
+    job_id = enqueue_one(store, max_attempts=3)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    for _ in range(5):
+        store.claim(worker_id="w", lease_seconds=1)
+        store.reclaim_expired(retry=IMMEDIATE, batch_size=10, now=later)
+    row = store.get(job_id)
+    assert row is not None and row["status"] == "failed" and row["attempt_count"] == 3
+    # Even a hand-written UPDATE cannot break the bound: the database refuses it.
+    import psycopg
+
+    with pytest.raises(psycopg.errors.CheckViolation):
+        store.conn.execute("UPDATE jobs SET attempt_count = 4 WHERE job_id = %s", (job_id,))
+
+
+def test_cancel_pending_and_unknown(store: FencedStore) -> None:
+    job_id = enqueue_one(store)
+    [t] = store.cancel(job_id=job_id, reason="no longer needed")
+    assert t.status == "cancelled"
+    with pytest.raises(JobNotFound):
+        store.cancel(job_id=uuid7())
+
+
+def test_claim_prefers_priority_then_age(store: FencedStore) -> None:
+    low = enqueue_one(store, priority=0)
+    high = enqueue_one(store, priority=5)
+    low2 = enqueue_one(store, priority=0)
+    order = [store.claim(worker_id="w", lease_seconds=30)[0].job_id for _ in range(3)]
+    assert order == [high, low, low2]
+
+
+def test_claim_batch_gives_each_job_its_own_fence(store: FencedStore) -> None:
+    for _ in range(5):
+        enqueue_one(store)
+    claims = store.claim(worker_id="w", lease_seconds=30, limit=3)
+    assert len(claims) == 3 and len({c.attempt_id for c in claims}) == 3
+
+
+def test_reclaim_is_bounded_by_batch_size(store: FencedStore) -> None:
+    for _ in range(7):
+        enqueue_one(store)
+    store.claim(worker_id="w", lease_seconds=1, limit=7)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=10)
+    assert len(store.reclaim_expired(retry=IMMEDIATE, batch_size=3, now=later)) == 3
+    assert len(store.reclaim_expired(retry=IMMEDIATE, batch_size=3, now=later)) == 3
+    assert len(store.reclaim_expired(retry=IMMEDIATE, batch_size=3, now=later)) == 1

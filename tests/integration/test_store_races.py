@@ -1,0 +1,105 @@
+"""Races run as races (ADR-015): many threads, each on its own connection, released at
+once by a barrier; the database alone decides, and exactly one wins."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from shared.db import connect
+from shared.errors import ResourceBusy
+from shared.store import FencedStore
+from tests.factories import enqueue_one, new_job
+
+THREADS = 50
+
+
+def race(dsn: str, fn: Callable[[FencedStore], Any]) -> list[Any]:
+    """Run fn on THREADS connections at the same instant; results or raised exceptions."""
+    conns = [connect(dsn) for _ in range(THREADS)]
+    barrier = threading.Barrier(THREADS)
+
+    def one(i: int) -> Any:
+        store = FencedStore(conns[i])
+        barrier.wait()
+        try:
+            return fn(store)
+        except Exception as exc:
+            return exc
+
+    try:
+        with ThreadPoolExecutor(THREADS) as pool:
+            return list(pool.map(one, range(THREADS)))
+    finally:
+        for c in conns:
+            c.close()
+
+
+def test_fifty_claimers_one_job_exactly_one_wins(dsn: str, store: FencedStore) -> None:
+    job_id = enqueue_one(store)
+    results = race(dsn, lambda s: s.claim(worker_id="racer", lease_seconds=30))
+    winners = [r for r in results if r]
+    assert len(winners) == 1, results
+    assert winners[0][0].job_id == job_id
+    assert all(r == [] for r in results if r is not winners[0])
+    events = [e for e in store.events(job_id) if e["to_status"] == "running"]
+    assert len(events) == 1
+
+
+def test_fifty_claimers_twenty_jobs_each_claimed_once(dsn: str, store: FencedStore) -> None:
+    ids = {enqueue_one(store) for _ in range(20)}
+    results = race(dsn, lambda s: s.claim(worker_id="racer", lease_seconds=30))
+    claimed = [c.job_id for r in results for c in r]
+    assert sorted(claimed, key=str) == sorted(ids, key=str)
+
+
+def test_fifty_enqueues_on_one_resource_exactly_one_succeeds(dsn: str,
+                                                             store: FencedStore) -> None:
+    results = race(dsn, lambda s: s.enqueue([new_job(resource="db.events")]))
+    ok = [r for r in results if isinstance(r, list)]
+    busy = [r for r in results if isinstance(r, ResourceBusy)]
+    assert len(ok) == 1 and len(busy) == THREADS - 1, results
+    assert all(b.resource == "db.events" for b in busy)
+    assert len(store.list_jobs(resource="db.events")) == 1
+
+
+def test_fifty_finishers_with_the_same_fence_one_terminal_write(
+        dsn: str, store: FencedStore) -> None:
+    job_id = enqueue_one(store)
+    [claim] = store.claim(worker_id="w", lease_seconds=30)
+    results = race(dsn, lambda s: s.finish(job_id=job_id, attempt_id=claim.attempt_id,
+                                           succeeded=True))
+    assert sum(1 for r in results if r is not None) == 1
+    terminal = [e for e in store.events(job_id) if e["to_status"] == "succeeded"]
+    assert len(terminal) == 1
+
+
+def test_cancel_racing_finish_one_terminal_state(dsn: str, store: FencedStore) -> None:
+    for _ in range(10):
+        job_id = enqueue_one(store)
+        [claim] = store.claim(worker_id="w", lease_seconds=30)
+
+        def either(s: FencedStore, i: list[int] = [0]) -> Any:
+            i[0] += 1
+            if i[0] % 2:
+                return s.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=True)
+            return s.cancel(job_id=job_id)
+
+        race(dsn, either)
+        terminal = [e for e in store.events(job_id)
+                    if e["to_status"] in ("succeeded", "cancelled")]
+        assert len(terminal) == 1
+
+
+def test_resource_is_free_again_once_the_holder_is_terminal(store: FencedStore) -> None:
+    first = enqueue_one(store, resource="db.t")
+    [claim] = store.claim(worker_id="w", lease_seconds=30)
+    try:
+        enqueue_one(store, resource="db.t")
+        raise AssertionError("second enqueue should be refused")
+    except ResourceBusy:
+        pass
+    store.finish(job_id=first, attempt_id=claim.attempt_id, succeeded=True)
+    assert enqueue_one(store, resource="db.t") != first

@@ -1,0 +1,51 @@
+"""queries.sql: every query the code names exists, and every query defined is used."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from shared.queries import QUERIES, Queries
+from tests.conftest import REPO
+
+USE = re.compile(r'QUERIES\["([a-z0-9_]+)"\]')
+
+
+def used_names() -> set[str]:
+    names: set[str] = set()
+    for folder in ("shared", "functions"):
+        for path in (REPO / folder).rglob("*.py"):
+            names |= set(USE.findall(path.read_text()))
+    return names
+
+
+def test_every_query_the_code_uses_exists() -> None:
+    missing = used_names() - set(QUERIES)
+    assert not missing, f"used but not in queries.sql: {sorted(missing)}"
+
+
+def test_every_query_defined_is_used() -> None:
+    unused = set(QUERIES) - used_names()
+    assert not unused, f"defined in queries.sql but never used: {sorted(unused)}"
+
+
+def test_unknown_name_says_which() -> None:
+    with pytest.raises(KeyError, match="no_such_query"):
+        QUERIES["no_such_query"]
+
+
+def test_parser_rejects_duplicates_and_empty_blocks() -> None:
+    with pytest.raises(ValueError, match="twice"):
+        Queries("-- a --\n-- d\nSELECT 1;\n-- a --\n-- d\nSELECT 2;\n")
+    with pytest.raises(ValueError, match="empty"):
+        Queries("-- a --\n-- only a description\n")
+
+
+def test_fenced_writes_carry_the_fence() -> None:
+    for name in ("attempt_heartbeat", "attempt_action_record", "attempt_finish",
+                 "attempt_release"):
+        sql = QUERIES[name]
+        assert "attempt_id = %(attempt_id)s" in sql, name
+        assert "visible_at > now()" in sql, name
+        assert "RETURNING" in sql, name
