@@ -11,6 +11,8 @@ from typing import cast
 # name -> (module:function, one line of help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "enqueue": ("functions.enqueue:main", "validate and insert job(s), print their ids"),
+    "worker": ("functions.worker:main", "claim and run jobs under lease, heartbeat and fence"),
+    "sweeper": ("functions.sweeper:main", "expired leases: rotate fence, retry or fail"),
     "migrate": ("functions.ops:migrate_main", "apply database migrations"),
     "status": ("functions.ops:status_main", "show one job"),
     "list": ("functions.ops:list_main", "list jobs"),

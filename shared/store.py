@@ -93,6 +93,26 @@ class Claim:
 
 
 @dataclass(frozen=True, slots=True)
+class ActionOutcome:
+    """How one action of an attempt ended."""
+
+    index: int
+    name: str
+    succeeded: bool
+    started_at: datetime
+    result: Any = None
+    error: str | None = None
+    error_detail: str | None = None
+
+    def params(self) -> dict[str, Any]:
+        return {"action_index": self.index, "name": self.name,
+                "status": "succeeded" if self.succeeded else "failed",
+                "started_at": self.started_at,
+                "result": json.dumps(self.result) if self.result is not None else None,
+                "error": self.error, "error_detail": self.error_detail}
+
+
+@dataclass(frozen=True, slots=True)
 class Transition:
     """A job that a verb moved, and where to."""
 
@@ -212,26 +232,26 @@ class FencedStore:
             ).fetchone()
         return row["lease_expires_at"] if row else None
 
-    def record_action(self, *, job_id: UUID, attempt_id: UUID, action_index: int, name: str,
-                      succeeded: bool, started_at: datetime, result: Any = None,
-                      error: str | None = None, error_detail: str | None = None) -> bool:
+    def record_action(self, *, job_id: UUID, attempt_id: UUID, outcome: ActionOutcome) -> bool:
         """Record one action's outcome under the fence; False when the fence is lost."""
         with translated():
-            row = self.conn.execute(QUERIES["attempt_action_record"], {
-                "job_id": job_id, "attempt_id": attempt_id, "action_index": action_index,
-                "name": name, "status": "succeeded" if succeeded else "failed",
-                "started_at": started_at,
-                "result": json.dumps(result) if result is not None else None,
-                "error": error, "error_detail": error_detail,
-            }).fetchone()
+            return self._record(job_id, attempt_id, outcome)
+
+    def _record(self, job_id: UUID, attempt_id: UUID, outcome: ActionOutcome) -> bool:
+        row = self.conn.execute(QUERIES["attempt_action_record"],
+                                {"job_id": job_id, "attempt_id": attempt_id,
+                                 **outcome.params()}).fetchone()
         return row is not None
 
     def finish(self, *, job_id: UUID, attempt_id: UUID, succeeded: bool,
-               reason: str | None = None, error: str | None = None,
-               error_detail: str | None = None) -> Transition | None:
-        """Fenced terminal write; None when the fence is lost (nothing written)."""
+               outcome: ActionOutcome | None = None, reason: str | None = None,
+               error: str | None = None, error_detail: str | None = None) -> Transition | None:
+        """Fenced terminal write, with the last action's outcome in the same transaction;
+        None when the fence is lost (nothing written)."""
         status = "succeeded" if succeeded else "failed"
-        with translated():
+        with translated(), self.conn.transaction():
+            if outcome is not None and not self._record(job_id, attempt_id, outcome):
+                return None
             row = self.conn.execute(QUERIES["attempt_finish"], {
                 "job_id": job_id, "attempt_id": attempt_id, "status": status,
                 "reason": reason or status, "error": error, "error_detail": error_detail,
@@ -243,11 +263,14 @@ class FencedStore:
         return done[0]
 
     def release(self, *, job_id: UUID, attempt_id: UUID, reason: str,
-                retry: RetryPolicy, error: str | None = None,
-                error_detail: str | None = None) -> Transition | None:
+                retry: RetryPolicy, outcome: ActionOutcome | None = None,
+                error: str | None = None, error_detail: str | None = None) -> Transition | None:
         """Fenced give-back: pending after the retry delay, or failed when attempts are
-        exhausted. None when the fence is lost."""
-        with translated():
+        exhausted; the failed action's outcome in the same transaction. None when the
+        fence is lost."""
+        with translated(), self.conn.transaction():
+            if outcome is not None and not self._record(job_id, attempt_id, outcome):
+                return None
             row = self.conn.execute(QUERIES["attempt_release"], {
                 "job_id": job_id, "attempt_id": attempt_id, "reason": reason,
                 "error": error, "error_detail": error_detail, **retry.params(),
@@ -257,6 +280,18 @@ class FencedStore:
         done = _transitions([row])
         self.settle(done)
         return done[0]
+
+    def fence(self, job_id: UUID) -> dict[str, Any] | None:
+        """Status, attempt_id and reason of a job: who holds the fence now."""
+        with translated():
+            row: dict[str, Any] | None = self.conn.execute(
+                QUERIES["job_fence_get"], {"job_id": job_id}).fetchone()
+        return row
+
+    def succeeded_actions(self, job_id: UUID) -> set[int]:
+        """Indexes of the actions some attempt already finished: a retry resumes after them."""
+        return {r["action_index"] for r in self.action_results([job_id])
+                if r["status"] == "succeeded"}
 
     # -- operator verbs --------------------------------------------------------------------
 

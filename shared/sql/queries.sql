@@ -93,7 +93,8 @@ RETURNING visible_at AS lease_expires_at;
 
 -- attempt_action_record --
 -- Record one action's result under the fence. FOR SHARE makes a concurrent rotation of the
--- fence either wait for this insert or make it match nothing.
+-- fence either wait for this insert or make it match nothing. Idempotent, so a write retried
+-- after a dropped connection is harmless.
 WITH fence AS (
     SELECT job_id, attempt_id FROM jobs
     WHERE job_id = %(job_id)s AND attempt_id = %(attempt_id)s
@@ -106,6 +107,9 @@ INSERT INTO job_action_results (
 SELECT f.job_id, f.attempt_id, %(action_index)s, %(name)s, %(status)s, %(started_at)s,
     %(result)s, %(error)s, %(error_detail)s
 FROM fence f
+ON CONFLICT (job_id, attempt_id, action_index) DO UPDATE SET
+    status = excluded.status, result = excluded.result, error = excluded.error,
+    error_detail = excluded.error_detail, finished_at = excluded.finished_at
 RETURNING action_index;
 
 -- attempt_finish --
@@ -266,6 +270,10 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s)
 ORDER BY job_id DESC
 LIMIT %(limit)s;
 
+-- job_fence_get --
+-- Where a job's fence stands (after a write whose outcome was lost with the connection).
+SELECT status, attempt_id, reason FROM jobs WHERE job_id = %(job_id)s;
+
 -- job_action_results --
 -- Every recorded action result of some jobs, oldest first.
 SELECT job_id, attempt_id, action_index, name, status, started_at, finished_at, result, error
@@ -323,3 +331,17 @@ SELECT CASE WHEN (SELECT draining FROM jobfence_control) THEN 0
     ELSE (SELECT count(*) FROM jobs WHERE status = 'pending' AND visible_at <= now())
        + (SELECT count(*) FROM jobs WHERE status = 'running' AND NOT is_parent)
     END AS value;
+
+-- function_run_start --
+-- A periodic function's run begins (status running, or skipped when another run holds its
+-- lock).
+INSERT INTO function_runs (function, trigger, status, host, finished_at)
+VALUES (%(function)s, %(trigger)s, %(status)s, %(host)s,
+        CASE WHEN %(status)s = 'skipped' THEN now() END)
+RETURNING run_id;
+
+-- function_run_finish --
+-- A periodic function's run ends, with its counts.
+UPDATE function_runs SET status = %(status)s, finished_at = now(), counts = %(counts)s,
+    error = %(error)s
+WHERE run_id = %(run_id)s;

@@ -9,16 +9,16 @@ import pytest
 
 from shared.errors import JobAlreadyTerminal, JobNotFound
 from shared.ids import uuid7
-from shared.store import IMMEDIATE, FencedStore, RetryPolicy
+from shared.store import IMMEDIATE, ActionOutcome, FencedStore, RetryPolicy
 from tests.factories import enqueue_one
 
 NOW = dt.datetime.now(dt.UTC)
+OUTCOME = ActionOutcome(index=0, name="sleep", succeeded=True, started_at=NOW)
 
 
 def stale_writes_match_nothing(store: FencedStore, job_id, attempt_id) -> None:  # type: ignore[no-untyped-def]
     assert store.heartbeat(job_id=job_id, attempt_id=attempt_id, lease_seconds=60) is None
-    assert not store.record_action(job_id=job_id, attempt_id=attempt_id, action_index=0,
-                                   name="sleep", succeeded=True, started_at=NOW)
+    assert not store.record_action(job_id=job_id, attempt_id=attempt_id, outcome=OUTCOME)
     assert store.finish(job_id=job_id, attempt_id=attempt_id, succeeded=True) is None
     assert store.release(job_id=job_id, attempt_id=attempt_id, reason="x",
                          retry=IMMEDIATE) is None
@@ -173,3 +173,25 @@ def test_reclaim_is_bounded_by_batch_size(store: FencedStore) -> None:
     assert len(store.reclaim_expired(retry=IMMEDIATE, batch_size=3, now=later)) == 3
     assert len(store.reclaim_expired(retry=IMMEDIATE, batch_size=3, now=later)) == 3
     assert len(store.reclaim_expired(retry=IMMEDIATE, batch_size=3, now=later)) == 1
+
+
+def test_action_record_is_idempotent_and_finish_carries_the_last_one(
+        store: FencedStore) -> None:
+    job_id = enqueue_one(store, actions=[{"name": "sleep", "params": {"seconds": 0}}] * 2)
+    [claim] = store.claim(worker_id="w", lease_seconds=30)
+    assert store.record_action(job_id=job_id, attempt_id=claim.attempt_id, outcome=OUTCOME)
+    assert store.record_action(job_id=job_id, attempt_id=claim.attempt_id, outcome=OUTCOME)
+    last = ActionOutcome(index=1, name="sleep", succeeded=True, started_at=NOW,
+                         result={"ok": 1})
+    assert store.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=True,
+                        outcome=last)
+    assert store.succeeded_actions(job_id) == {0, 1}
+
+
+def test_stale_finish_leaves_no_action_record_behind(store: FencedStore) -> None:
+    job_id = enqueue_one(store)
+    [claim] = store.claim(worker_id="w", lease_seconds=30)
+    store.cancel(job_id=job_id)
+    assert store.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=True,
+                        outcome=OUTCOME) is None
+    assert store.action_results([job_id]) == []

@@ -1,0 +1,49 @@
+"""sweeper: expired leases → rotate the fence → back to pending with backoff, or failed
+once attempts are exhausted. A job whose worker died is claimable again after one pass.
+
+Bounded: batches of ``JOBFENCE_BATCH_SIZE`` rows, each its own transaction, and at most
+``MAX_BATCHES`` per pass (the next scheduled run carries on). Whatever the dead claim held
+is released with it: the resource lock is the job's own active status, so it frees itself
+the moment the job is terminal.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from shared.runner import Deps, run_pass
+from shared.settings import Settings
+from shared.store import RetryPolicy
+
+MAX_BATCHES = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    function: str
+    reclaimed: int
+    retried: int
+    failed: int
+    batches: int
+
+
+def run_once(settings: Settings, deps: Deps) -> Report:
+    retry = RetryPolicy(settings.retry_base_seconds, settings.retry_max_seconds)
+    retried = failed = batches = 0
+    while batches < MAX_BATCHES:
+        done = deps.store.reclaim_expired(retry=retry, batch_size=settings.batch_size)
+        batches += 1
+        retried += sum(1 for t in done if t.status == "pending")
+        failed += sum(1 for t in done if t.status == "failed")
+        if len(done) < settings.batch_size:
+            break
+    return Report("sweeper", retried + failed, retried, failed, batches)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_pass("sweeper", sys.argv[1:] if argv is None else argv, run_once, __doc__ or "")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,309 @@
+"""worker: claim a job (or up to ``--max-jobs``), run its actions in order under lease and
+heartbeat, record each action's result under the attempt's fence, and write the terminal
+state — fenced. Exit 0 when every claimed job succeeded (or there was nothing to claim),
+1 otherwise: a failed action, a lost fence, or SIGTERM.
+
+A KEDA ScaledJob starts one worker pod per unit of ready work; each pod runs one job and
+exits, so a worker never lives longer than its job.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, TypeVar
+
+from shared import cli
+from shared.actions import ActionContext, StopRequested, get_action
+from shared.actions.builtin import ActionFailed
+from shared.attempt import AttemptGuard, SideChannel, StopReason
+from shared.db import connect
+from shared.errors import StoreUnavailable
+from shared.logs import get_logger
+from shared.settings import Settings
+from shared.shutdown import on_termination
+from shared.store import ActionOutcome, Claim, FencedStore, RetryPolicy, Transition
+
+log = get_logger("jobfence.worker")
+T = TypeVar("T")
+
+# After SIGTERM the watcher has released the job; the main thread gets this long to come
+# back from the action before the process exits regardless.
+EXIT_GRACE_SECONDS = 2.0
+
+
+class Outcome(StrEnum):
+    SUCCEEDED = "succeeded"
+    RETRY = "retry"            # released back to pending, attempts remain
+    FAILED = "failed"          # terminal failure
+    LOST = "lost"              # fence lost or self-fenced: wrote nothing
+    TERMINATED = "terminated"  # SIGTERM: released by the watcher
+
+
+@dataclass
+class Report:
+    function: str = "worker"
+    worker_id: str = ""
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    lost: int = 0
+    terminated: bool = False
+    jobs: list[dict[str, str]] = field(default_factory=list)
+
+    def count(self, job_id: object, outcome: Outcome) -> None:
+        self.jobs.append({"job_id": str(job_id), "outcome": outcome.value})
+        if outcome is Outcome.SUCCEEDED:
+            self.succeeded += 1
+        elif outcome is Outcome.RETRY:
+            self.retried += 1
+        elif outcome is Outcome.FAILED:
+            self.failed += 1
+        elif outcome is Outcome.LOST:
+            self.lost += 1
+        else:
+            self.terminated = True
+
+    @property
+    def ok(self) -> bool:
+        return self.succeeded == self.claimed and not self.terminated
+
+
+class Worker:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.retry = RetryPolicy(settings.retry_base_seconds, settings.retry_max_seconds)
+        self.side = SideChannel(settings)
+        self.report = Report(worker_id=settings.worker)
+        self._conn = self._connect()
+        self._lock = threading.Lock()
+        self._current: AttemptGuard | None = None
+        self._terminating = False
+        self._main_done = threading.Event()
+
+    def _connect(self) -> Any:
+        return connect(self.settings.database_url, application_name="jobfence-worker",
+                       connect_timeout=self.settings.connect_timeout_seconds)
+
+    @property
+    def store(self) -> FencedStore:
+        return FencedStore(self._conn)
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def run(self, max_jobs: int) -> Report:
+        with on_termination(self._on_signal) as terminated:
+            try:
+                for _ in range(max_jobs):
+                    if terminated.is_set():
+                        break
+                    claims = self.store.claim(worker_id=self.settings.worker,
+                                              lease_seconds=self.settings.lease_seconds)
+                    if not claims:
+                        log.info("nothing_to_claim")
+                        break
+                    self.report.claimed += 1
+                    claim = claims[0]
+                    self.report.count(claim.job_id, self._run_attempt(claim))
+            finally:
+                self._main_done.set()
+            if terminated.is_set():
+                self.report.terminated = True
+        self.side.close_quietly()
+        self._conn.close()
+        return self.report
+
+    def _on_signal(self, signum: int) -> None:
+        """Runs on the shutdown watcher thread, while the main thread may be blocked in an
+        action: fenced clean-up first, then leave."""
+        log.warning("sigterm_received", signal=signum)
+        with self._lock:
+            self._terminating = True
+            guard = self._current
+        if guard is not None:
+            guard.release_on_sigterm()
+        if not self._main_done.wait(EXIT_GRACE_SECONDS):
+            log.error("exit_forced", message="the action did not stop in time")
+            self.report.terminated = True
+            cli.emit(self.report)
+            sys.stderr.flush()
+            os._exit(1)
+
+    # -- one attempt -----------------------------------------------------------------------
+
+    def _run_attempt(self, claim: Claim) -> Outcome:
+        log.info("job_claimed", job_id=str(claim.job_id), attempt_id=str(claim.attempt_id),
+                 attempt=claim.attempt_count, max_attempts=claim.max_attempts)
+        guard = AttemptGuard(claim, self.settings, self.side)
+        with self._lock:
+            self._current = guard
+            terminating = self._terminating
+        try:
+            if terminating:  # SIGTERM arrived while the claim was being made
+                guard.release_on_sigterm()
+                return Outcome.TERMINATED
+            with guard, tempfile.TemporaryDirectory(prefix="jobfence-") as work:
+                return self._run_actions(claim, guard, Path(work))
+        finally:
+            with self._lock:
+                self._current = None
+
+    def _run_actions(self, claim: Claim, guard: AttemptGuard, work: Path) -> Outcome:
+        done = self.store.succeeded_actions(claim.job_id)
+        todo = [i for i in range(len(claim.actions)) if i not in done]
+        if done:
+            log.info("resuming", job_id=str(claim.job_id), after_actions=sorted(done))
+        if not todo:  # every action finished in an earlier attempt
+            return self._finish(claim, guard, None)
+        dirs = {"JOBFENCE_INPUT_DIR": work / "inputs", "JOBFENCE_OUTPUT_DIR": work / "outputs"}
+        for d in dirs.values():
+            d.mkdir()
+        env = {"JOBFENCE_JOB_ID": str(claim.job_id),
+               "JOBFENCE_ATTEMPT_ID": str(claim.attempt_id),
+               **{k: str(v) for k, v in dirs.items()}}
+        for index in todo:
+            spec = claim.actions[index]
+            started = datetime.now(UTC)
+            log.info("action_started", job_id=str(claim.job_id), index=index, action=spec["name"])
+            try:
+                action = get_action(spec["name"])
+                ctx = ActionContext(job_id=claim.job_id, attempt_id=claim.attempt_id,
+                                    action_index=index, workdir=work, stop=guard.stop,
+                                    track_process=guard.track, untrack_process=guard.untrack,
+                                    env=env)
+                result = action.run(ctx, spec.get("params", {}))
+            except StopRequested:
+                return self._stopped(claim, guard, index, spec["name"], started)
+            except Exception as exc:
+                if guard.stop.is_set():  # the child died because we killed it
+                    return self._stopped(claim, guard, index, spec["name"], started)
+                detail = exc.detail if isinstance(exc, ActionFailed) else traceback.format_exc()
+                outcome = ActionOutcome(index, spec["name"], False, started,
+                                        error=str(exc) or type(exc).__name__,
+                                        error_detail=detail)
+                return self._fail(claim, guard, outcome)
+            if guard.stop.is_set():
+                return self._stopped(claim, guard, index, spec["name"], started)
+            outcome = ActionOutcome(index, spec["name"], True, started,
+                                    result=dict(result) if result else None)
+            log.info("action_succeeded", job_id=str(claim.job_id), index=index,
+                     action=spec["name"])
+            if index == todo[-1]:
+                return self._finish(claim, guard, outcome)
+            if not self._record(claim, guard, outcome):
+                return self._lost(claim, guard)
+        raise AssertionError("unreachable: the last action finishes the job")
+
+    def _record(self, claim: Claim, guard: AttemptGuard, outcome: ActionOutcome) -> bool:
+        return bool(self._write(guard, lambda s: s.record_action(
+            job_id=claim.job_id, attempt_id=claim.attempt_id, outcome=outcome)))
+
+    def _finish(self, claim: Claim, guard: AttemptGuard,
+                outcome: ActionOutcome | None) -> Outcome:
+        t = self._write(guard, lambda s: s.finish(
+            job_id=claim.job_id, attempt_id=claim.attempt_id, succeeded=True, outcome=outcome))
+        if t is None and not self._won_anyway(claim, "succeeded"):
+            return self._lost(claim, guard)
+        log.info("job_succeeded", job_id=str(claim.job_id), attempt=claim.attempt_count)
+        return Outcome.SUCCEEDED
+
+    def _fail(self, claim: Claim, guard: AttemptGuard, outcome: ActionOutcome) -> Outcome:
+        log.warning("action_failed", job_id=str(claim.job_id), index=outcome.index,
+                    action=outcome.name, error=outcome.error)
+        reason = f"action {outcome.index + 1} ({outcome.name}) failed: {outcome.error}"
+        t = self._write(guard, lambda s: s.release(
+            job_id=claim.job_id, attempt_id=claim.attempt_id, reason=reason[:2000],
+            retry=self.retry, outcome=outcome, error=outcome.error,
+            error_detail=outcome.error_detail))
+        return self._released(claim, guard, t)
+
+    def _stopped(self, claim: Claim, guard: AttemptGuard, index: int, name: str,
+                 started: datetime) -> Outcome:
+        reason = guard.reason
+        if reason is StopReason.SIGTERM:
+            return Outcome.TERMINATED
+        if reason is StopReason.TIMED_OUT:
+            error = "timed out"
+            outcome = ActionOutcome(index, name, False, started, error=error)
+            t = self._write(guard, lambda s: s.release(
+                job_id=claim.job_id, attempt_id=claim.attempt_id, reason="timed out",
+                retry=self.retry, outcome=outcome, error=error), even_if_stopped=True)
+            return self._released(claim, guard, t)
+        return self._lost(claim, guard)
+
+    def _released(self, claim: Claim, guard: AttemptGuard, t: Transition | None) -> Outcome:
+        if t is None:
+            return self._lost(claim, guard)
+        log.info("job_released", job_id=str(claim.job_id), status=t.status)
+        return Outcome.FAILED if t.status == "failed" else Outcome.RETRY
+
+    def _lost(self, claim: Claim, guard: AttemptGuard) -> Outcome:
+        if guard.reason is None:  # a write found the fence gone before the heartbeat did
+            guard.request_stop(StopReason.FENCE_LOST)
+            log.warning("writeback_stale_attempt", job_id=str(claim.job_id),
+                        attempt_id=str(claim.attempt_id),
+                        message="the fence was rotated: this attempt stops and writes nothing")
+        return Outcome.LOST
+
+    # -- fenced writes that survive a dropped connection -----------------------------------
+
+    def _write(self, guard: AttemptGuard, fn: Callable[[FencedStore], T],
+               even_if_stopped: bool = False) -> T | None:
+        """Run a fenced write while the lease is valid, reconnecting if the connection
+        dropped. None when this attempt may not (or can no longer) write."""
+        while True:
+            if not guard.lease_live() or (guard.stop.is_set() and not even_if_stopped):
+                return None
+            try:
+                return fn(self.store)
+            except StoreUnavailable as exc:
+                log.warning("write_retry", error=str(exc))
+                if guard.stop.wait(0.2) and not even_if_stopped:
+                    return None
+                try:
+                    self._conn.close()
+                    self._conn = self._connect()
+                except StoreUnavailable:
+                    continue
+
+    def _won_anyway(self, claim: Claim, status: str) -> bool:
+        """After a retried terminal write matched nothing: had the first try committed?"""
+        try:
+            now = self.store.fence(claim.job_id)
+        except StoreUnavailable:
+            return False
+        return bool(now and now["status"] == status and now["attempt_id"] == claim.attempt_id)
+
+
+def run_once(settings: Settings, max_jobs: int = 1) -> Report:
+    return Worker(settings).run(max_jobs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    def body() -> int:
+        p = cli.Parser(prog="jobfence worker", description=__doc__)
+        p.add_argument("--max-jobs", type=int, default=1, metavar="N",
+                       help="jobs to run before exiting (default 1, as a KEDA pod does)")
+        args = p.parse_args(sys.argv[1:] if argv is None else argv)
+        if args.max_jobs < 1:
+            cli.error("--max-jobs must be at least 1")
+            return 2
+        settings = cli.setup("worker")
+        report = run_once(settings, args.max_jobs)
+        cli.emit(report)
+        return 0 if report.ok else 1
+
+    return cli.run_command("worker", body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""Keeping one claimed attempt honest while its actions run.
+
+``AttemptGuard`` renews the lease from a heartbeat thread on its own connection, and a
+watchdog thread stops the attempt the moment it may no longer run:
+
+* the heartbeat matched nothing — the fence was rotated (cancel, reclaim, run timeout):
+  ``fence_lost``, logged as ``writeback_stale_attempt``;
+* the lease could not be renewed and its local deadline is near (database unreachable, or
+  the process was paused past it): ``lease_expired``, self-fencing;
+* the job's run timeout passed: ``timed_out``;
+* the worker got SIGTERM: ``sigterm``.
+
+Stopping means: set ``stop`` (actions wait on it), SIGKILL every process group the action
+registered, and from then on write nothing — except the SIGTERM and timeout paths, which
+give the job back with a fenced release. The local deadline is measured on the monotonic
+clock from *before* each successful heartbeat was sent, so it always falls before the
+database's own deadline; the database's ``visible_at > now()`` predicate backs it up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from enum import StrEnum
+from typing import Any
+
+from shared.actions.builtin import kill_group
+from shared.db import Connection, connect
+from shared.errors import StoreUnavailable
+from shared.logs import get_logger
+from shared.settings import Settings
+from shared.store import Claim, FencedStore, RetryPolicy, Transition
+
+log = get_logger("jobfence.attempt")
+
+
+class StopReason(StrEnum):
+    FENCE_LOST = "fence_lost"
+    LEASE_EXPIRED = "lease_expired"
+    TIMED_OUT = "timed_out"
+    SIGTERM = "sigterm"
+
+
+def self_fence_margin(lease_seconds: float) -> float:
+    """How long before the local lease deadline the worker gives up: enough to kill the
+    child and stop writing, small against the lease."""
+    return max(0.2, min(5.0, lease_seconds * 0.1))
+
+
+class SideChannel:
+    """The guard's own connection (heartbeats, SIGTERM release), reconnected on demand and
+    used by one thread at a time."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.lock = threading.Lock()
+        self._conn: Connection | None = None
+
+    def _store(self) -> FencedStore:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            # Short statement timeout: a heartbeat must never block past the deadline.
+            timeout_ms = int(max(0.2, min(self.settings.heartbeat, 5.0)) * 1000)
+            self._conn = connect(self.settings.database_url,
+                                 application_name="jobfence-heartbeat",
+                                 connect_timeout=min(self.settings.connect_timeout_seconds,
+                                                     self.settings.heartbeat),
+                                 statement_timeout_ms=timeout_ms)
+        return FencedStore(self._conn)
+
+    def call(self, fn: Callable[[FencedStore], Any]) -> Any:
+        with self.lock:
+            try:
+                return fn(self._store())
+            except StoreUnavailable:
+                self.close_quietly()
+                raise
+
+    def close_quietly(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):  # closing a broken connection may fail
+                self._conn.close()
+            self._conn = None
+
+
+class AttemptGuard:
+    """Heartbeat, deadlines and the kill switch of one attempt."""
+
+    def __init__(self, claim: Claim, settings: Settings, side: SideChannel,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.claim = claim
+        self.settings = settings
+        self.side = side
+        self.clock = clock
+        self.stop = threading.Event()
+        self.reason: StopReason | None = None
+        self.margin = self_fence_margin(settings.lease_seconds)
+        now = clock()
+        # The claim's lease started at the database's now; ours starts no later than here.
+        self._deadline = now + settings.lease_seconds
+        self._run_deadline = self._local_run_deadline(now)
+        self._next_beat = now + settings.heartbeat
+        self._pgids: set[int] = set()
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
+            threading.Thread(target=self._watchdog_loop, name="watchdog", daemon=True),
+        ]
+
+    def _local_run_deadline(self, now: float) -> float | None:
+        claim = self.claim
+        if claim.run_deadline_at is None:
+            return None
+        claimed_at = claim.lease_expires_at - timedelta(seconds=self.settings.lease_seconds)
+        return now + (claim.run_deadline_at - claimed_at).total_seconds()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def __enter__(self) -> AttemptGuard:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._closed.set()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout=self.settings.heartbeat + 6)
+
+    # -- what actions and the worker use ---------------------------------------------------
+
+    def track(self, pgid: int) -> None:
+        with self._lock:
+            self._pgids.add(pgid)
+        if self.stop.is_set():
+            kill_group(pgid)
+
+    def untrack(self, pgid: int) -> None:
+        with self._lock:
+            self._pgids.discard(pgid)
+
+    def lease_live(self) -> bool:
+        """Whether the local lease deadline is still beyond the self-fencing margin."""
+        return self.clock() < self._deadline - self.margin
+
+    def request_stop(self, reason: StopReason) -> bool:
+        """Stop the attempt now; the first reason wins. Kills every registered process
+        group at once."""
+        with self._lock:
+            if self.reason is not None:
+                return False
+            self.reason = reason
+            self.stop.set()
+            pgids = list(self._pgids)
+        for pgid in pgids:
+            kill_group(pgid)
+        return True
+
+    def release_on_sigterm(self) -> Transition | None:
+        """The SIGTERM path, run by the shutdown watcher while the main thread may still be
+        blocked inside an action: stop, kill, and give the job back at once."""
+        self.request_stop(StopReason.SIGTERM)
+        claim = self.claim
+        try:
+            t: Transition | None = self.side.call(lambda store: store.release(
+                job_id=claim.job_id, attempt_id=claim.attempt_id,
+                reason="worker received SIGTERM", error="worker received SIGTERM",
+                retry=RetryPolicy(0.0, 0.0)))
+        except StoreUnavailable as exc:
+            log.error("sigterm_release_failed", job_id=str(claim.job_id), error=str(exc))
+            return None
+        log.warning("sigterm_released", job_id=str(claim.job_id),
+                    attempt_id=str(claim.attempt_id), status=t.status if t else None)
+        return t
+
+    # -- threads ---------------------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        claim, lease = self.claim, self.settings.lease_seconds
+        while not self.stop.is_set():
+            if self._closed.wait(max(0.0, self._next_beat - self.clock())):
+                return
+            if self.stop.is_set() or self._deadline_passed():
+                return  # e.g. resumed after SIGSTOP: too late to renew, write nothing
+            sent = self.clock()
+            try:
+                renewed = self.side.call(lambda store: store.heartbeat(
+                    job_id=claim.job_id, attempt_id=claim.attempt_id, lease_seconds=lease))
+            except StoreUnavailable as exc:
+                # Keep trying while the lease lasts; the watchdog self-fences if it runs out.
+                log.warning("heartbeat_failed", job_id=str(claim.job_id), error=str(exc))
+                self._next_beat = self.clock() + min(self.settings.heartbeat, 1.0)
+                continue
+            if self._closed.is_set():
+                return
+            if renewed is None:
+                if self.request_stop(StopReason.FENCE_LOST):
+                    self._log_fence_lost()
+                return
+            self._deadline = sent + lease
+            self._next_beat = sent + self.settings.heartbeat
+
+    def _log_fence_lost(self) -> None:
+        claim = self.claim
+        try:
+            now = self.side.call(lambda store: store.fence(claim.job_id))
+        except StoreUnavailable:
+            now = None
+        log.warning("writeback_stale_attempt", job_id=str(claim.job_id),
+                    attempt_id=str(claim.attempt_id),
+                    job_status=now["status"] if now else None,
+                    why=now["reason"] if now else None,
+                    message="the fence was rotated: this attempt stops and writes nothing")
+
+    def _deadline_passed(self) -> bool:
+        """Stop the attempt if a deadline has passed; True if it has."""
+        now = self.clock()
+        if self._run_deadline is not None and now >= self._run_deadline:
+            if self.request_stop(StopReason.TIMED_OUT):
+                log.warning("run_timed_out", job_id=str(self.claim.job_id))
+            return True
+        if now >= self._deadline - self.margin:
+            if self.request_stop(StopReason.LEASE_EXPIRED):
+                log.error("self_fenced", job_id=str(self.claim.job_id),
+                          attempt_id=str(self.claim.attempt_id), pid=os.getpid(),
+                          message="lease could not be renewed in time: stopped the "
+                                  "action; this attempt writes nothing more")
+            return True
+        return False
+
+    def _watchdog_loop(self) -> None:
+        while not self.stop.is_set():
+            if self._deadline_passed():
+                return
+            now = self.clock()
+            wake = min(self._deadline - self.margin,
+                       self._run_deadline if self._run_deadline is not None else now + 1.0)
+            if self._closed.wait(min(max(0.0, wake - now), 0.25)):
+                return
+
+

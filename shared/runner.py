@@ -1,0 +1,99 @@
+"""The shape every periodic function shares: ``run_once(settings, deps) -> Report`` does one
+pass; ``run_pass`` wraps it into a CLI ``main()`` that takes the function's advisory lock
+(a second concurrent run skips and exits 0), records the run in ``function_runs``, logs,
+prints the report as one JSON object, and returns the exit code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from shared import cli
+from shared.db import try_advisory_lock
+from shared.errors import JobfenceError
+from shared.logs import get_logger
+from shared.queries import QUERIES
+from shared.settings import Settings
+from shared.store import FencedStore
+
+
+class Report(Protocol):
+    """A frozen dataclass of counts whose first field is ``function``."""
+
+    @property
+    def function(self) -> str: ...
+
+
+@dataclass
+class Deps:
+    """What a pass talks to. Adapters for the cluster and the object store are built on
+    first use, so a pass that needs neither never imports their clients."""
+
+    store: FencedStore
+    settings: Settings
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+RunOnce = Callable[[Settings, Deps], Report]
+
+
+def _record_start(store: FencedStore, name: str, status: str, trigger: str) -> int:
+    row = store.conn.execute(QUERIES["function_run_start"], {
+        "function": name, "trigger": trigger, "status": status,
+        "host": socket.gethostname()}).fetchone()
+    assert row is not None
+    return int(row["run_id"])
+
+
+def _record_finish(store: FencedStore, run_id: int, status: str, counts: dict[str, Any],
+                   error: str | None) -> None:
+    store.conn.execute(QUERIES["function_run_finish"], {
+        "run_id": run_id, "status": status, "counts": json.dumps(counts), "error": error})
+
+
+def counts_of(report: Report) -> dict[str, Any]:
+    data = asdict(report)  # type: ignore[call-overload]
+    return {k: v for k, v in data.items() if k != "function"}
+
+
+def run_pass(name: str, argv: list[str] | None, run_once: RunOnce, description: str) -> int:
+    log = get_logger(f"jobfence.{name}")
+
+    def body() -> int:
+        p = cli.Parser(prog=f"jobfence {name}", description=description)
+        p.add_argument("--batch-size", type=int, metavar="N", help="rows per batch")
+        args = p.parse_args(argv)
+        settings = cli.setup(name, batch_size=args.batch_size)
+        trigger = "scheduled"
+        with cli.open_store(settings, name) as store:
+            if not try_advisory_lock(store.conn, name):
+                _record_start(store, name, "skipped", trigger)
+                log.info("pass_skipped", reason="another run holds the lock")
+                cli.emit({"function": name, "skipped": True})
+                return 0
+            run_id = _record_start(store, name, "running", trigger)
+            started = time.monotonic()
+            log.info("pass_started")
+            try:
+                report = run_once(settings, Deps(store, settings))
+            except BaseException as exc:
+                message = str(exc) if isinstance(exc, JobfenceError) else repr(exc)
+                log.error("pass_failed", error=message)
+                with contextlib.suppress(Exception):  # the database may be what failed
+                    _record_finish(store, run_id, "failed", {}, message)
+                raise
+            counts = counts_of(report)
+            duration = round(time.monotonic() - started, 3)
+            _record_finish(store, run_id, "succeeded", counts, None)
+            log.info("pass_finished", duration_seconds=duration, **counts)
+            cli.emit({"function": name, **counts, "duration_seconds": duration})
+        return 0
+
+    return cli.run_command(name, body)
+
