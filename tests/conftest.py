@@ -54,7 +54,7 @@ def store(conn: Connection) -> FencedStore:
 
 def cli_env(dsn: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBFENCE_")}
-    env.update(JOBFENCE_DATABASE_URL=dsn, PYTHONPATH=str(REPO), **extra)
+    env.update({"JOBFENCE_DATABASE_URL": dsn, "PYTHONPATH": str(REPO), **extra})
     return env
 
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import IO, Any
 
@@ -97,6 +99,20 @@ class _Tail:
         return data.decode("utf-8", errors="replace")
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL me if the worker dies, even by SIGKILL (Linux).
+    Only an async-signal-safe libc call runs here."""
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+try:
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+    _PR_SET_PDEATHSIG = 1
+    _PREEXEC: Callable[[], None] | None = _die_with_parent if sys.platform == "linux" else None
+except (AttributeError, OSError):
+    _PREEXEC = None
+
+
 def kill_group(pgid: int) -> None:
     """SIGKILL a whole process group; gone already is fine."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -123,6 +139,7 @@ class CommandAction:
             proc = subprocess.Popen(
                 p.argv, cwd=ctx.workdir, env=env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                preexec_fn=_PREEXEC,  # noqa: PLW1509 - a single prctl call, no locks
             )
         except OSError as exc:
             raise ActionFailed(f"cannot start {p.argv[0]!r}: {exc.strerror or exc}") from exc
