@@ -8,9 +8,9 @@ import signal
 import time
 from pathlib import Path
 
+from shared.db import connect
 from shared.embedded_pg import EmbeddedPostgres
 from shared.migrations import migrate
-from shared.db import connect
 from tests.conftest import run_cli
 from tests.procs import (
     FAST,
@@ -138,7 +138,7 @@ def test_cancel_running_job_kills_child_within_a_heartbeat(dsn: str, tmp_path: P
     cancelled = time.monotonic()
     wait_for(lambda: not alive(child), timeout=3, interval=0.02)
     assert time.monotonic() - cancelled < 1.5  # one heartbeat period, plus scheduling
-    out, err = worker.communicate(timeout=10)
+    _, err = worker.communicate(timeout=10)
     assert worker.returncode == 1, err
     assert "writeback_stale_attempt" in {e["event"] for e in log_events(err)}
     time.sleep(0.5)
@@ -220,7 +220,7 @@ def test_database_restart_nothing_left_running(tmp_path: Path) -> None:
         worker = spawn(pg.dsn, "worker", **env)
         wait_for(lambda: job(pg.dsn, short)["status"] == "running")
         pg.restart(down_seconds=1.5)
-        out, err = worker.communicate(timeout=30)
+        _, err = worker.communicate(timeout=30)
         assert worker.returncode == 0, err
         assert job(pg.dsn, short)["status"] == "succeeded"
 
@@ -229,7 +229,7 @@ def test_database_restart_nothing_left_running(tmp_path: Path) -> None:
         child = read_pid(tmp_path / "pid")
         pg.stop(mode="immediate")
         try:
-            out, err = worker.communicate(timeout=20)
+            _, err = worker.communicate(timeout=20)
         finally:
             pg.start()
         assert worker.returncode == 1
