@@ -68,6 +68,13 @@ class Settings(BaseSettings):
     s3_region: str = "us-east-1"
     """Region for the object store client."""
 
+    s3_access_key_id: str | None = None
+    """Object store credentials; unset: boto3's own chain (environment, IRSA, instance
+    profile), which is what a pod on EKS should use."""
+
+    s3_secret_access_key: str | None = Field(default=None, repr=False)
+    """Secret for ``s3_access_key_id``; never logged."""
+
     pushgateway_url: str | None = None
     """Prometheus Pushgateway for run metrics; unset: nothing is pushed."""
 

@@ -3,6 +3,7 @@ database per test, and the fenced store over it."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -50,6 +51,33 @@ def conn(dsn: str) -> Iterator[Connection]:
 @pytest.fixture
 def store(conn: Connection) -> FencedStore:
     return FencedStore(conn)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 in server mode on 127.0.0.1, shared by the session (buckets per test)."""
+    from moto.server import ThreadedMotoServer
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{server._server.server_port}"
+    server.stop()
+
+
+_buckets = itertools.count()
+
+
+@pytest.fixture
+def s3_env(s3_endpoint: str) -> dict[str, str]:
+    """Settings for a fresh bucket on the moto server, as environment variables."""
+    from shared.adapters.s3 import S3ObjectStore
+
+    bucket = f"jobfence-test-{os.getpid()}-{next(_buckets)}"
+    S3ObjectStore(endpoint_url=s3_endpoint).client.create_bucket(Bucket=bucket)
+    return {"JOBFENCE_S3_ENDPOINT_URL": s3_endpoint, "JOBFENCE_S3_BUCKET": bucket,
+            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
 def cli_env(dsn: str, **extra: str) -> dict[str, str]:

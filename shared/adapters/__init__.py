@@ -1,0 +1,1 @@
+"""Adapters behind the ports: the only modules that import boto3 or kubernetes."""

@@ -1,0 +1,99 @@
+"""The object-store port: only what the functions call, with S3 (boto3) behind it in
+``shared.adapters.s3`` and an in-memory fake in ``shared.adapters.memory_objects``.
+
+Layout under the bucket (CONTRACT.md): outputs of an attempt live under
+``jobfence/JOB_ID/ATTEMPT_ID/…`` so a fenced-out attempt can never overwrite the winner's,
+and a parent's manifest at ``jobfence/JOB_ID/manifest.json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Protocol
+from uuid import UUID
+
+from shared.errors import ConfigError, InvalidSpec
+from shared.settings import Settings
+
+PREFIX = "jobfence/"
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    key: str
+    size: int
+    last_modified: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteFailure:
+    key: str
+    error: str
+
+
+class ObjectStore(Protocol):
+    def iter_objects(self, bucket: str, prefix: str) -> Iterator[ObjectInfo]:
+        """Every object under ``prefix``, in key order, fetched page by page (bounded
+        memory however many there are)."""
+        ...
+
+    def download(self, bucket: str, key: str, dest: Path) -> None: ...
+
+    def upload(self, bucket: str, key: str, src: Path) -> None: ...
+
+    def put_bytes(self, bucket: str, key: str, data: bytes,
+                  content_type: str = "application/octet-stream") -> None: ...
+
+    def get_bytes(self, bucket: str, key: str) -> bytes: ...
+
+    def delete_many(self, bucket: str, keys: Sequence[str]) -> list[DeleteFailure]:
+        """Delete up to 1000 keys; the ones that could not be deleted, with why."""
+        ...
+
+
+class ObjectStoreError(Exception):
+    """An object-store call failed after its retries."""
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/prefix`` → (bucket, prefix)."""
+    if not url.startswith("s3://"):
+        raise InvalidSpec(f"{url!r} is not an s3:// url")
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    if not bucket:
+        raise InvalidSpec(f"{url!r} has no bucket")
+    return bucket, prefix
+
+
+def s3_url(bucket: str, key: str) -> str:
+    return f"s3://{bucket}/{key}"
+
+
+def attempt_prefix(job_id: UUID, attempt_id: UUID) -> str:
+    return f"{PREFIX}{job_id}/{attempt_id}/"
+
+
+def job_prefix(job_id: UUID) -> str:
+    return f"{PREFIX}{job_id}/"
+
+
+def manifest_key(job_id: UUID) -> str:
+    return f"{PREFIX}{job_id}/manifest.json"
+
+
+def output_bucket(settings: Settings) -> str:
+    if not settings.s3_bucket:
+        raise ConfigError("JOBFENCE_S3_BUCKET is required for S3 inputs, outputs and manifests")
+    return settings.s3_bucket
+
+
+def open_object_store(settings: Settings) -> ObjectStore:
+    """The S3 adapter for these settings (boto3 is imported here, on first use only)."""
+    from shared.adapters.s3 import S3ObjectStore
+
+    return S3ObjectStore(endpoint_url=settings.s3_endpoint_url, region=settings.s3_region,
+                         access_key_id=settings.s3_access_key_id,
+                         secret_access_key=settings.s3_secret_access_key)
