@@ -4,12 +4,14 @@ print one JSON object per spec. Invalid input writes nothing (exit 2)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from shared import cli
-from shared.errors import InvalidSpec
+from shared.datums import child_batches
+from shared.errors import InvalidSpec, NotFound, Unavailable
 from shared.ids import uuid7
+from shared.objectstore import ObjectStore, ObjectStoreError, open_object_store, output_bucket
 from shared.settings import Settings
 from shared.spec import JobSpec, parse_action_arg, parse_spec_text, parse_specs, seconds
 from shared.store import Enqueued, FencedStore, NewJob
@@ -22,7 +24,10 @@ class Report:
 
 
 def to_new_job(spec: JobSpec, settings: Settings) -> NewJob:
+    parent = spec.inputs is not None
     return NewJob(
+        is_parent=parent,
+        inputs=spec.inputs.model_dump() if spec.inputs else None,
         job_id=uuid7(),
         actions=spec.stored_actions(),
         max_attempts=spec.max_attempts or settings.max_attempts,
@@ -38,11 +43,26 @@ def to_new_job(spec: JobSpec, settings: Settings) -> NewJob:
     )
 
 
-def run_once(settings: Settings, store: FencedStore, specs: Sequence[JobSpec]) -> Report:
-    if any(s.inputs for s in specs):
-        raise InvalidSpec("S3 inputs are not supported by this version")
+def run_once(settings: Settings, store: FencedStore, specs: Sequence[JobSpec],
+             objects: Callable[[], ObjectStore] | None = None) -> Report:
+    """Insert the jobs; a spec with S3 ``inputs`` becomes a parent with one child per
+    datum, listed and inserted in the same transaction."""
     jobs = [to_new_job(spec, settings) for spec in specs]
-    return Report("enqueue", tuple(store.enqueue(jobs)))
+    if not any(job.is_parent for job in jobs):
+        return Report("enqueue", tuple(store.enqueue(jobs)))
+    output_bucket(settings)  # outputs and the manifest need a bucket: say so before listing
+    opened = objects or (lambda: open_object_store(settings))
+
+    def children(parent: NewJob) -> Iterator[list[NewJob]]:
+        inputs = parent.inputs
+        return child_batches(inputs["url"], inputs["per_datum"], opened())(parent)
+
+    try:
+        return Report("enqueue", tuple(store.enqueue(jobs, children=children)))
+    except ObjectStoreError as exc:
+        if "NoSuchBucket" in str(exc):
+            raise NotFound(f"cannot list inputs: {exc}") from None
+        raise Unavailable(f"cannot list inputs: {exc}") from None
 
 
 def parser() -> cli.Parser:
@@ -105,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         with cli.open_store(settings, "enqueue") as store:
             report = run_once(settings, store, specs)
         for job in report.jobs:
-            out = {"job_id": job.job_id, "status": job.status}
+            out: dict[str, object] = {"job_id": job.job_id, "status": job.status}
+            if job.children is not None:
+                out["children"] = job.children
             if not job.created:
                 out["created"] = False
             cli.emit(out)

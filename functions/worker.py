@@ -25,9 +25,12 @@ from shared import cli
 from shared.actions import ActionContext, StopRequested, get_action
 from shared.actions.builtin import ActionFailed
 from shared.attempt import AttemptGuard, SideChannel, StopReason
+from shared.datums import AttemptFiles
 from shared.db import connect
-from shared.errors import StoreUnavailable
+from shared.errors import FenceLost, JobfenceError, StoreUnavailable
+from shared.finalize import finalize_parent
 from shared.logs import get_logger
+from shared.objectstore import ObjectStore, ObjectStoreError, open_object_store
 from shared.settings import Settings
 from shared.shutdown import on_termination
 from shared.store import ActionOutcome, Claim, FencedStore, RetryPolicy, Transition
@@ -89,6 +92,13 @@ class Worker:
         self._current: AttemptGuard | None = None
         self._terminating = False
         self._main_done = threading.Event()
+        self._objects: ObjectStore | None = None
+
+    def objects(self) -> ObjectStore:
+        """The object store, built on first use: a job without S3 never imports boto3."""
+        if self._objects is None:
+            self._objects = open_object_store(self.settings)
+        return self._objects
 
     def _connect(self) -> Any:
         return connect(self.settings.database_url, application_name="jobfence-worker",
@@ -164,12 +174,15 @@ class Worker:
             log.info("resuming", job_id=str(claim.job_id), after_actions=sorted(done))
         if not todo:  # every action finished in an earlier attempt
             return self._finish(claim, guard, None)
-        dirs = {"JOBFENCE_INPUT_DIR": work / "inputs", "JOBFENCE_OUTPUT_DIR": work / "outputs"}
-        for d in dirs.values():
-            d.mkdir()
-        env = {"JOBFENCE_JOB_ID": str(claim.job_id),
-               "JOBFENCE_ATTEMPT_ID": str(claim.attempt_id),
-               **{k: str(v) for k, v in dirs.items()}}
+        inputs, outputs = work / "inputs", work / "outputs"
+        inputs.mkdir()
+        outputs.mkdir()
+        env = {"JOBFENCE_JOB_ID": str(claim.job_id), "JOBFENCE_ATTEMPT_ID": str(claim.attempt_id),
+               "JOBFENCE_INPUT_DIR": str(inputs), "JOBFENCE_OUTPUT_DIR": str(outputs)}
+        files = AttemptFiles(job_id=claim.job_id, attempt_id=claim.attempt_id,
+                             inputs=claim.inputs, objects=self.objects,
+                             bucket=self.settings.s3_bucket,
+                             write=lambda fn: self._write(guard, fn))
         for index in todo:
             spec = claim.actions[index]
             started = datetime.now(UTC)
@@ -177,12 +190,15 @@ class Worker:
             try:
                 action = get_action(spec["name"])
                 ctx = ActionContext(job_id=claim.job_id, attempt_id=claim.attempt_id,
-                                    action_index=index, workdir=work, stop=guard.stop,
+                                    action_index=index, workdir=work, input_dir=inputs,
+                                    output_dir=outputs, stop=guard.stop,
                                     track_process=guard.track, untrack_process=guard.untrack,
-                                    env=env)
+                                    files=files, env=env)
                 result = action.run(ctx, spec.get("params", {}))
             except StopRequested:
                 return self._stopped(claim, guard, index, spec["name"], started)
+            except FenceLost:
+                return self._lost(claim, guard)
             except Exception as exc:
                 if guard.stop.is_set():  # the child died because we killed it
                     return self._stopped(claim, guard, index, spec["name"], started)
@@ -214,6 +230,7 @@ class Worker:
         if t is None and not self._won_anyway(claim, "succeeded"):
             return self._lost(claim, guard)
         log.info("job_succeeded", job_id=str(claim.job_id), attempt=claim.attempt_count)
+        self._finalize_parent(claim)
         return Outcome.SUCCEEDED
 
     def _fail(self, claim: Claim, guard: AttemptGuard, outcome: ActionOutcome) -> Outcome:
@@ -244,7 +261,20 @@ class Worker:
         if t is None:
             return self._lost(claim, guard)
         log.info("job_released", job_id=str(claim.job_id), status=t.status)
-        return Outcome.FAILED if t.status == "failed" else Outcome.RETRY
+        if t.status == "failed":
+            self._finalize_parent(claim)
+            return Outcome.FAILED
+        return Outcome.RETRY
+
+    def _finalize_parent(self, claim: Claim) -> None:
+        """Inline finalization when this was a parent's last child; export-finalize is the
+        safety net if this fails or the worker dies first."""
+        if claim.parent_id is None:
+            return
+        try:
+            finalize_parent(self.store, self.objects, self.settings.s3_bucket, claim.parent_id)
+        except (ObjectStoreError, JobfenceError) as exc:
+            log.warning("inline_finalize_failed", job_id=str(claim.parent_id), error=str(exc))
 
     def _lost(self, claim: Claim, guard: AttemptGuard) -> Outcome:
         if guard.reason is None:  # a write found the fence gone before the heartbeat did

@@ -11,13 +11,14 @@ import json
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from shared import cli
 from shared.db import try_advisory_lock
 from shared.errors import JobfenceError
 from shared.logs import get_logger
+from shared.objectstore import ObjectStore, open_object_store
 from shared.queries import QUERIES
 from shared.settings import Settings
 from shared.store import FencedStore
@@ -33,11 +34,17 @@ class Report(Protocol):
 @dataclass
 class Deps:
     """What a pass talks to. Adapters for the cluster and the object store are built on
-    first use, so a pass that needs neither never imports their clients."""
+    first use, so a pass that needs neither never imports their clients; tests pass fakes."""
 
     store: FencedStore
     settings: Settings
-    extras: dict[str, Any] = field(default_factory=dict)
+    object_store: ObjectStore | None = None
+
+    @property
+    def objects(self) -> ObjectStore:
+        if self.object_store is None:
+            self.object_store = open_object_store(self.settings)
+        return self.object_store
 
 
 RunOnce = Callable[[Settings, Deps], Report]

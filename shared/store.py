@@ -10,7 +10,7 @@ by a race between two finishing jobs.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -20,6 +20,7 @@ from shared.db import Connection, translated
 from shared.errors import (
     Drained,
     IdempotencyConflict,
+    InvalidSpec,
     JobAlreadyTerminal,
     JobNotFound,
 )
@@ -50,10 +51,18 @@ class NewJob:
     spec_hash: str | None = None
     waiting: bool = False
 
+    @property
+    def status(self) -> str:
+        """Where a new job starts: waiting on dependencies (or on its parent); a datum
+        parent runs from the start (it is never claimed); anything else is pending."""
+        if self.after or self.waiting:
+            return "waiting"
+        return "running" if self.is_parent else "pending"
+
     def row(self) -> dict[str, Any]:
         return {
             "job_id": str(self.job_id),
-            "status": "waiting" if self.after or self.waiting else "pending",
+            "status": self.status,
             "actions": self.actions,
             "resource": self.resource,
             "priority": self.priority,
@@ -77,6 +86,12 @@ class Enqueued:
     status: str
     created: bool = True
     """False when an idempotency key matched an existing job with the same spec."""
+    children: int | None = None
+    """For a datum parent: how many children this call created."""
+
+
+ChildBatches = Callable[[NewJob], Iterable[Sequence[NewJob]]]
+"""Makes a parent's children, batch by batch (e.g. from an S3 listing)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +166,11 @@ class FencedStore:
 
     # -- enqueue ---------------------------------------------------------------------------
 
-    def enqueue(self, jobs: Sequence[NewJob]) -> list[Enqueued]:
-        """Insert jobs in one transaction, all or nothing.
+    def enqueue(self, jobs: Sequence[NewJob],
+                children: ChildBatches | None = None) -> list[Enqueued]:
+        """Insert jobs in one transaction, all or nothing; a parent's children are made by
+        ``children`` and inserted batch by batch in the same transaction (memory stays
+        bounded however many there are).
 
         Refused while draining (``Drained``); ``ResourceBusy`` when a resource is held by an
         active job (the unique index decides, race-free); a repeated idempotency key returns
@@ -174,6 +192,9 @@ class FencedStore:
                 QUERIES["job_insert_many"],
                 {"jobs": json.dumps([job.row() for job in jobs])})}
             results = self._idempotent_replays(jobs, inserted)
+            if children is not None:
+                results = [self._insert_children(r, j, children) if r.created and j.is_parent
+                           else r for r, j in zip(results, jobs, strict=True)]
             deps = [{"job_id": str(j.job_id), "depends_on": str(d)}
                     for j in jobs if j.job_id in inserted for d in j.after]
             if deps:
@@ -183,10 +204,21 @@ class FencedStore:
         if waiting:
             # A dependency may have finished before this commit; its own settle could not
             # see these rows. Resolve them now that they are visible.
-            settled = {t.job_id: t.status for t in self._resolve_waiting(waiting)}
-            results = [Enqueued(r.job_id, settled.get(r.job_id, r.status), r.created)
-                       for r in results]
+            settled = {t.job_id: t.status for t in self.resolve_waiting(waiting)}
+            results = [Enqueued(r.job_id, settled.get(r.job_id, r.status), r.created,
+                                r.children) for r in results]
         return results
+
+    def _insert_children(self, parent: Enqueued, job: NewJob,
+                         children: ChildBatches) -> Enqueued:
+        count = 0
+        for batch in children(job):
+            self.conn.execute(QUERIES["job_insert_many"],
+                              {"jobs": json.dumps([c.row() for c in batch])})
+            count += len(batch)
+        if count == 0:
+            raise InvalidSpec(f"job {job.job_id}: its inputs matched no objects")
+        return Enqueued(parent.job_id, parent.status, parent.created, count)
 
     def _idempotent_replays(self, jobs: Sequence[NewJob], inserted: set[UUID]) -> list[Enqueued]:
         replayed = [j for j in jobs if j.job_id not in inserted]
@@ -198,7 +230,7 @@ class FencedStore:
         out = []
         for job in jobs:
             if job.job_id in inserted:
-                out.append(Enqueued(job.job_id, job.row()["status"]))
+                out.append(Enqueued(job.job_id, job.status))
                 continue
             row = existing.get(job.idempotency_key or "")
             if row is None:  # the other job was deleted between the two statements
@@ -363,12 +395,14 @@ class FencedStore:
             with translated():
                 dependents = [r["job_id"] for r in self.conn.execute(
                     QUERIES["dependency_dependents"], {"job_ids": frontier})]
-            resolved = self._resolve_waiting(dependents) if dependents else []
+            resolved = self.resolve_waiting(dependents) if dependents else []
             made.extend(resolved)
             frontier = [t.job_id for t in resolved if t.terminal]
         return made
 
-    def _resolve_waiting(self, job_ids: Sequence[UUID]) -> list[Transition]:
+    def resolve_waiting(self, job_ids: Sequence[UUID]) -> list[Transition]:
+        """Resolve these waiting jobs if their dependencies allow (pending, a parent
+        running with its children released, or failed naming the dependency)."""
         with translated(), self.conn.transaction():
             rows = self.conn.execute(QUERIES["waiting_resolve"],
                                      {"job_ids": list(job_ids)}).fetchall()
@@ -382,6 +416,71 @@ class FencedStore:
                 children += self.conn.execute(QUERIES["children_cancel_with_parent"],
                                               {"parent_ids": failed}).fetchall()
         return _transitions([*rows, *children])
+
+    # -- outputs of an attempt -------------------------------------------------------------
+
+    def register_outputs(self, *, job_id: UUID, attempt_id: UUID,
+                         outputs: Sequence[tuple[str, str]]) -> bool:
+        """Register (path, url) outputs as uploading, under the fence; False when lost."""
+        with translated():
+            rows = self.conn.execute(QUERIES["attempt_outputs_register"], {
+                "job_id": job_id, "attempt_id": attempt_id,
+                "outputs": json.dumps([{"path": p, "url": u} for p, u in outputs])}).fetchall()
+        return len(rows) == len(outputs)
+
+    def confirm_outputs(self, *, job_id: UUID, attempt_id: UUID,
+                        outputs: Sequence[dict[str, Any]]) -> bool:
+        """Mark outputs done (``size_bytes``) or error (``error``), under the fence."""
+        with translated():
+            rows = self.conn.execute(QUERIES["attempt_outputs_confirm"], {
+                "job_id": job_id, "attempt_id": attempt_id,
+                "outputs": json.dumps(list(outputs))}).fetchall()
+        return len(rows) == len(outputs)
+
+    # -- parents ---------------------------------------------------------------------------
+
+    def parents_ready(self, *, after: UUID, limit: int) -> list[UUID]:
+        """Running parents whose children are all terminal, a page at a time."""
+        with translated():
+            return [r["job_id"] for r in self.conn.execute(
+                QUERIES["parents_ready"], {"after": after, "limit": limit})]
+
+    def has_active_children(self, parent_id: UUID) -> bool:
+        with translated():
+            row = self.conn.execute(QUERIES["parent_has_active_children"],
+                                    {"parent_id": parent_id}).fetchone()
+        return bool(row and row["active"])
+
+    def children_page(self, *, parent_id: UUID, after: UUID,
+                      limit: int) -> list[dict[str, Any]]:
+        """A page of children, each with its committed output URLs."""
+        with translated():
+            return self.conn.execute(QUERIES["parent_children_page"], {
+                "parent_id": parent_id, "after": after, "limit": limit}).fetchall()
+
+    def first_errors(self, parent_id: UUID, limit: int = 3) -> list[dict[str, Any]]:
+        with translated():
+            return self.conn.execute(QUERIES["parent_first_errors"],
+                                     {"parent_id": parent_id, "limit": limit}).fetchall()
+
+    def finalize_parent(self, *, job_id: UUID, succeeded: bool, manifest: str | None,
+                        reason: str, error: str | None) -> Transition | None:
+        """The parent's one terminal write; None if another finalizer won (or a child is
+        still active)."""
+        with translated():
+            row = self.conn.execute(QUERIES["parent_finalize"], {
+                "job_id": job_id, "status": "succeeded" if succeeded else "failed",
+                "manifest": manifest, "reason": reason, "error": error}).fetchone()
+        if row is None:
+            return None
+        done = _transitions([row])
+        self.settle(done)
+        return done[0]
+
+    def waiting_page(self, *, after: UUID, limit: int) -> list[UUID]:
+        with translated():
+            return [r["job_id"] for r in self.conn.execute(
+                QUERIES["waiting_page"], {"after": after, "limit": limit})]
 
     # -- reads -----------------------------------------------------------------------------
 

@@ -25,6 +25,9 @@ def action_statuses(job: dict[str, Any], results: Sequence[dict[str, Any]]) -> l
     first_open = next((i for i in range(len(job["actions"])) if i not in succeeded), None)
     out = []
     for i, action in enumerate(job["actions"]):
+        if job["is_parent"]:  # a parent runs nothing itself: its children do
+            out.append({"name": action["name"], "status": job["status"]})
+            continue
         if i in succeeded:
             status = "succeeded"
         elif job["status"] == "running" and i == first_open and not job["is_parent"]:
@@ -48,7 +51,8 @@ def job_views(store: FencedStore, rows: Sequence[dict[str, Any]]) -> list[dict[s
     for row in rows:
         view = {k: row[k] for k in _FIELDS}
         view["after"] = list(row["after"])
-        view["lease_expires_at"] = row["visible_at"] if row["status"] == "running" else None
+        view["lease_expires_at"] = (row["visible_at"] if row["status"] == "running"
+                                    and not row["is_parent"] else None)
         view["actions"] = action_statuses(row, results.get(row["job_id"], []))
         if row["is_parent"]:
             counts = store.children_counts(row["job_id"])

@@ -24,6 +24,14 @@ class StopRequested(Exception):
     """Raised inside an action when the attempt must stop (fence lost, cancel, SIGTERM)."""
 
 
+class AttemptFiles(Protocol):
+    """The job's S3 inputs and outputs for this attempt (see shared.datums)."""
+
+    def download_inputs(self, dest: Path) -> list[str]: ...
+
+    def publish_outputs(self, src: Path) -> list[str]: ...
+
+
 @dataclass
 class ActionContext:
     """What a running action may use. ``stop`` is set the moment the attempt must end;
@@ -34,11 +42,13 @@ class ActionContext:
     attempt_id: UUID
     action_index: int
     workdir: Path
+    input_dir: Path
+    output_dir: Path
     stop: threading.Event
     track_process: Callable[[int], None]
     untrack_process: Callable[[int], None]
+    files: AttemptFiles | None = None
     env: Mapping[str, str] = field(default_factory=dict)
-    extras: dict[str, Any] = field(default_factory=dict)
 
     def check_stop(self) -> None:
         if self.stop.is_set():

@@ -120,7 +120,9 @@ def kill_group(pgid: int) -> None:
 
 
 class CommandAction:
-    """Run ``argv`` (no shell unless the argv asks for one) with the job's environment."""
+    """Run ``argv`` (no shell unless the argv asks for one) with the job's environment:
+    the job's S3 inputs are downloaded into JOBFENCE_INPUT_DIR first, and what the command
+    writes into JOBFENCE_OUTPUT_DIR is uploaded when it exits 0."""
 
     name = "command"
     poll_seconds = 0.05
@@ -134,6 +136,9 @@ class CommandAction:
         env.update(ctx.env)
         env.update(p.env)
         ctx.check_stop()
+        if ctx.files is not None:
+            ctx.files.download_inputs(ctx.input_dir)
+            ctx.check_stop()
         started = time.monotonic()
         try:
             proc = subprocess.Popen(
@@ -154,12 +159,16 @@ class CommandAction:
             proc.wait()
             ctx.untrack_process(proc.pid)
         stdout, stderr = out.text(), err.text()
-        result = {"exit_code": code, "duration_seconds": round(time.monotonic() - started, 3),
-                  "stdout_tail": stdout, "stderr_tail": stderr}
+        result: dict[str, Any] = {
+            "exit_code": code, "duration_seconds": round(time.monotonic() - started, 3),
+            "stdout_tail": stdout, "stderr_tail": stderr}
         if code != 0:
             last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
             raise ActionFailed(f"command exited with {code}" + (f": {last}" if last else ""),
                                detail=stderr)
+        ctx.check_stop()
+        if ctx.files is not None:
+            result["outputs"] = ctx.files.publish_outputs(ctx.output_dir)
         return result
 
     def _wait(self, proc: subprocess.Popen[bytes], ctx: ActionContext, deadline: float | None,

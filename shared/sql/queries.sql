@@ -18,17 +18,20 @@ SET draining = %(draining)s, drain_changed_at = now(), drain_reason = %(reason)s
 RETURNING draining, drain_changed_at, drain_reason;
 
 -- job_insert_many --
--- Insert a batch of new jobs; a repeated idempotency key inserts nothing for that job.
+-- Insert a batch of new jobs (a datum parent starts out running, never claimed); a repeated
+-- idempotency key inserts nothing for that job.
 INSERT INTO jobs (
     job_id, status, actions, resource, priority, max_attempts, visible_at, parent_id,
-    is_parent, inputs, labels, ttl, timeout, expires_at, idempotency_key, spec_hash, reason
+    is_parent, inputs, labels, ttl, timeout, expires_at, idempotency_key, spec_hash, reason,
+    started_at
 )
 SELECT
     x.job_id, x.status, x.actions, x.resource, x.priority, x.max_attempts, now(), x.parent_id,
     x.is_parent, x.inputs, coalesce(x.labels, '{}'::jsonb),
     make_interval(secs => x.ttl_seconds), make_interval(secs => x.timeout_seconds),
     now() + make_interval(secs => x.expires_in_seconds),
-    x.idempotency_key, x.spec_hash, x.reason
+    x.idempotency_key, x.spec_hash, x.reason,
+    CASE WHEN x.status = 'running' THEN now() END
 FROM jsonb_to_recordset(%(jobs)s::jsonb) AS x (
     job_id uuid, status text, actions jsonb, resource text, priority integer,
     max_attempts integer, parent_id uuid, is_parent boolean, inputs jsonb, labels jsonb,
@@ -246,6 +249,94 @@ UPDATE jobs SET status = 'cancelled', finished_at = now(), retain_until = now() 
     reason = 'parent failed before starting', error = 'parent failed before starting'
 WHERE parent_id = ANY(%(parent_ids)s::uuid[]) AND status = 'waiting'
 RETURNING job_id, status, parent_id;
+
+-- attempt_outputs_register --
+-- Register output files before uploading them (status running), under the fence:
+-- Falconeri's ownership check, done by the database. Idempotent.
+WITH fence AS (
+    SELECT job_id, attempt_id FROM jobs
+    WHERE job_id = %(job_id)s AND attempt_id = %(attempt_id)s
+      AND status = 'running' AND visible_at > now()
+    FOR SHARE
+)
+INSERT INTO job_outputs (job_id, attempt_id, path, url, status)
+SELECT f.job_id, f.attempt_id, x.path, x.url, 'running'
+FROM fence f, jsonb_to_recordset(%(outputs)s::jsonb) AS x (path text, url text)
+ON CONFLICT (job_id, attempt_id, path) DO UPDATE SET
+    status = 'running', url = excluded.url, error = NULL, updated_at = clock_timestamp()
+RETURNING path;
+
+-- attempt_outputs_confirm --
+-- Confirm uploaded outputs (done, or error with why), under the fence.
+WITH fence AS (
+    SELECT job_id, attempt_id FROM jobs
+    WHERE job_id = %(job_id)s AND attempt_id = %(attempt_id)s
+      AND status = 'running' AND visible_at > now()
+    FOR SHARE
+)
+UPDATE job_outputs o SET
+    status = x.status, size_bytes = x.size_bytes, error = x.error,
+    updated_at = clock_timestamp()
+FROM fence f, jsonb_to_recordset(%(outputs)s::jsonb)
+    AS x (path text, status text, size_bytes bigint, error text)
+WHERE o.job_id = f.job_id AND o.attempt_id = f.attempt_id AND o.path = x.path
+RETURNING o.path;
+
+-- parents_ready --
+-- Running parents, after %(after)s in id order, whose children are all terminal.
+SELECT p.job_id FROM jobs p
+WHERE p.is_parent AND p.status = 'running' AND p.job_id > %(after)s
+  AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = p.job_id
+                  AND c.status IN ('waiting', 'pending', 'running'))
+ORDER BY p.job_id
+LIMIT %(limit)s;
+
+-- parent_has_active_children --
+-- Whether a parent still has a child that is not terminal (one index probe).
+SELECT EXISTS (SELECT 1 FROM jobs WHERE parent_id = %(parent_id)s
+               AND status IN ('waiting', 'pending', 'running')) AS active;
+
+-- parent_children_page --
+-- One page of a parent's children with their committed outputs: the winning attempt's
+-- confirmed files, and only for a child that succeeded.
+SELECT c.job_id, c.status, c.attempt_id, c.inputs, c.error,
+    ARRAY(SELECT o.url FROM job_outputs o
+          WHERE c.status = 'succeeded' AND o.job_id = c.job_id
+            AND o.attempt_id = c.attempt_id AND o.status = 'done'
+          ORDER BY o.path) AS outputs
+FROM jobs c
+WHERE c.parent_id = %(parent_id)s AND c.job_id > %(after)s
+ORDER BY c.job_id
+LIMIT %(limit)s;
+
+-- parent_first_errors --
+-- The first few children that did not succeed, for the parent's error message.
+SELECT job_id, status, error FROM jobs
+WHERE parent_id = %(parent_id)s AND status IN ('failed', 'cancelled')
+ORDER BY job_id
+LIMIT %(limit)s;
+
+-- parent_finalize --
+-- The one finalization of a parent: only while it is running and every child is terminal,
+-- so however many finishers race, one UPDATE matches.
+UPDATE jobs p SET
+    status = %(status)s,
+    manifest = %(manifest)s,
+    finished_at = now(),
+    retain_until = now() + p.ttl,
+    reason = %(reason)s,
+    error = %(error)s
+WHERE p.job_id = %(job_id)s AND p.is_parent AND p.status = 'running'
+  AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = p.job_id
+                  AND c.status IN ('waiting', 'pending', 'running'))
+RETURNING p.job_id, p.status, p.parent_id;
+
+-- waiting_page --
+-- Waiting top-level jobs after %(after)s in id order (the safety net re-checks them).
+SELECT job_id FROM jobs
+WHERE status = 'waiting' AND parent_id IS NULL AND job_id > %(after)s
+ORDER BY job_id
+LIMIT %(limit)s;
 
 -- job_get --
 -- One job, everything `status` shows.

@@ -78,12 +78,15 @@ CREATE INDEX jobs_run_deadline ON jobs (run_deadline_at)
 -- Pending expiry.
 CREATE INDEX jobs_pending_expiry ON jobs (expires_at)
     WHERE status IN ('waiting', 'pending') AND expires_at IS NOT NULL;
--- Dependencies still to resolve.
-CREATE INDEX jobs_waiting ON jobs (job_id) WHERE status = 'waiting';
+-- Dependencies still to resolve (a waiting parent's children wait on the parent instead).
+CREATE INDEX jobs_waiting ON jobs (job_id) WHERE status = 'waiting' AND parent_id IS NULL;
 -- Parents still to finalize.
 CREATE INDEX jobs_running_parents ON jobs (job_id) WHERE is_parent AND status = 'running';
--- Children of a parent, by status (progress counts, "any child still active?").
-CREATE INDEX jobs_children ON jobs (parent_id, status) WHERE parent_id IS NOT NULL;
+-- Children of a parent in id order (manifest pages, progress counts) ...
+CREATE INDEX jobs_children ON jobs (parent_id, job_id) WHERE parent_id IS NOT NULL;
+-- ... and the ones still active: "is any child left?" on every child's terminal write.
+CREATE INDEX jobs_active_children ON jobs (parent_id)
+    WHERE parent_id IS NOT NULL AND status IN ('waiting', 'pending', 'running');
 -- Retention of top-level terminal jobs: with a ttl (retain_until) and without (finished_at).
 CREATE INDEX jobs_retention_ttl ON jobs (retain_until)
     WHERE parent_id IS NULL AND retain_until IS NOT NULL;

@@ -1,0 +1,81 @@
+"""export-finalize: the safety net behind inline finalization. Parents whose children are
+all terminal get their final status and output manifest on S3; waiting jobs whose
+dependencies have settled are released (or failed, naming the dependency).
+
+Both halves page through the database in id order, bounded batches; per-parent failures
+(an S3 error, say) are logged and counted and the pass goes on; the next run retries them.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from uuid import UUID
+
+from shared.errors import JobfenceError
+from shared.finalize import ZERO, finalize_parent
+from shared.logs import get_logger
+from shared.objectstore import ObjectStoreError
+from shared.runner import Deps, run_pass
+from shared.settings import Settings
+
+log = get_logger("jobfence.export_finalize")
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    function: str
+    parents_ready: int
+    parents_succeeded: int
+    parents_failed: int
+    parents_already_final: int
+    finalize_errors: int
+    dependents_released: int
+    dependents_failed: int
+
+
+def run_once(settings: Settings, deps: Deps) -> Report:
+    store, batch = deps.store, settings.batch_size
+    ready = ok = failed = raced = errors = 0
+    after: UUID = ZERO
+    while True:
+        ids = store.parents_ready(after=after, limit=batch)
+        for parent_id in ids:
+            ready += 1
+            try:
+                t = finalize_parent(store, lambda: deps.objects, settings.s3_bucket, parent_id)
+            except (ObjectStoreError, JobfenceError) as exc:
+                errors += 1
+                log.error("finalize_failed", job_id=str(parent_id), error=str(exc))
+                continue
+            if t is None:
+                raced += 1
+            elif t.status == "succeeded":
+                ok += 1
+            else:
+                failed += 1
+        if len(ids) < batch:
+            break
+        after = ids[-1]
+    released = dep_failed = 0
+    after = ZERO
+    while True:
+        ids = store.waiting_page(after=after, limit=batch)
+        if ids:
+            moved = store.resolve_waiting(ids)
+            moved += store.settle(moved)
+            released += sum(1 for t in moved if t.status in ("pending", "running"))
+            dep_failed += sum(1 for t in moved if t.status in ("failed", "cancelled"))
+        if len(ids) < batch:
+            break
+        after = ids[-1]
+    return Report("export-finalize", ready, ok, failed, raced, errors, released, dep_failed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_pass("export-finalize", sys.argv[1:] if argv is None else argv, run_once,
+                    __doc__ or "")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

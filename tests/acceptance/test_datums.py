@@ -1,0 +1,220 @@
+"""Datum jobs through the real CLI, real worker processes, real PostgreSQL and moto's S3
+server: inputs split into children, outputs uploaded under attempt prefixes, the parent
+finalized exactly once with a manifest of committed outputs only."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from shared.adapters.s3 import S3ObjectStore
+from shared.objectstore import parse_s3_url
+from tests.conftest import JOBFENCE, REPO, cli_env, run_cli
+from tests.procs import FAST, events, job, spawn, wait_for
+
+UPPER = ("for f in \"$JOBFENCE_INPUT_DIR\"/*; do "
+         "tr a-z A-Z < \"$f\" > \"$JOBFENCE_OUTPUT_DIR/$(basename \"$f\").out\"; done")
+
+
+def s3(env: dict[str, str]) -> S3ObjectStore:
+    return S3ObjectStore(endpoint_url=env["JOBFENCE_S3_ENDPOINT_URL"])
+
+
+def put_inputs(env: dict[str, str], n: int, prefix: str = "in/") -> str:
+    store, bucket = s3(env), env["JOBFENCE_S3_BUCKET"]
+    for i in range(n):
+        store.put_bytes(bucket, f"{prefix}{i:04d}.txt", f"datum {i}\n".encode())
+    return f"s3://{bucket}/{prefix}"
+
+
+def enqueue_spec(dsn: str, env: dict[str, str], spec: dict[str, object]) -> dict[str, object]:
+    r = run_cli(dsn, "enqueue", "--spec", "-", input=json.dumps(spec), **env)
+    assert r.returncode == 0, r.stderr
+    return dict(json.loads(r.stdout))
+
+
+def manifest(env: dict[str, str], url: str) -> dict[str, object]:
+    bucket, key = parse_s3_url(url)
+    return dict(json.loads(s3(env).get_bytes(bucket, key)))
+
+
+def test_two_hundred_datums_four_workers_each_child_once(dsn: str, s3_env: dict[str, str]) -> None:
+    url = put_inputs(s3_env, 200)
+    parent = enqueue_spec(dsn, s3_env, {"actions": [{"name": "command", "params": {
+        "argv": ["sh", "-c", UPPER]}}], "inputs": url})
+    assert parent["status"] == "running" and parent["children"] == 200
+    workers = [spawn(dsn, "worker", "--max-jobs", "200", **s3_env) for _ in range(4)]
+    outs = [w.communicate(timeout=180) for w in workers]
+    assert [w.returncode for w in workers] == [0, 0, 0, 0], [e[-2000:] for _, e in outs]
+    reports = [json.loads(o) for o, _ in outs]
+    assert sum(r["succeeded"] for r in reports) == 200
+    assert all(r["claimed"] > 0 for r in reports)  # all four took part
+    pid = str(parent["job_id"])
+    row = job(dsn, pid)
+    assert row["status"] == "succeeded"
+    assert len([e for e in events(dsn, pid) if e["to_status"] == "succeeded"]) == 1
+    m = manifest(s3_env, row["manifest"])
+    assert m["children"] == {"total": 200, "succeeded": 200}
+    items = m["items"]
+    assert isinstance(items, list) and len(items) == 200
+    store = s3(s3_env)
+    outputs = [u for item in items for u in item["outputs"]]
+    assert len(outputs) == 200 and len(set(outputs)) == 200
+    for item in items:
+        [inp] = item["inputs"]
+        [out] = item["outputs"]
+        n = int(inp.rsplit("/", 1)[1].split(".")[0])
+        assert out.endswith(f"/{item['job_id']}/{item['attempt_id']}/{n:04d}.txt.out")
+        assert store.get_bytes(*parse_s3_url(out)) == f"DATUM {n}\n".encode()
+    for item in items:  # each child ran once
+        claims = [e for e in events(dsn, item["job_id"]) if e["to_status"] == "running"]
+        assert len(claims) == 1
+
+
+def test_killed_after_partial_upload_retry_outputs_committed(
+        dsn: str, s3_env: dict[str, str]) -> None:
+    url = put_inputs(s3_env, 1, prefix="one/")
+    many = ("i=0; while [ $i -lt 150 ]; do "
+            "echo $i > \"$JOBFENCE_OUTPUT_DIR/part-$i\"; i=$((i+1)); done")
+    parent = enqueue_spec(dsn, s3_env, {"actions": [{"name": "command", "params": {
+        "argv": ["sh", "-c", many]}}], "inputs": url})
+    pid = str(parent["job_id"])
+    worker = spawn(dsn, "worker", **s3_env)
+    store, bucket = s3(s3_env), s3_env["JOBFENCE_S3_BUCKET"]
+    # Kill the worker as soon as its first outputs have landed: the upload is half done.
+    wait_for(lambda: any(o.key.startswith("jobfence/") and "part-" in o.key
+                         for o in store.iter_objects(bucket, "jobfence/")), timeout=30,
+             interval=0.005)
+    worker.send_signal(signal.SIGKILL)
+    worker.communicate(timeout=10)
+    first_objects = [o.key for o in store.iter_objects(bucket, "jobfence/")]
+    assert 0 < len(first_objects) < 150, len(first_objects)
+    [child] = [r for r in [job(dsn, e) for e in _children(dsn, pid)]]
+    first_attempt = str(child["attempt_id"])
+    wait_for(lambda: job(dsn, str(child["job_id"]))["visible_at"].timestamp() < time.time(),
+             timeout=10)
+    assert run_cli(dsn, "sweeper", **FAST).returncode == 0
+    r = run_cli(dsn, "worker", **FAST, **s3_env)
+    assert r.returncode == 0, r.stderr
+    row = job(dsn, pid)
+    assert row["status"] == "succeeded"
+    [item] = manifest(s3_env, row["manifest"])["items"]  # type: ignore[misc]
+    assert item["attempt_id"] != first_attempt
+    assert len(item["outputs"]) == 150
+    assert not any(first_attempt in u for u in item["outputs"])
+    assert all(f"/{item['attempt_id']}/" in u for u in item["outputs"])
+
+
+def _children(dsn: str, parent: str) -> list[str]:
+    from shared.db import connect
+
+    with connect(dsn) as conn:
+        return [str(r["job_id"]) for r in conn.execute(
+            "SELECT job_id FROM jobs WHERE parent_id = %s ORDER BY job_id", (parent,))]
+
+
+def test_export_finalize_racing_the_last_childs_finalization(
+        dsn: str, s3_env: dict[str, str]) -> None:
+    url = put_inputs(s3_env, 3, prefix="race/")
+    parent = enqueue_spec(dsn, s3_env, {"actions": [{"name": "sleep", "params": {
+        "seconds": 0}}], "inputs": url})
+    pid = str(parent["job_id"])
+    assert run_cli(dsn, "worker", "--max-jobs", "2", **FAST, **s3_env).returncode == 0
+    for _ in range(3):  # the last child's worker and two safety-net passes, all at once
+        procs = [spawn(dsn, "worker", **s3_env),
+                 spawn(dsn, "export-finalize", **s3_env),
+                 spawn(dsn, "export-finalize", **s3_env)]
+        for p in procs:
+            p.communicate(timeout=60)
+        assert [p.returncode for p in procs] == [0, 0, 0]
+    assert job(dsn, pid)["status"] == "succeeded"
+    terminal = [e for e in events(dsn, pid) if e["to_status"] in ("succeeded", "failed")]
+    assert len(terminal) == 1
+
+
+def test_cancelled_parent_leaves_no_child_running(dsn: str, s3_env: dict[str, str],
+                                                 tmp_path: Path) -> None:
+    url = put_inputs(s3_env, 3, prefix="cancel/")
+    script = f"echo $$ > {tmp_path}/pid.$JOBFENCE_JOB_ID; exec sleep 60"
+    parent = enqueue_spec(dsn, s3_env, {"actions": [{"name": "command", "params": {
+        "argv": ["sh", "-c", script]}}], "inputs": url})
+    pid = str(parent["job_id"])
+    worker = spawn(dsn, "worker", JOBFENCE_HEARTBEAT_SECONDS="0.3", **s3_env)
+    wait_for(lambda: list(tmp_path.glob("pid.*")), timeout=20)
+    child_pid = int(next(tmp_path.glob("pid.*")).read_text())
+    r = run_cli(dsn, "cancel", pid, "--reason", "no longer needed")
+    assert r.returncode == 0 and json.loads(r.stdout)["children_cancelled"] == 3
+    worker.communicate(timeout=15)
+    assert worker.returncode == 1
+    status = json.loads(run_cli(dsn, "status", pid, "-o", "json").stdout)
+    assert status["status"] == "cancelled"
+    assert status["children"] == {"total": 3, "cancelled": 3}
+    assert not os.path.exists(f"/proc/{child_pid}") or \
+        open(f"/proc/{child_pid}/stat").read().split()[2] == "Z"
+
+
+def test_grouped_datums_keep_names_relative_to_the_prefix(dsn: str,
+                                                         s3_env: dict[str, str]) -> None:
+    store, bucket = s3(s3_env), s3_env["JOBFENCE_S3_BUCKET"]
+    for name in ("a.txt", "b.txt", "sub/c.txt", "sub/d.txt", "sub/e.txt"):
+        store.put_bytes(bucket, f"grp/{name}", name.encode())
+    listing = "cd \"$JOBFENCE_INPUT_DIR\" && find . -type f | sort > \"$JOBFENCE_OUTPUT_DIR/ls\""
+    parent = enqueue_spec(dsn, s3_env, {"actions": [{"name": "command", "params": {
+        "argv": ["sh", "-c", listing]}}], "inputs": {"url": f"s3://{bucket}/grp/",
+                                                     "per_datum": 2}})
+    assert parent["children"] == 3
+    assert run_cli(dsn, "worker", "--max-jobs", "5", **FAST, **s3_env).returncode == 0
+    row = job(dsn, str(parent["job_id"]))
+    items = manifest(s3_env, row["manifest"])["items"]
+    seen = sorted(store.get_bytes(*parse_s3_url(i["outputs"][0])).decode()  # type: ignore[index]
+                  for i in items)  # type: ignore[union-attr]
+    assert seen == ["./a.txt\n./b.txt\n", "./sub/c.txt\n./sub/d.txt\n", "./sub/e.txt\n"]
+
+
+def test_enqueue_inputs_errors(dsn: str, s3_env: dict[str, str]) -> None:
+    no_bucket = {k: v for k, v in s3_env.items() if k != "JOBFENCE_S3_BUCKET"}
+    r = run_cli(dsn, "enqueue", "sleep:{\"seconds\": 0}", "--inputs",
+                f"s3://{s3_env['JOBFENCE_S3_BUCKET']}/x/", **no_bucket)
+    assert r.returncode == 2 and "JOBFENCE_S3_BUCKET" in r.stderr
+    r = run_cli(dsn, "enqueue", "sleep:{\"seconds\": 0}", "--inputs",
+                f"s3://{s3_env['JOBFENCE_S3_BUCKET']}/empty/", **s3_env)
+    assert r.returncode == 2 and "matched no objects" in r.stderr
+    r = run_cli(dsn, "enqueue", "sleep:{\"seconds\": 0}", "--inputs",
+                "s3://no-such-bucket-here/x/", **s3_env)
+    assert r.returncode == 5, r.stderr
+    r = run_cli(dsn, "enqueue", "sleep:{\"seconds\": 0}", "--inputs", "/local/path", **s3_env)
+    assert r.returncode == 2 and "s3://" in r.stderr
+    assert json.loads(run_cli(dsn, "list", "-o", "json").stdout) == []
+
+
+@pytest.mark.skipif(not hasattr(pty, "openpty"), reason="needs a pseudo-terminal")
+def test_wait_on_a_parent_shows_children_progress_on_a_terminal(
+        dsn: str, s3_env: dict[str, str]) -> None:
+    url = put_inputs(s3_env, 4, prefix="tty/")
+    parent = enqueue_spec(dsn, s3_env, {"actions": [{"name": "sleep", "params": {
+        "seconds": 0}}], "inputs": url})
+    assert run_cli(dsn, "worker", "--max-jobs", "4", **FAST, **s3_env).returncode == 0
+    master, slave = pty.openpty()
+    p = subprocess.Popen([*JOBFENCE, "wait", str(parent["job_id"])], cwd=REPO, stdin=slave,
+                         stdout=slave, stderr=subprocess.PIPE, env=cli_env(dsn, **s3_env))
+    _, err = p.communicate(timeout=30)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    assert p.returncode == 0, err
+    assert b"4/4 children" in out and b"[####" in out
