@@ -7,6 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -25,8 +26,8 @@ postgres-check: $(STAMP) ## make sure a PostgreSQL server can be had for the tes
 	  $(PY) -c 'from shared.embedded_pg import find_bindir; print("PostgreSQL binaries:", find_bindir())'; \
 	fi
 
-lint: $(STAMP) ## ruff and mypy over shared/ and functions/ (and ruff over tests/)
-	$(VENV)/bin/ruff check shared functions tests
+lint: $(STAMP) ## ruff and mypy over shared/ and functions/ (ruff also over tests/, bench/, demo/)
+	$(VENV)/bin/ruff check shared functions tests bench demo
 	$(VENV)/bin/mypy
 
 test: lint postgres-check ## lint, type-check, and run every test on a real PostgreSQL
@@ -35,10 +36,13 @@ test: lint postgres-check ## lint, type-check, and run every test on a real Post
 demo: $(STAMP) ## run the main story end to end on embedded defaults
 	$(PY) -m demo.run
 
+bench: $(STAMP) ## run the benchmarks, write docs/BENCHMARKS.md (BENCH_ARGS="--quick" for a smoke run)
+	$(PY) -m bench.run $(BENCH_ARGS)
+
 schema-snapshot: $(STAMP) ## regenerate tests/integration/expected_schema.txt after a migration
 	JOBFENCE_UPDATE_SCHEMA_SNAPSHOT=1 $(PY) -m pytest -q tests/integration/test_migrations.py -k expected_schema
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache build *.egg-info
 
-.PHONY: help venv postgres-check lint test demo schema-snapshot clean
+.PHONY: help venv postgres-check lint test demo bench schema-snapshot clean

@@ -1,0 +1,127 @@
+"""What every benchmark shares: a throwaway PostgreSQL and moto server, the real CLI as a
+subprocess, peak memory of a child process, and the section each benchmark contributes to
+docs/BENCHMARKS.md.
+
+Every figure is reported beside a reference measured in the same run on the same machine
+(a ratio), because the machines these run on are shared and noisy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from shared.db import connect
+from shared.embedded_pg import EmbeddedPostgres
+from shared.migrations import migrate
+
+REPO = Path(__file__).resolve().parent.parent
+JOBFENCE = [sys.executable, "-m", "functions.cli"]
+
+
+@dataclass
+class Section:
+    """One benchmark's part of docs/BENCHMARKS.md."""
+
+    title: str
+    command: str
+    header: Sequence[str]
+    rows: list[Sequence[Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def markdown(self) -> str:
+        out = [f"## {self.title}", "", f"`{self.command}`", ""]
+        out.append("| " + " | ".join(self.header) + " |")
+        out.append("|" + "|".join("---" for _ in self.header) + "|")
+        out += ["| " + " | ".join(str(c) for c in row) + " |" for row in self.rows]
+        if self.notes:
+            out.append("")
+            out += self.notes
+        return "\n".join(out) + "\n"
+
+
+class Bench:
+    """One server for the whole run; a fresh migrated database per benchmark."""
+
+    def __init__(self, pg: EmbeddedPostgres, quick: bool) -> None:
+        self.pg = pg
+        self.quick = quick
+        self._n = 0
+
+    def database(self, *, migrated: bool = True) -> str:
+        self._n += 1
+        name = f"bench_{os.getpid()}_{self._n}"
+        with psycopg.connect(self.pg.dsn, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            admin.execute(f'CREATE DATABASE "{name}"')
+        url = self.pg.url(name)
+        if migrated:
+            conn = connect(url)
+            try:
+                migrate(conn)
+            finally:
+                conn.close()
+        return url
+
+    def env(self, dsn: str, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JOBFENCE_")}
+        env.update({"JOBFENCE_DATABASE_URL": dsn, "PYTHONPATH": str(REPO),
+                    "JOBFENCE_LOG_LEVEL": "warning", **extra})
+        return env
+
+
+@contextlib.contextmanager
+def postgres(**settings: str) -> Iterator[EmbeddedPostgres]:
+    with EmbeddedPostgres(settings=settings or None) as pg:
+        yield pg
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[str]:
+    """moto's S3 on 127.0.0.1 (never 0.0.0.0), in this process."""
+    from moto.server import ThreadedMotoServer
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{server._server.server_port}"
+    finally:
+        server.stop()
+
+
+def peak_rss_mb(cmd: Sequence[str], env: dict[str, str], input: bytes | None = None,
+                timeout: float = 900) -> tuple[int, float, float, bytes, bytes]:
+    """Run a child to completion through bench/peak.py and read its own peak resident
+    memory: (exit code, seconds, peak RSS in MB, stdout, stderr)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rss = Path(tmp) / "rss"
+        started = time.perf_counter()
+        r = subprocess.run([sys.executable, str(REPO / "bench" / "peak.py"), str(rss), *cmd],
+                           env=env, cwd=REPO, input=input, capture_output=True,
+                           timeout=timeout, check=False)
+        seconds = time.perf_counter() - started
+        return r.returncode, seconds, int(rss.read_text()) / 1024, r.stdout, r.stderr
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs)
+
+
+def p95(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, round(0.95 * (len(s) - 1)))]

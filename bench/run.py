@@ -1,0 +1,89 @@
+"""`make bench`: run the benchmarks and write docs/BENCHMARKS.md.
+
+    python -m bench.run                 # everything, full size
+    python -m bench.run --quick         # smaller sizes, for a smoke run
+    python -m bench.run --only sigterm listing
+
+Each benchmark module in ``BENCHMARKS`` has ``run(bench) -> Section``; sections are written
+in this order, with the machine they ran on and the command that reproduces them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench.common import REPO, Bench, Section, postgres
+
+BENCHMARKS = {
+    "sigterm": "bench.bench_sigterm",
+    "listing": "bench.bench_listing",
+}
+
+OUT = REPO / "docs" / "BENCHMARKS.md"
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f", {kb / 1024 / 1024:.0f} GiB RAM"
+    except (OSError, ValueError, IndexError):
+        pass
+    pg = subprocess.run(["psql", "--version"], capture_output=True, text=True,
+                        check=False).stdout.strip() or "PostgreSQL"
+    return (f"{os.cpu_count()} cores ({cpu}){mem}; {platform.system()} "
+            f"{platform.release()}; Python {platform.python_version()}; {pg}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), help="run only these")
+    p.add_argument("--quick", action="store_true", help="smaller sizes (smoke run)")
+    p.add_argument("--out", type=Path, default=OUT, help="where to write the results")
+    args = p.parse_args()
+    names = args.only or list(BENCHMARKS)
+    sections: list[Section] = []
+    started = time.monotonic()
+    with postgres() as pg:
+        bench = Bench(pg, args.quick)
+        for name in names:
+            print(f"bench: {name} ...", file=sys.stderr, flush=True)
+            t0 = time.monotonic()
+            section = importlib.import_module(BENCHMARKS[name]).run(bench)
+            sections.append(section)
+            print(section.markdown(), flush=True)
+            print(f"bench: {name} took {time.monotonic() - t0:.0f}s", file=sys.stderr)
+    head = ["# Benchmarks", "",
+            f"Measured {datetime.now(UTC):%Y-%m-%d} on {machine()}.", "",
+            "Every figure is a ratio against a reference measured in the same run on the same "
+            "machine and server (a throwaway cluster from the local PostgreSQL binaries, "
+            "`fsync=off`), because the machines are shared and noisy. Reproduce with "
+            f"`make bench` (`python -m bench.run{' --quick' if args.quick else ''}`); "
+            f"this run took {time.monotonic() - started:.0f} s.", ""]
+    if args.only:
+        head.append(f"This file holds only: {', '.join(names)} "
+                    f"(`python -m bench.run --only {' '.join(names)}`).\n")
+    args.out.write_text("\n".join(head) + "\n" + "\n".join(s.markdown() for s in sections))
+    print(f"bench: wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
