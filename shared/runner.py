@@ -12,6 +12,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from shared import cli
@@ -39,6 +40,9 @@ class Deps:
     store: FencedStore
     settings: Settings
     object_store: ObjectStore | None = None
+    now: datetime | None = None
+    """The pass's notion of now; None means the database's clock (production). Tests inject
+    a time here so that TTLs, timeouts and expiries are tested without sleeping."""
 
     @property
     def objects(self) -> ObjectStore:
