@@ -82,6 +82,11 @@ class JobNotFound(NotFound):
         super().__init__(f"job {job_id} not found")
 
 
+class ClusterError(JobfenceError):
+    """A cluster call failed after its retries, or a listing could not be completed: the
+    pass that needed it changes nothing and fails (exit 1)."""
+
+
 class WaitTimeout(JobfenceError):
     exit_code = ExitCode.TIMEOUT
 

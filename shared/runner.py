@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from shared import cli
+from shared.cluster import Cluster, open_cluster
 from shared.db import try_advisory_lock
 from shared.errors import JobfenceError
 from shared.logs import get_logger
@@ -40,9 +41,17 @@ class Deps:
     store: FencedStore
     settings: Settings
     object_store: ObjectStore | None = None
+    cluster_port: Cluster | None = None
     now: datetime | None = None
     """The pass's notion of now; None means the database's clock (production). Tests inject
     a time here so that TTLs, timeouts and expiries are tested without sleeping."""
+
+    @property
+    def cluster(self) -> Cluster | None:
+        """The cluster adapter for JOBFENCE_CLUSTER (None when it is ``none``)."""
+        if self.cluster_port is None:
+            self.cluster_port = open_cluster(self.settings)
+        return self.cluster_port
 
     @property
     def objects(self) -> ObjectStore:

@@ -59,6 +59,32 @@ class Settings(BaseSettings):
     namespace: str = "default"
     """Namespace of the worker pods."""
 
+    worker_selector: str = "app.kubernetes.io/name=jobfence,app.kubernetes.io/component=worker"
+    """Label selector of worker pods (manifests/ labels the ScaledJob's pod template so)."""
+
+    kube_qps: float = Field(default=20.0, gt=0)
+    """Client-side rate limit on Kubernetes API calls (bursts up to twice this): a pass over
+    thousands of pods must not crowd out the control plane."""
+
+    kube_page_size: int = Field(default=500, ge=1, le=5000)
+    """Pods per list page (``limit``/``continue``): bounds a pass's memory."""
+
+    reconcile_grace_seconds: float = Field(default=60.0, ge=0)
+    """Claims younger than this (at the start of the pod listing) are not judged: covers
+    clock skew between the database and the API server and pods still starting."""
+
+    orphan_pod_grace_seconds: float = Field(default=600.0, ge=0)
+    """A running worker pod must hold no live claim for this long, seen by two passes at
+    least this far apart, before orphan-cleanup deletes it."""
+
+    finished_pod_history: int = Field(default=100, ge=0)
+    """Finished worker pods kept for their logs (KEDA's own default history); older ones are
+    deleted with their Jobs."""
+
+    orphan_object_grace_seconds: float = Field(default=3600.0, ge=0)
+    """S3 objects of fenced-out or failed attempts, or of deleted jobs, are deleted once
+    they are older than this: long enough that no upload of a live attempt is in flight."""
+
     s3_endpoint_url: str | None = None
     """Object store endpoint (unset: AWS's own)."""
 

@@ -381,6 +381,99 @@ class FencedStore:
         self.settle(done)
         return done
 
+    # -- the cluster compared with the claims (reconciliation, orphan-cleanup) ------------
+
+    def now(self, override: datetime | None = None) -> datetime:
+        """The database's clock (or ``override``, a test's injected time)."""
+        with translated():
+            row = self.conn.execute(QUERIES["clock_now"], {"now": override}).fetchone()
+        assert row is not None
+        now: datetime = row["now"]
+        return now
+
+    def snapshot_begin(self, now: datetime | None = None) -> datetime:
+        """Start a pass's snapshot of the worker pods (a table local to this session);
+        the time the listing begins, by the database's clock unless ``now`` is given."""
+        with translated():
+            self.conn.execute(QUERIES["cluster_snapshot_create"])
+            self.conn.execute(QUERIES["cluster_snapshot_clear"])
+        return self.now(now)
+
+    def snapshot_add(self, pods: Sequence[dict[str, Any]]) -> None:
+        """Add one listed page of pods (``Pod.row()``) to the snapshot."""
+        if pods:
+            with translated():
+                self.conn.execute(QUERIES["cluster_snapshot_add"], {"pods": json.dumps(pods)})
+
+    def reclaim_dead_claims(self, *, claimer_pattern: str, listed_at: datetime,
+                            grace_seconds: float, retry: RetryPolicy,
+                            batch_size: int) -> list[tuple[Transition, bool]]:
+        """One bounded batch of live claims whose pod is gone or dead in the snapshot:
+        fence rotated, retried or failed. Each transition with whether the pod was missing
+        (else it was there, finished or Unknown)."""
+        with translated():
+            rows = self.conn.execute(QUERIES["claims_dead_reclaim"], {
+                "claimer_pattern": claimer_pattern, "listed_at": listed_at,
+                "grace_seconds": grace_seconds, "batch_size": batch_size,
+                **retry.params()}).fetchall()
+        done = [(Transition(r["job_id"], r["status"], r["parent_id"]), bool(r["missing"]))
+                for r in rows]
+        self.settle([t for t, _ in done])
+        return done
+
+    def unverifiable_claims(self, *, claimer_pattern: str) -> int:
+        with translated():
+            row = self.conn.execute(QUERIES["claims_unverifiable_count"],
+                                    {"claimer_pattern": claimer_pattern}).fetchone()
+        return int(row["n"]) if row else 0
+
+    def unclaimed_pods(self, *, listed_at: datetime, grace_seconds: float, after: str,
+                       limit: int) -> list[dict[str, Any]]:
+        """Running pods of the snapshot, older than the grace period, with no live claim."""
+        with translated():
+            return self.conn.execute(QUERIES["cluster_pods_unclaimed"], {
+                "listed_at": listed_at, "grace_seconds": grace_seconds, "after": after,
+                "limit": limit}).fetchall()
+
+    def note_suspects(self, *, pods: Sequence[dict[str, Any]],
+                      listed_at: datetime) -> list[dict[str, Any]]:
+        """Remember unclaimed pods; each with when it was first seen unclaimed."""
+        if not pods:
+            return []
+        with translated():
+            return self.conn.execute(QUERIES["orphan_suspects_note"], {
+                "pods": json.dumps(list(pods)), "listed_at": listed_at}).fetchall()
+
+    def forget_suspects(self, *, listed_at: datetime) -> int:
+        """Forget suspects this pass did not see unclaimed; how many."""
+        with translated():
+            return self.conn.execute(QUERIES["orphan_suspects_forget"],
+                                     {"listed_at": listed_at}).rowcount
+
+    def confirm_suspect(self, name: str) -> bool:
+        """True (and forgotten) if the pod still holds no live claim, right before its
+        deletion; False if it claimed work meanwhile."""
+        with translated():
+            return self.conn.execute(QUERIES["orphan_suspect_confirm"],
+                                     {"name": name}).fetchone() is not None
+
+    def finished_pods_beyond_history(self, *, keep: int, after: str,
+                                     limit: int) -> list[dict[str, Any]]:
+        with translated():
+            return self.conn.execute(QUERIES["cluster_pods_finished_beyond_history"], {
+                "keep": keep, "after": after, "limit": limit}).fetchall()
+
+    def object_owners(self, pairs: Sequence[tuple[UUID, UUID | None]]
+                      ) -> dict[tuple[UUID, UUID | None], str]:
+        """Who owns the objects of each (job, attempt): keep, garbage or gone."""
+        if not pairs:
+            return {}
+        payload = [{"job_id": str(j), "attempt_id": str(a) if a else None} for j, a in pairs]
+        with translated():
+            rows = self.conn.execute(QUERIES["objects_owners"],
+                                     {"pairs": json.dumps(payload)}).fetchall()
+        return {(r["job_id"], r["attempt_id"]): r["verdict"] for r in rows}
+
     # -- settling what waited on finished jobs ---------------------------------------------
 
     def settle(self, transitions: Sequence[Transition]) -> list[Transition]:

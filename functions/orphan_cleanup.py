@@ -1,0 +1,195 @@
+"""orphan-cleanup: delete what nothing in the database owns.
+
+* **Worker pods holding no live claim** — an anomaly (a worker runs one job and exits): a
+  running worker pod seen unclaimed by passes spanning the grace period is logged at error
+  level and deleted with its Job (deleting only the pod would make Kubernetes start
+  another). Its claim is re-checked right before the delete.
+* **Finished worker pods beyond the history limit** — deleted with their Jobs, newest kept.
+* **S3 objects under ``jobfence/``** that belong to a fenced-out, failed or cancelled
+  attempt, or to a job that no longer exists, once older than the grace period. A live
+  claim's outputs, a winning attempt's committed outputs and a parent's manifest are never
+  touched.
+
+Objects first, then pods. Everything is paged (1,000 keys, one page of pods at a time) and
+decided in the database; a failed delete is logged and counted and the pass goes on. A pod
+listing that cannot be completed changes nothing and fails the pass.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from itertools import islice
+from uuid import UUID
+
+from shared.cluster import Cluster
+from shared.errors import ClusterError
+from shared.logs import get_logger
+from shared.objectstore import PREFIX, ObjectInfo, ObjectStore, ObjectStoreError
+from shared.runner import Deps, run_pass
+from shared.settings import Settings
+from shared.store import FencedStore
+
+log = get_logger("jobfence.orphan_cleanup")
+
+KEYS_PER_PAGE = 1000
+MAX_OBJECT_PAGES = 1000
+PODS_PER_PAGE = 500
+ORPHAN_POD_GRACE_SECONDS = 30
+"""Grace period of the delete itself: the worker's SIGTERM clean-up takes about 2 s."""
+
+
+@dataclass(slots=True)
+class Report:
+    """Counts of one pass, filled as it goes."""
+
+    function: str
+    cluster: str
+    pods_listed: int = 0
+    orphan_suspects: int = 0
+    """Running worker pods seen without a live claim this pass (not yet past the grace)."""
+    orphaned_pods_detected: int = 0
+    orphaned_pods_cleaned: int = 0
+    orphaned_pods_cleanup_failures: int = 0
+    finished_pods_deleted: int = 0
+    finished_pods_cleanup_failures: int = 0
+    objects_scanned: int = 0
+    orphaned_objects_detected: int = 0
+    orphaned_objects_deleted: int = 0
+    orphaned_objects_cleanup_failures: int = 0
+    objects_unrecognized: int = 0
+
+
+# -- objects ---------------------------------------------------------------------------
+
+
+def owner_of(key: str) -> tuple[UUID, UUID | None] | None:
+    """``jobfence/JOB/ATTEMPT/…`` → (job, attempt); ``jobfence/JOB/file`` → (job, None);
+    anything else None (not ours to judge)."""
+    parts = key[len(PREFIX):].split("/") if key.startswith(PREFIX) else []
+    if len(parts) < 2 or not parts[-1]:
+        return None
+    try:
+        job = UUID(parts[0])
+    except ValueError:
+        return None
+    if len(parts) == 2:
+        return job, None
+    try:
+        return job, UUID(parts[1])
+    except ValueError:
+        return job, None
+
+
+def _pages(objects: Iterator[ObjectInfo]) -> Iterator[list[ObjectInfo]]:
+    while page := list(islice(objects, KEYS_PER_PAGE)):
+        yield page
+
+
+def clean_objects(store: FencedStore, objects: ObjectStore, bucket: str, *,
+                  cutoff: datetime, c: Report) -> None:
+    for n, page in enumerate(_pages(objects.iter_objects(bucket, PREFIX))):
+        if n >= MAX_OBJECT_PAGES:
+            log.info("object_scan_capped", pages=n, message="the next pass goes on")
+            break
+        c.objects_scanned += len(page)
+        owned = [(obj, owner_of(obj.key)) for obj in page]
+        c.objects_unrecognized += sum(1 for _, o in owned if o is None)
+        verdicts = store.object_owners(sorted({o for _, o in owned if o is not None},
+                                              key=str))
+        doomed = [obj.key for obj, o in owned
+                  if o is not None and verdicts.get(o) in ("garbage", "gone")
+                  and obj.last_modified < cutoff]
+        c.orphaned_objects_detected += len(doomed)
+        if not doomed:
+            continue
+        failures = objects.delete_many(bucket, doomed)
+        for f in failures[:5]:
+            log.error("orphaned_object_cleanup_failed", key=f.key, error=f.error)
+        c.orphaned_objects_cleanup_failures += len(failures)
+        c.orphaned_objects_deleted += len(doomed) - len(failures)
+        log.info("orphaned_objects_deleted", count=len(doomed) - len(failures),
+                 first=doomed[0])
+
+
+# -- pods ------------------------------------------------------------------------------
+
+
+def _delete(cluster: Cluster, name: str, job_name: str | None, grace: int) -> bool:
+    """Delete a worker pod through its Job when it has one; True if something went."""
+    if job_name and cluster.delete_job(job_name, grace_seconds=grace):
+        return True
+    return cluster.delete_pod(name, grace_seconds=grace)
+
+
+def clean_pods(settings: Settings, deps: Deps, cluster: Cluster, c: Report) -> None:
+    store = deps.store
+    listed_at = store.snapshot_begin(deps.now)
+    for pods in cluster.worker_pod_pages():  # ClusterError: nothing changed yet
+        store.snapshot_add([p.row() for p in pods])
+        c.pods_listed += len(pods)
+    confirm_before = listed_at - timedelta(seconds=settings.orphan_pod_grace_seconds)
+    after = ""
+    while rows := store.unclaimed_pods(listed_at=listed_at,
+                                       grace_seconds=settings.reconcile_grace_seconds,
+                                       after=after, limit=PODS_PER_PAGE):
+        after = rows[-1]["name"]
+        for suspect in store.note_suspects(pods=rows, listed_at=listed_at):
+            if suspect["first_seen"] > confirm_before:
+                c.orphan_suspects += 1
+                continue
+            name = suspect["name"]
+            if not store.confirm_suspect(name):
+                continue  # it claimed work since the listing: not an orphan
+            c.orphaned_pods_detected += 1
+            log.error("orphaned_pod_detected", pod=name, job_name=suspect["job_name"],
+                      first_seen=suspect["first_seen"].isoformat(), severity="BUG_INDICATOR",
+                      message="a worker pod held no live claim for the whole grace period")
+            try:
+                _delete(cluster, name, suspect["job_name"], ORPHAN_POD_GRACE_SECONDS)
+            except ClusterError as exc:
+                c.orphaned_pods_cleanup_failures += 1
+                log.error("orphaned_pod_cleanup_failed", pod=name, error=str(exc))
+                continue
+            c.orphaned_pods_cleaned += 1
+            log.info("orphaned_pod_deleted", pod=name)
+    store.forget_suspects(listed_at=listed_at)
+    after = ""
+    while rows := store.finished_pods_beyond_history(keep=settings.finished_pod_history,
+                                                     after=after, limit=PODS_PER_PAGE):
+        after = rows[-1]["name"]
+        for pod in rows:
+            try:
+                if _delete(cluster, pod["name"], pod["job_name"], 0):
+                    c.finished_pods_deleted += 1
+            except ClusterError as exc:
+                c.finished_pods_cleanup_failures += 1
+                log.error("finished_pod_cleanup_failed", pod=pod["name"], error=str(exc))
+
+
+def run_once(settings: Settings, deps: Deps) -> Report:
+    c = Report("orphan-cleanup", settings.cluster)
+    if settings.s3_bucket:
+        now = deps.store.now(deps.now)
+        cutoff = now - timedelta(seconds=settings.orphan_object_grace_seconds)
+        try:
+            clean_objects(deps.store, deps.objects, settings.s3_bucket, cutoff=cutoff, c=c)
+        except ObjectStoreError as exc:  # the listing itself failed: the next pass retries
+            log.error("object_scan_failed", error=str(exc))
+            c.orphaned_objects_cleanup_failures += 1
+    cluster = deps.cluster
+    if cluster is not None:
+        clean_pods(settings, deps, cluster, c)
+    return c
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_pass("orphan-cleanup", sys.argv[1:] if argv is None else argv, run_once,
+                    __doc__ or "")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

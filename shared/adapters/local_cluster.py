@@ -1,0 +1,130 @@
+"""The cluster port over worker processes on this machine (the demo's stand-in for
+Kubernetes). A "pod" is a running ``jobfence worker`` process; its name is the worker id
+such a process claims under, ``local:HOST:PID``. A process that has exited but not been
+reaped yet (a zombie) is a pod in phase ``Failed``; one that is gone is missing.
+
+Its start time is part of the pod: when a PID is reused, the new process started after the
+claim, so the claim is not its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import time
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from shared.cluster import Pod, local_claimer_pattern
+
+PAGE = 500
+
+
+def is_worker(argv: Sequence[str]) -> bool:
+    """``jobfence worker ...`` or ``python -m functions.cli worker ...`` or
+    ``python -m functions.worker``."""
+    if "functions.worker" in argv:
+        return True
+    for i, arg in enumerate(argv):
+        if arg == "worker" and any(a == "functions.cli" or os.path.basename(a) == "jobfence"
+                                   for a in argv[:i]):
+            return True
+    return False
+
+
+class LocalCluster:
+    def __init__(self, host: str | None = None, proc: Path = Path("/proc")) -> None:
+        self.host = host or socket.gethostname()
+        self.proc = proc
+        self.claimer_pattern = local_claimer_pattern(self.host)
+        self._boot = self._boot_time()
+        self._hz = os.sysconf("SC_CLK_TCK")
+
+    def _boot_time(self) -> float:
+        with contextlib.suppress(OSError, ValueError):
+            for line in (self.proc / "stat").read_text().splitlines():
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+        return 0.0
+
+    def pod(self, pid: int) -> Pod | None:
+        """The worker process ``pid`` as a pod, None if it is not a jobfence worker."""
+        base = self.proc / str(pid)
+        try:
+            argv = [a for a in (base / "cmdline").read_bytes().decode(errors="replace")
+                    .split("\0") if a]
+            stat = (base / "stat").read_text()
+        except OSError:
+            return None
+        # comm (field 2) may hold spaces and parentheses: split after the last ')'.
+        fields = stat[stat.rfind(")") + 2:].split()
+        state, start_ticks = fields[0], int(fields[19])
+        if state in ("Z", "X"):
+            phase = "Failed"  # exited; a zombie keeps no cmdline, so check before argv
+        elif not is_worker(argv):
+            return None
+        else:
+            phase = "Running"
+        started = datetime.fromtimestamp(self._boot + start_ticks / self._hz, UTC)
+        return Pod(name=f"local:{self.host}:{pid}", phase=phase, created_at=started,
+                   started_at=started)
+
+    def worker_pod_pages(self) -> Iterator[list[Pod]]:
+        page: list[Pod] = []
+        for entry in self.proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            pod = self.pod(int(entry.name))
+            if pod is None or (pod.phase == "Failed" and not self._was_worker(int(entry.name))):
+                continue
+            page.append(pod)
+            if len(page) == PAGE:
+                yield page
+                page = []
+        yield page
+
+    def _was_worker(self, pid: int) -> bool:
+        """A zombie has no command line left; its comm tells whether it was Python."""
+        try:
+            comm = (self.proc / str(pid) / "comm").read_text().strip()
+        except OSError:
+            return False
+        return comm.startswith(("python", "jobfence"))
+
+    def _pid(self, name: str) -> int | None:
+        prefix = f"local:{self.host}:"
+        if not name.startswith(prefix) or not name[len(prefix):].isdigit():
+            return None
+        return int(name[len(prefix):])
+
+    def delete_pod(self, name: str, *, grace_seconds: int) -> bool:
+        """SIGTERM, then SIGKILL if the process outlives its grace (at most 5 s here)."""
+        pid = self._pid(name)
+        pod = self.pod(pid) if pid else None
+        if pid is None or pod is None or pod.phase != "Running":
+            return False
+        try:
+            os.kill(pid, signal.SIGKILL if grace_seconds <= 0 else signal.SIGTERM)
+        except ProcessLookupError:
+            return False
+        deadline = time.monotonic() + min(grace_seconds, 5)
+        while time.monotonic() < deadline:
+            p = self.pod(pid)
+            if p is None or p.phase != "Running":
+                return True
+            time.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        return True
+
+    def delete_job(self, name: str, *, grace_seconds: int) -> bool:
+        return False  # local workers have no Jobs
+
+    def job_annotations(self, name: str) -> dict[str, str] | None:
+        return None
+
+    def pod_job_name(self, name: str) -> str | None:
+        return None

@@ -1,0 +1,65 @@
+"""An in-memory cluster for unit tests: pods in a dict, listed in pages, with failures
+on demand (a listing that breaks part-way, deletes that fail)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+from shared.cluster import POD_NAME_PATTERN, ClusterError, Pod
+
+
+class MemoryCluster:
+    def __init__(self, pods: list[Pod] | None = None, *, page_size: int = 2,
+                 claimer_pattern: str = POD_NAME_PATTERN) -> None:
+        self.pods: dict[str, Pod] = {p.name: p for p in pods or []}
+        self.jobs: dict[str, dict[str, str]] = {}
+        self.page_size = page_size
+        self.claimer_pattern = claimer_pattern
+        self.fail_listing_at_page: int | None = None
+        self.fail_deletes: set[str] = set()
+        self.deleted_pods: list[str] = []
+        self.deleted_jobs: list[str] = []
+        self.pages_served = 0
+
+    def add(self, pod: Pod) -> None:
+        self.pods[pod.name] = pod
+        if pod.job_name:
+            self.jobs.setdefault(pod.job_name, {})
+
+    def set_phase(self, name: str, phase: str) -> None:
+        self.pods[name] = replace(self.pods[name], phase=phase)
+
+    def worker_pod_pages(self) -> Iterator[list[Pod]]:
+        names = sorted(self.pods)
+        for n, start in enumerate(range(0, max(len(names), 1), self.page_size)):
+            if self.fail_listing_at_page is not None and n == self.fail_listing_at_page:
+                raise ClusterError("listing worker pods failed: HTTP 500 (injected)")
+            self.pages_served += 1
+            yield [self.pods[name] for name in names[start:start + self.page_size]]
+
+    def delete_pod(self, name: str, *, grace_seconds: int) -> bool:
+        if name in self.fail_deletes:
+            raise ClusterError(f"deleting pod {name} failed: HTTP 500 (injected)")
+        if self.pods.pop(name, None) is None:
+            return False
+        self.deleted_pods.append(name)
+        return True
+
+    def delete_job(self, name: str, *, grace_seconds: int) -> bool:
+        if name in self.fail_deletes:
+            raise ClusterError(f"deleting job {name} failed: HTTP 500 (injected)")
+        if name not in self.jobs:
+            return False
+        del self.jobs[name]
+        self.deleted_jobs.append(name)
+        for pod in [p for p in self.pods.values() if p.job_name == name]:
+            del self.pods[pod.name]
+        return True
+
+    def job_annotations(self, name: str) -> dict[str, str] | None:
+        return self.jobs.get(name)
+
+    def pod_job_name(self, name: str) -> str | None:
+        pod = self.pods.get(name)
+        return pod.job_name if pod else None

@@ -1,0 +1,101 @@
+"""The cluster port: only what reconciliation and orphan-cleanup call, with three
+implementations — the Kubernetes API (``shared.adapters.kube``), worker processes on this
+machine (``shared.adapters.local_cluster``, for the demo) and an in-memory fake
+(``shared.adapters.memory_cluster``, for unit tests).
+
+The database is the source of truth; the cluster is compared against it. Listing is page
+by page, so a pass never holds every pod at once; a listing that fails part-way raises
+``ClusterError`` and the caller changes nothing (if uncertain, log and skip).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from shared.errors import ClusterError
+from shared.settings import Settings
+
+__all__ = ["Cluster", "ClusterError", "Pod", "open_cluster"]
+
+# Phases after which a pod's process is gone for good.
+FINISHED_PHASES = ("Succeeded", "Failed")
+# Phases in which a pod cannot be doing a live claim's work (Unknown: its node stopped
+# reporting; rotating the fence is safe either way, the worker self-fences).
+DEAD_PHASES = ("Succeeded", "Failed", "Unknown")
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """A worker pod as the functions need it."""
+
+    name: str
+    phase: str
+    """Pending, Running, Succeeded, Failed or Unknown."""
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    """When its process started (a claim older than this was made by someone else)."""
+    job_name: str | None = None
+    """The Job that owns the pod; deleting it keeps Kubernetes from starting another."""
+    deleting: bool = False
+    """Deletion already requested (terminating): leave it to its grace period."""
+
+    def row(self) -> dict[str, object]:
+        return {"name": self.name, "phase": self.phase,
+                "created_at": self.created_at.isoformat() if self.created_at else None,
+                "started_at": self.started_at.isoformat() if self.started_at else None,
+                "job_name": self.job_name, "deleting": self.deleting}
+
+
+class Cluster(Protocol):
+    claimer_pattern: str
+    """A POSIX regular expression matching the worker ids this cluster can vouch for:
+    a claim by anyone else (a worker run by hand on a laptop) is never judged."""
+
+    def worker_pod_pages(self) -> Iterator[list[Pod]]:
+        """Every worker pod, a page at a time; raises ClusterError if the listing cannot
+        be completed (the caller must then treat what it saw as incomplete)."""
+        ...
+
+    def delete_pod(self, name: str, *, grace_seconds: int) -> bool:
+        """Delete a pod; False if it was already gone."""
+        ...
+
+    def delete_job(self, name: str, *, grace_seconds: int) -> bool:
+        """Delete a Job and its pods; False if it was already gone."""
+        ...
+
+    def job_annotations(self, name: str) -> dict[str, str] | None:
+        """A Job's annotations, None if there is no such Job."""
+        ...
+
+    def pod_job_name(self, name: str) -> str | None:
+        """The Job owning a pod, None if the pod or its owner is unknown."""
+        ...
+
+
+# Kubernetes object names are DNS subdomains: a claimer id with ':' or '/' is not a pod.
+POD_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+
+
+def local_claimer_pattern(host: str) -> str:
+    return "^local:" + re.escape(host) + ":[0-9]+$"
+
+
+def open_cluster(settings: Settings) -> Cluster | None:
+    """The adapter for ``JOBFENCE_CLUSTER``; None for ``none``. The Kubernetes client is
+    imported here, on first use only."""
+    if settings.cluster == "kubernetes":
+        from shared.adapters.kube import KubernetesCluster
+
+        return KubernetesCluster(namespace=settings.namespace,
+                                 selector=settings.worker_selector,
+                                 qps=settings.kube_qps, page_size=settings.kube_page_size)
+    if settings.cluster == "local":
+        from shared.adapters.local_cluster import LocalCluster
+
+        return LocalCluster()
+    return None
