@@ -1,6 +1,7 @@
 """Datum jobs through the real CLI, real worker processes, real PostgreSQL and moto's S3
 server: inputs split into children, outputs uploaded under attempt prefixes, the parent
-finalized exactly once with a manifest of committed outputs only."""
+finalized exactly once with a manifest of committed outputs only, and a killed attempt's
+partial outputs removed by orphan-cleanup."""
 
 from __future__ import annotations
 
@@ -110,6 +111,14 @@ def test_killed_after_partial_upload_retry_outputs_committed(
     assert len(item["outputs"]) == 150
     assert not any(first_attempt in u for u in item["outputs"])
     assert all(f"/{item['attempt_id']}/" in u for u in item["outputs"])
+    # The killed attempt's partial outputs are garbage: orphan-cleanup deletes them, and
+    # nothing the manifest lists.
+    r = run_cli(dsn, "orphan-cleanup", JOBFENCE_ORPHAN_OBJECT_GRACE_SECONDS="0", **s3_env)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["orphaned_objects_deleted"] == len(first_objects)
+    left = {f"s3://{bucket}/{o.key}" for o in store.iter_objects(bucket, "jobfence/")}
+    assert left == {*item["outputs"], row["manifest"]}
 
 
 def _children(dsn: str, parent: str) -> list[str]:
