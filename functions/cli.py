@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "wait": ("functions.ops:wait_main", "block until a job is terminal"),
     "cancel": ("functions.ops:cancel_main", "cancel a job (and a parent's children)"),
     "drain": ("functions.ops:drain_main", "drain mode on|off|status"),
+    "metrics": ("functions.ops:metrics_main", "print metrics in the Prometheus text format"),
 }
 
 

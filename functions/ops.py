@@ -1,11 +1,12 @@
-"""Operator commands over the fenced store: migrate, status, list, wait, cancel, drain."""
+"""Operator commands over the fenced store: migrate, status, list, wait, cancel, drain,
+metrics."""
 
 from __future__ import annotations
 
 import sys
 import time
 
-from shared import cli
+from shared import cli, metrics
 from shared.db import connect
 from shared.errors import ExitCode, InvalidSpec, JobNotFound, WaitTimeout
 from shared.ids import parse_job_id
@@ -134,6 +135,20 @@ def drain_main(argv: list[str]) -> int:
         return 0
 
     return cli.run_command("drain", body)
+
+
+def metrics_main(argv: list[str]) -> int:
+    def body() -> int:
+        cli.Parser(prog="jobfence metrics", description="Print the functions' and the "
+                   "queue's metrics in the Prometheus text format (what the functions "
+                   "push to the Pushgateway).").parse_args(argv)
+        settings = cli.setup("metrics")
+        with cli.open_store(settings, "metrics") as store:
+            text = metrics.exposition(store)
+        sys.stdout.write(text)
+        return 0
+
+    return cli.run_command("metrics", body)
 
 
 def wait_main(argv: list[str]) -> int:

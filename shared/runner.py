@@ -1,27 +1,27 @@
 """The shape every periodic function shares: ``run_once(settings, deps) -> Report`` does one
 pass; ``run_pass`` wraps it into a CLI ``main()`` that takes the function's advisory lock
-(a second concurrent run skips and exits 0), records the run in ``function_runs``, logs,
-prints the report as one JSON object, and returns the exit code.
+(a second concurrent run skips and exits 0), records the run (trigger, status, counts,
+duration) in the database, pushes its metrics when a Pushgateway is set, logs, prints the
+report as one JSON object, and returns the exit code.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import socket
+import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from shared import cli
+from shared import cli, metrics
 from shared.cluster import Cluster, open_cluster
 from shared.db import try_advisory_lock
-from shared.errors import JobfenceError
+from shared.errors import ClusterError, JobfenceError
 from shared.logs import get_logger
 from shared.objectstore import ObjectStore, open_object_store
-from shared.queries import QUERIES
 from shared.settings import Settings
 from shared.store import FencedStore
 
@@ -63,18 +63,25 @@ class Deps:
 RunOnce = Callable[[Settings, Deps], Report]
 
 
-def _record_start(store: FencedStore, name: str, status: str, trigger: str) -> int:
-    row = store.conn.execute(QUERIES["function_run_start"], {
-        "function": name, "trigger": trigger, "status": status,
-        "host": socket.gethostname()}).fetchone()
-    assert row is not None
-    return int(row["run_id"])
+MANUAL_ANNOTATION = "cronjob.kubernetes.io/instantiate"
 
 
-def _record_finish(store: FencedStore, run_id: int, status: str, counts: dict[str, Any],
-                   error: str | None) -> None:
-    store.conn.execute(QUERIES["function_run_finish"], {
-        "run_id": run_id, "status": status, "counts": json.dumps(counts), "error": error})
+def detect_trigger(settings: Settings, deps: Deps) -> str:
+    """``scheduled`` or ``manual`` (see ``Settings.trigger``). Uncertain: scheduled."""
+    if settings.trigger != "auto":
+        return settings.trigger
+    pod = os.environ.get("POD_NAME")
+    if pod and settings.cluster == "kubernetes":
+        try:
+            cluster = deps.cluster
+            job = cluster.pod_job_name(pod) if cluster else None
+            annotations = cluster.job_annotations(job) if cluster and job else None
+        except ClusterError as exc:
+            get_logger("jobfence.runner").warning("trigger_unknown", error=str(exc))
+            return "scheduled"
+        return "manual" if (annotations or {}).get(MANUAL_ANNOTATION) == "manual" \
+            else "scheduled"
+    return "manual" if not pod and sys.stdin.isatty() else "scheduled"
 
 
 def counts_of(report: Report) -> dict[str, Any]:
@@ -90,29 +97,36 @@ def run_pass(name: str, argv: list[str] | None, run_once: RunOnce, description: 
         p.add_argument("--batch-size", type=int, metavar="N", help="rows per batch")
         args = p.parse_args(argv)
         settings = cli.setup(name, batch_size=args.batch_size)
-        trigger = "scheduled"
         with cli.open_store(settings, name) as store:
+            deps = Deps(store, settings)
+            trigger = detect_trigger(settings, deps)
             if not try_advisory_lock(store.conn, name):
-                _record_start(store, name, "skipped", trigger)
-                log.info("pass_skipped", reason="another run holds the lock")
+                store.run_started(function=name, trigger=trigger, skipped=True)
+                log.info("pass_skipped", reason="another run holds the lock", trigger=trigger)
                 cli.emit({"function": name, "skipped": True})
+                metrics.push(settings, store, name)
                 return 0
-            run_id = _record_start(store, name, "running", trigger)
+            run_id = store.run_started(function=name, trigger=trigger)
             started = time.monotonic()
-            log.info("pass_started")
+            log.info("pass_started", trigger=trigger)
             try:
-                report = run_once(settings, Deps(store, settings))
+                report = run_once(settings, deps)
             except BaseException as exc:
                 message = str(exc) if isinstance(exc, JobfenceError) else repr(exc)
                 log.error("pass_failed", error=message)
                 with contextlib.suppress(Exception):  # the database may be what failed
-                    _record_finish(store, run_id, "failed", {}, message)
+                    store.run_finished(run_id=run_id, function=name, trigger=trigger,
+                                       succeeded=False, counts={}, error=message,
+                                       duration_seconds=time.monotonic() - started)
+                    metrics.push(settings, store, name)
                 raise
             counts = counts_of(report)
             duration = round(time.monotonic() - started, 3)
-            _record_finish(store, run_id, "succeeded", counts, None)
+            store.run_finished(run_id=run_id, function=name, trigger=trigger, succeeded=True,
+                               counts=counts, duration_seconds=duration)
             log.info("pass_finished", duration_seconds=duration, **counts)
             cli.emit({"function": name, **counts, "duration_seconds": duration})
+            metrics.push(settings, store, name)
         return 0
 
     return cli.run_command(name, body)

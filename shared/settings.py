@@ -104,6 +104,12 @@ class Settings(BaseSettings):
     pushgateway_url: str | None = None
     """Prometheus Pushgateway for run metrics; unset: nothing is pushed."""
 
+    trigger: Literal["auto", "scheduled", "manual"] = "auto"
+    """How a function run records its trigger. ``auto``: in a Kubernetes pod, ``manual``
+    when its Job carries ``cronjob.kubernetes.io/instantiate: manual`` (what
+    ``kubectl create job --from=cronjob/...`` sets), else ``scheduled``; outside a pod,
+    ``manual`` when run from a terminal."""
+
     log_format: Literal["json", "console"] = "json"
     """Log lines on stderr: JSON for machines, console for people."""
 

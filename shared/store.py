@@ -10,6 +10,7 @@ by a race between two finishing jobs.
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -380,6 +381,57 @@ class FencedStore:
         done = _transitions(rows)
         self.settle(done)
         return done
+
+    # -- runs of the periodic functions, and what metrics read -----------------------------
+
+    def run_started(self, *, function: str, trigger: str, skipped: bool = False) -> int:
+        """Record a function run (status running, or skipped when another run holds its
+        lock); its run id. A skipped run also counts in the function's totals."""
+        with translated(), self.conn.transaction():
+            row = self.conn.execute(QUERIES["function_run_start"], {
+                "function": function, "trigger": trigger,
+                "status": "skipped" if skipped else "running",
+                "host": socket.gethostname()}).fetchone()
+            if skipped:
+                self.conn.execute(QUERIES["function_totals_add"], {
+                    "function": function, "totals": json.dumps({"run:skipped": 1})})
+        assert row is not None
+        return int(row["run_id"])
+
+    def run_finished(self, *, run_id: int, function: str, trigger: str, succeeded: bool,
+                     counts: dict[str, Any], duration_seconds: float,
+                     error: str | None = None) -> None:
+        """Close a run, add its numeric counts to the function's totals and set its last
+        status (the last success survives failed runs), in one transaction."""
+        status = "succeeded" if succeeded else "failed"
+        totals: dict[str, float] = {f"run:{status}": 1}
+        totals.update({k: v for k, v in counts.items()
+                       if isinstance(v, int | float) and not isinstance(v, bool)})
+        with translated(), self.conn.transaction():
+            self.conn.execute(QUERIES["function_run_finish"], {
+                "run_id": run_id, "status": status, "counts": json.dumps(counts),
+                "error": error})
+            self.conn.execute(QUERIES["function_totals_add"], {
+                "function": function, "totals": json.dumps(totals)})
+            self.conn.execute(QUERIES["function_status_set"], {
+                "function": function, "status": status, "trigger": trigger,
+                "duration": duration_seconds})
+
+    def function_status(self, function: str | None = None) -> list[dict[str, Any]]:
+        with translated():
+            return self.conn.execute(QUERIES["function_status_get"],
+                                     {"function": function}).fetchall()
+
+    def function_totals(self, function: str | None = None) -> list[dict[str, Any]]:
+        with translated():
+            return self.conn.execute(QUERIES["function_totals_get"],
+                                     {"function": function}).fetchall()
+
+    def queue_gauges(self) -> dict[str, Any]:
+        with translated():
+            row = self.conn.execute(QUERIES["queue_gauges"]).fetchone()
+        assert row is not None
+        return row
 
     # -- the cluster compared with the claims (reconciliation, orphan-cleanup) ------------
 

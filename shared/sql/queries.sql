@@ -437,6 +437,49 @@ UPDATE function_runs SET status = %(status)s, finished_at = now(), counts = %(co
     error = %(error)s
 WHERE run_id = %(run_id)s;
 
+-- function_totals_add --
+-- Add a run's counts (and one to its runs-by-status counter) to the function's totals.
+INSERT INTO function_totals (function, item, total)
+SELECT %(function)s, t.key, t.value::numeric FROM jsonb_each_text(%(totals)s::jsonb) AS t
+ON CONFLICT (function, item) DO UPDATE SET total = function_totals.total + excluded.total;
+
+-- function_status_set --
+-- The function's last run; the last success is kept across failed runs.
+INSERT INTO function_status (function, last_run_at, last_status, last_trigger,
+    last_duration_seconds, last_success_at)
+VALUES (%(function)s, now(), %(status)s, %(trigger)s, %(duration)s,
+        CASE WHEN %(status)s = 'succeeded' THEN now() END)
+ON CONFLICT (function) DO UPDATE SET
+    last_run_at = excluded.last_run_at, last_status = excluded.last_status,
+    last_trigger = excluded.last_trigger,
+    last_duration_seconds = excluded.last_duration_seconds,
+    last_success_at = coalesce(excluded.last_success_at, function_status.last_success_at);
+
+-- function_status_get --
+-- Every function's last run (or one function's).
+SELECT function, last_run_at, last_status, last_trigger, last_duration_seconds,
+    last_success_at
+FROM function_status
+WHERE %(function)s::text IS NULL OR function = %(function)s
+ORDER BY function;
+
+-- function_totals_get --
+-- Every function's totals (or one function's).
+SELECT function, item, total FROM function_totals
+WHERE %(function)s::text IS NULL OR function = %(function)s
+ORDER BY function, item;
+
+-- queue_gauges --
+-- The queue at a glance, each part an index scan: active jobs by status (top-level waiting
+-- jobs; children wait on their parent), the age of the oldest ready job, drain mode.
+SELECT
+    (SELECT count(*) FROM jobs WHERE status = 'waiting' AND parent_id IS NULL) AS waiting,
+    (SELECT count(*) FROM jobs WHERE status = 'pending') AS pending,
+    (SELECT count(*) FROM jobs WHERE status = 'running' AND NOT is_parent) AS running,
+    (SELECT coalesce(extract(epoch FROM now() - min(visible_at)), 0)::float8 FROM jobs
+     WHERE status = 'pending' AND visible_at <= now()) AS oldest_ready_age_seconds,
+    (SELECT draining FROM jobfence_control) AS draining;
+
 -- cluster_snapshot_create --
 -- A session-local table for one pass's view of the worker pods, filled page by page, so
 -- that the comparison with the claims runs in the database and the pass holds one page.

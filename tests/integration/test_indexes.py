@@ -59,6 +59,7 @@ def scanned_jobs_by(store: FencedStore, name: str, params: dict[str, object]) ->
                                "cap_seconds": 1.0}),
     ("queue_keda_count", {}),
     ("jobs_running_count", {}),
+    ("queue_gauges", {}),
     ("claims_dead_reclaim", {"claimer_pattern": "^w", "listed_at": LATER, "grace_seconds": 0,
                              "batch_size": 500, "base_seconds": 1.0, "cap_seconds": 1.0}),
     ("claims_unverifiable_count", {"claimer_pattern": "^w"}),

@@ -49,3 +49,9 @@ def test_fenced_writes_carry_the_fence() -> None:
         assert "attempt_id = %(attempt_id)s" in sql, name
         assert "visible_at > now()" in sql, name
         assert "RETURNING" in sql, name
+
+
+def test_every_block_is_one_statement() -> None:
+    for name in QUERIES:
+        body = re.sub(r"'[^']*'", "''", QUERIES[name]).strip().rstrip(";")  # no literals
+        assert ";" not in body, f"{name} holds more than one statement"

@@ -1,0 +1,120 @@
+"""Prometheus metrics of the periodic functions and the queue, read from the database.
+
+Every value comes from the store — run counters and counted items from
+``function_totals``, the last run and last success from ``function_status``, the queue
+from partial-index counts — so a counter never restarts with a pod, and the last success
+survives failed runs. After each pass, when ``JOBFENCE_PUSHGATEWAY_URL`` is set, a function
+pushes its own metrics grouped by function (never by pod: the gateway never forgets a
+group) and the queue's under ``function="queue"``; ``jobfence metrics`` prints all of it in
+the text format. ``prometheus_client`` is imported only here, only when needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from shared.logs import get_logger
+from shared.settings import Settings
+from shared.store import FencedStore
+
+log = get_logger("jobfence.metrics")
+
+JOB = "jobfence"
+QUEUE_GROUP = "queue"
+
+
+class StoreCollector:
+    """A prometheus_client collector over the store: the functions' metrics (one function's,
+    or every function's when ``function`` is None; none with ``runs=False``) and the queue
+    gauges (unless ``queue=False``)."""
+
+    def __init__(self, store: FencedStore, *, function: str | None = None, runs: bool = True,
+                 queue: bool = True) -> None:
+        self.store = store
+        self.function = function
+        self.runs = runs
+        self.queue = queue
+
+    def describe(self) -> Iterable[Any]:
+        return []  # nothing to check at registration: the names are fixed below
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        if self.runs:
+            only = self.function
+            runs = CounterMetricFamily(
+                "jobfence_function_runs", "Runs of a periodic function by outcome.",
+                labels=["function", "status"])
+            items = CounterMetricFamily(
+                "jobfence_function_items", "What a periodic function counted, summed over "
+                "its runs (e.g. item=orphaned_pods_detected).", labels=["function", "item"])
+            for row in self.store.function_totals(only):
+                if row["item"].startswith("run:"):
+                    runs.add_metric([row["function"], row["item"][4:]], float(row["total"]))
+                else:
+                    items.add_metric([row["function"], row["item"]], float(row["total"]))
+            success = GaugeMetricFamily(
+                "jobfence_function_last_success_timestamp_seconds",
+                "When the function last finished a run successfully (Unix time).",
+                labels=["function"])
+            duration = GaugeMetricFamily(
+                "jobfence_function_last_duration_seconds",
+                "How long the function's last run took.", labels=["function"])
+            for row in self.store.function_status(only):
+                if row["last_success_at"] is not None:
+                    success.add_metric([row["function"]], row["last_success_at"].timestamp())
+                if row["last_duration_seconds"] is not None:
+                    duration.add_metric([row["function"]], row["last_duration_seconds"])
+            yield from (runs, items, success, duration)
+        if self.queue:
+            q = self.store.queue_gauges()
+            jobs = GaugeMetricFamily("jobfence_jobs", "Active jobs by status.",
+                                     labels=["status"])
+            for status in ("waiting", "pending", "running"):
+                jobs.add_metric([status], float(q[status]))
+            yield jobs
+            yield GaugeMetricFamily(
+                "jobfence_queue_oldest_ready_age_seconds",
+                "How long the oldest claimable job has been waiting for a worker.",
+                value=float(q["oldest_ready_age_seconds"]))
+            yield GaugeMetricFamily("jobfence_draining", "1 while drain mode is on.",
+                                    value=1.0 if q["draining"] else 0.0)
+
+
+def _registry(collector: StoreCollector) -> Any:
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
+
+
+def exposition(store: FencedStore) -> str:
+    """Every function's metrics and the queue's, in the Prometheus text format."""
+    from prometheus_client import generate_latest
+
+    text: str = generate_latest(_registry(StoreCollector(store))).decode()
+    return text
+
+
+def push(settings: Settings, store: FencedStore, function: str) -> bool:
+    """Push the function's metrics and the queue's to the Pushgateway, if one is set.
+    A failed push is logged, never fatal: the run itself is recorded in the database."""
+    if not settings.pushgateway_url:
+        return False
+    from prometheus_client import pushadd_to_gateway
+
+    try:
+        pushadd_to_gateway(settings.pushgateway_url, job=JOB,
+                           grouping_key={"function": function}, timeout=5,
+                           registry=_registry(StoreCollector(store, function=function,
+                                                             queue=False)))
+        pushadd_to_gateway(settings.pushgateway_url, job=JOB,
+                           grouping_key={"function": QUEUE_GROUP}, timeout=5,
+                           registry=_registry(StoreCollector(store, runs=False)))
+    except Exception as exc:  # an unreachable gateway must not fail the pass
+        log.warning("metrics_push_failed", gateway=settings.pushgateway_url, error=str(exc))
+        return False
+    return True

@@ -1,0 +1,149 @@
+"""Function runs record themselves (trigger, status, counts, duration) and their metrics come
+from the database: counters that add up across runs and pods, a last success that survives a
+failed run, queue gauges. Checked in the Prometheus text format with the client's own parser
+(`jobfence metrics`), and against a real Pushgateway when its binary is installed."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from shared.adapters.memory_cluster import MemoryCluster
+from shared.cluster import Pod
+from shared.db import connect
+from shared.embedded_pg import free_port
+from shared.runner import Deps, detect_trigger
+from shared.settings import Settings
+from shared.store import FencedStore
+from tests.conftest import run_cli
+from tests.procs import enqueue, wait_for
+
+BROKEN_CLUSTER = {"JOBFENCE_CLUSTER": "kubernetes", "KUBECONFIG": "/nonexistent",
+                  "KUBERNETES_SERVICE_HOST": ""}
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = tuple(sorted((k, v) for k, v in s.labels.items()
+                                  if k not in ("job", "instance")))
+            out[(s.name, labels)] = s.value
+    return out
+
+
+def test_runs_record_trigger_counts_and_status_and_metrics_add_up(dsn: str) -> None:
+    assert run_cli(dsn, "sweeper").returncode == 0
+    assert run_cli(dsn, "sweeper", JOBFENCE_TRIGGER="manual").returncode == 0
+    assert run_cli(dsn, "reconciliation").returncode == 0
+    failed = run_cli(dsn, "reconciliation", **BROKEN_CLUSTER)
+    assert failed.returncode == 1, failed.stderr
+    with connect(dsn) as conn:
+        runs = conn.execute("SELECT function, trigger, status, counts FROM function_runs "
+                            "ORDER BY run_id").fetchall()
+    assert [(r["function"], r["trigger"], r["status"]) for r in runs] == [
+        ("sweeper", "scheduled", "succeeded"), ("sweeper", "manual", "succeeded"),
+        ("reconciliation", "scheduled", "succeeded"), ("reconciliation", "scheduled", "failed")]
+    assert runs[0]["counts"]["reclaimed"] == 0
+    nap = 'sleep:{"seconds": 1}'
+    enqueue(dsn, nap)
+    enqueue(dsn, nap, "--after", enqueue(dsn, nap))
+    r = run_cli(dsn, "metrics")
+    assert r.returncode == 0, r.stderr
+    got = samples(r.stdout)
+    assert got[("jobfence_function_runs_total",
+                (("function", "sweeper"), ("status", "succeeded")))] == 2
+    assert got[("jobfence_function_runs_total",
+                (("function", "reconciliation"), ("status", "failed")))] == 1
+    assert got[("jobfence_function_items_total",
+                (("function", "sweeper"), ("item", "batches")))] == 2
+    # The failed run did not erase reconciliation's last success.
+    last = got[("jobfence_function_last_success_timestamp_seconds",
+                (("function", "reconciliation"),))]
+    assert abs(last - time.time()) < 120
+    assert got[("jobfence_jobs", (("status", "pending"),))] == 2
+    assert got[("jobfence_jobs", (("status", "waiting"),))] == 1
+    assert got[("jobfence_queue_oldest_ready_age_seconds", ())] >= 0
+    assert got[("jobfence_draining", ())] == 0
+
+
+def test_skipped_run_is_recorded_and_counted(dsn: str) -> None:
+    from shared.db import try_advisory_lock
+
+    with connect(dsn) as holder:
+        assert try_advisory_lock(holder, "sweeper")
+        assert run_cli(dsn, "sweeper").returncode == 0
+    got = samples(run_cli(dsn, "metrics").stdout)
+    assert got[("jobfence_function_runs_total",
+                (("function", "sweeper"), ("status", "skipped")))] == 1
+
+
+def test_trigger_comes_from_the_jobs_annotation_in_kubernetes(
+        store: FencedStore, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = MemoryCluster()
+    at = datetime.now(UTC)
+    cluster.add(Pod("sweep-manual-x7k2p", "Running", at, at, job_name="sweep-manual"))
+    cluster.add(Pod("sweep-29384756-abcde", "Running", at, at, job_name="sweep-29384756"))
+    cluster.jobs["sweep-manual"] = {"cronjob.kubernetes.io/instantiate": "manual"}
+    s = Settings(database_url=dsn, cluster="kubernetes")
+    deps = Deps(store, s, cluster_port=cluster)
+    monkeypatch.setenv("POD_NAME", "sweep-manual-x7k2p")
+    assert detect_trigger(s, deps) == "manual"
+    monkeypatch.setenv("POD_NAME", "sweep-29384756-abcde")
+    assert detect_trigger(s, deps) == "scheduled"
+    monkeypatch.setenv("POD_NAME", "gone")  # no such pod: uncertain, so scheduled
+    assert detect_trigger(s, deps) == "scheduled"
+
+
+@contextlib.contextmanager
+def pushgateway() -> Iterator[str]:
+    binary = shutil.which("prometheus-pushgateway") or "/usr/bin/prometheus-pushgateway"
+    if not shutil.which(binary):
+        pytest.skip("prometheus-pushgateway is not installed (the exposition format is "
+                    "checked by the parser test above)")
+    port = free_port()
+    proc = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _get(url + "/-/ready") is not None, timeout=15)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _get(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return str(resp.read().decode())
+    except OSError:
+        return None
+
+
+def test_functions_push_to_a_real_pushgateway_and_keep_the_last_success(dsn: str) -> None:
+    with pushgateway() as url:
+        env = {"JOBFENCE_PUSHGATEWAY_URL": url}
+        assert run_cli(dsn, "reconciliation", **env).returncode == 0
+        first = samples(_get(url + "/metrics") or "")
+        key = ("jobfence_function_last_success_timestamp_seconds",
+               (("function", "reconciliation"),))
+        assert key in first
+        assert run_cli(dsn, "reconciliation", **env, **BROKEN_CLUSTER).returncode == 1
+        assert run_cli(dsn, "sweeper", **env).returncode == 0
+        after = samples(_get(url + "/metrics") or "")
+        assert after[key] == first[key]  # kept across the failed run
+        assert after[("jobfence_function_runs_total",
+                      (("function", "reconciliation"), ("status", "failed")))] == 1
+        assert after[("jobfence_function_runs_total",
+                      (("function", "sweeper"), ("status", "succeeded")))] == 1
+        # Queue gauges live in their own group, one series whichever function pushed.
+        assert after[("jobfence_jobs", (("function", "queue"), ("status", "pending")))] == 0
