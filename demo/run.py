@@ -1,8 +1,12 @@
-"""`make demo`: the main story on embedded defaults, in under a minute.
+"""`make demo`: the whole story on one machine, no cluster and no cloud.
 
-A throwaway PostgreSQL (or $JOBFENCE_DATABASE_URL), the real `jobfence` CLI, worker
-processes — one SIGKILLed mid-job, one paused past its lease — the sweeper bringing their
-jobs back, and the fence rejecting the paused worker's late write.
+A throwaway PostgreSQL (or $JOBFENCE_DATABASE_URL), moto's S3 server on 127.0.0.1, and the
+`local` platform standing in for KEDA (workers started from the ScaledJob's own query) and
+for the CronJobs (every periodic function on a compressed schedule). A realistic mix — table
+maintenance on exclusive resources, a dependency, a flaky job, a datum job from S3 inputs —
+while one worker is SIGKILLed (reconciliation recovers its job in seconds) and one is paused
+past its lease (the sweeper recovers it; the fence rejects its late write). Ends with a
+summary table, and cleans up after itself.
 """
 
 from __future__ import annotations
@@ -12,40 +16,64 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from demo.platform import JOBFENCE, LocalPlatform, Proc  # noqa: E402
+from functions.cli import COMMANDS  # noqa: E402
+from shared.db import connect  # noqa: E402
+from shared.store import FencedStore  # noqa: E402
+
 TTY = sys.stdout.isatty()
-BOLD, DIM, RED, GREEN, RESET = (("\033[1m", "\033[2m", "\033[31m", "\033[32m", "\033[0m")
-                                if TTY else ("",) * 5)
-# Short leases so the story fits in a minute; production defaults are 120 s / 30 s.
-DEMO_ENV = {"JOBFENCE_LEASE_SECONDS": "3", "JOBFENCE_HEARTBEAT_SECONDS": "0.5",
-            "JOBFENCE_RETRY_BASE_SECONDS": "0.5", "JOBFENCE_LOG_FORMAT": "json"}
+BOLD, DIM, RED, GREEN, YELLOW, RESET = (
+    ("\033[1m", "\033[2m", "\033[31m", "\033[32m", "\033[33m", "\033[0m") if TTY
+    else ("",) * 6)
+LEASE = 8
+# Short leases and a compressed schedule so the story fits in a minute; production runs a
+# 120 s lease, the sweeper every minute and reconciliation every two.
+DEMO_ENV = {"JOBFENCE_LEASE_SECONDS": str(LEASE), "JOBFENCE_HEARTBEAT_SECONDS": "1",
+            "JOBFENCE_RETRY_BASE_SECONDS": "0.5", "JOBFENCE_LOG_FORMAT": "json",
+            "JOBFENCE_RECONCILE_GRACE_SECONDS": "0", "JOBFENCE_ORPHAN_OBJECT_GRACE_SECONDS": "0",
+            "JOBFENCE_TRIGGER": "scheduled", "AWS_ACCESS_KEY_ID": "demo",
+            "AWS_SECRET_ACCESS_KEY": "demo"}
+SCHEDULE = {"sweeper": 2.0, "reconciliation": 2.0, "export-finalize": 2.0,
+            "lifecycle": 5.0, "orphan-cleanup": 5.0}
+BUCKET = "jobfence-demo"
+DATUMS = 12
 
 
 class Demo:
-    def __init__(self, dsn: str, work: Path) -> None:
-        self.work = work
+    def __init__(self, dsn: str, s3: str, work: Path) -> None:
+        self.dsn, self.work = dsn, work
         self.env = {**os.environ, **DEMO_ENV, "JOBFENCE_DATABASE_URL": dsn,
+                    "JOBFENCE_S3_ENDPOINT_URL": s3, "JOBFENCE_S3_BUCKET": BUCKET,
                     "PYTHONPATH": str(REPO)}
-        self.procs: list[subprocess.Popen[str]] = []
+        self.conn = connect(dsn)
+        self.store = FencedStore(self.conn)
+        self.t0 = time.monotonic()
 
     def step(self, title: str) -> None:
-        print(f"\n{BOLD}== {title}{RESET}")
+        print(f"\n{BOLD}== {title}{RESET}  {DIM}(t+{time.monotonic() - self.t0:.0f}s){RESET}")
 
     def say(self, text: str) -> None:
         print(f"   {text}")
 
-    def cli(self, *args: str, expect: int = 0, show: bool = True) -> str:
+    def cli(self, *args: str, expect: int = 0, show: bool = True,
+            stdin: str | None = None) -> str:
         if show:
             print(f"{DIM}$ jobfence {' '.join(args)}{RESET}")
-        r = subprocess.run([sys.executable, "-m", "functions.cli", *args], env=self.env,
-                           cwd=REPO, capture_output=True, text=True, check=False)
+        r = subprocess.run([*JOBFENCE, *args], env=self.env, cwd=REPO, input=stdin,
+                           capture_output=True, text=True, check=False)
         if show and r.stdout.strip():
-            print(r.stdout.strip())
+            print("\n".join("   " + ln for ln in r.stdout.strip().splitlines()))
         if r.returncode != 0 and show:
             msg = [ln for ln in r.stderr.splitlines() if ln.startswith("jobfence:")]
             print(f"   -> exit {r.returncode}: {msg[-1] if msg else ''}")
@@ -57,50 +85,54 @@ class Demo:
     def enqueue(self, *args: str) -> str:
         return str(json.loads(self.cli("enqueue", *args, show=False))["job_id"])
 
-    def worker(self, name: str, max_jobs: int = 1) -> subprocess.Popen[str]:
-        p = subprocess.Popen([sys.executable, "-m", "functions.cli", "worker",
-                              "--max-jobs", str(max_jobs)],
-                             env={**self.env, "JOBFENCE_WORKER_ID": name}, cwd=REPO,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.procs.append(p)
-        return p
-
     def job(self, job_id: str) -> dict[str, Any]:
-        out = self.cli("status", job_id, "-o", "json", "--events", show=False)
-        return dict(json.loads(out))
+        row = self.store.get(UUID(job_id))
+        assert row is not None
+        return row
 
-    def wait_until(self, what: str, fn: Any, timeout: float = 30) -> None:
+    def wait_until(self, what: str, fn: Callable[[], object], timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while not fn():
             if time.monotonic() > deadline:
-                raise SystemExit(f"demo: timed out waiting for {what}")
+                rows = self.conn.execute("SELECT job_id, status, attempt_count, reason "
+                                         "FROM jobs WHERE status NOT IN ('succeeded') "
+                                         "ORDER BY job_id").fetchall()
+                raise SystemExit(f"demo: timed out waiting for {what}; not succeeded: "
+                                 + "; ".join(f"{r['job_id']} {r['status']} "
+                                             f"{r['attempt_count']} {r['reason']}"
+                                             for r in rows))
             time.sleep(0.1)
-
-    def cleanup(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGCONT)
-                p.kill()
-            p.communicate()
 
 
 def first_attempt_long(work: Path, name: str, seconds: int, echo: str) -> str:
     """A command that runs `seconds` on its first attempt, and quickly on a retry."""
     mark = work / f"{name}.started"
     script = (f'echo "{echo}"; if [ -e {mark} ]; then sleep 0.3; exit 0; fi; '
-              f"touch {mark}; sleep {seconds}")
+              f"touch {mark}; exec sleep {seconds}")
     return "command:" + json.dumps({"argv": ["sh", "-c", script]})
 
 
-def story(d: Demo) -> int:
+def worker_of(platform: LocalPlatform, claimed_by: str) -> Proc:
+    pid = int(claimed_by.rsplit(":", 1)[1])
+    [proc] = [w for w in platform.live_workers() if w.popen.pid == pid]
+    return proc
+
+
+def story(d: Demo, platform: LocalPlatform) -> int:
     d.step("1. schema: migrations under an advisory lock (twice is harmless)")
     d.cli("migrate")
-    d.cli("migrate")
+    d.cli("migrate", show=False)
 
-    d.step("2. enqueue table maintenance on exclusive resources")
-    orders = d.enqueue(first_attempt_long(d.work, "orders", 30, "compacting db.orders"),
+    d.step(f"2. {DATUMS} input files on S3 (moto, 127.0.0.1), then enqueue a realistic mix")
+    from shared.adapters.s3 import S3ObjectStore
+
+    s3 = S3ObjectStore(endpoint_url=d.env["JOBFENCE_S3_ENDPOINT_URL"])
+    s3.client.create_bucket(Bucket=BUCKET)
+    for i in range(DATUMS):
+        s3.put_bytes(BUCKET, f"inputs/day=2026-11-22/part-{i:03d}.txt", f"row {i}\n".encode())
+    orders = d.enqueue(first_attempt_long(d.work, "orders", 60, "compacting db.orders"),
                        "--resource", "db.orders", "--priority", "9")
-    users = d.enqueue(first_attempt_long(d.work, "users", 6, "compacting db.users"),
+    users = d.enqueue(first_attempt_long(d.work, "users", 60, "compacting db.users"),
                       "--resource", "db.users", "--priority", "8")
     events = d.enqueue('command:{"argv": ["sh", "-c", "echo compacting db.events; sleep 1"]}',
                        "--resource", "db.events")
@@ -113,78 +145,131 @@ def story(d: Demo) -> int:
     d.cli("enqueue", 'sleep:{"seconds": 1}', "--resource", "db.events", expect=3)
     d.say("a second job on db.events is refused by the database's unique index (exit 3)")
     d.cli("list")
+    upper = ('for f in "$JOBFENCE_INPUT_DIR"/*; do tr a-z A-Z < "$f" > '
+             '"$JOBFENCE_OUTPUT_DIR/$(basename "$f" .txt).out"; done')
+    spec = {"actions": [{"name": "command", "params": {"argv": ["sh", "-c", upper]}}],
+            "inputs": f"s3://{BUCKET}/inputs/day=2026-11-22/", "labels": {"kind": "export"}}
+    datum = json.loads(d.cli("enqueue", "--spec", "-", stdin=json.dumps(spec), show=False))
+    parent = str(datum["job_id"])
+    d.say(f"datum job {parent[:8]}…: {datum['children']} children, one per input file")
 
-    d.step("3. workers claim jobs; one is SIGKILLed and one is paused (SIGSTOP) mid-job")
-    w1 = d.worker("worker-1")
-    d.wait_until("worker-1 to claim db.orders", lambda: d.job(orders)["status"] == "running")
-    w2 = d.worker("worker-2")
-    d.wait_until("worker-2 to claim db.users", lambda: d.job(users)["status"] == "running")
-    w3 = d.worker("worker-3", max_jobs=10)
+    d.step("3. the local platform starts: KEDA's query spawns workers, CronJobs tick")
+    platform.start()
+    d.wait_until("db.orders and db.users to be claimed", lambda: all(
+        d.job(j)["status"] == "running" for j in (orders, users)))
+    d.say(f"KEDA stand-in: value of the ScaledJob query = {d.store.scaler_value()} "
+          f"(ready + claimed), {len(platform.live_workers())} workers running")
     time.sleep(1.0)
-    w1.send_signal(signal.SIGKILL)
-    d.say(f"{RED}SIGKILL{RESET} worker-1 while it runs the db.orders compaction "
-          "(its child dies with it)")
-    w2.send_signal(signal.SIGSTOP)
-    d.say(f"{RED}SIGSTOP{RESET} worker-2 while it runs the db.users compaction "
-          "(a long GC pause, a frozen node)")
-    w3.communicate(timeout=60)
-    d.say("worker-3 ran the other jobs; the flaky one failed once and waits out its backoff")
+    killed = worker_of(platform, d.job(orders)["claimed_by"])
+    killed.popen.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    d.say(f"{RED}SIGKILL{RESET} {killed.name} (pid {killed.popen.pid}) mid-way through the "
+          "db.orders compaction: an OOM kill, a lost node")
+    paused = worker_of(platform, d.job(users)["claimed_by"])
+    paused_attempt = d.job(users)["attempt_id"]
+    paused.popen.send_signal(signal.SIGSTOP)
+    d.say(f"{RED}SIGSTOP{RESET} {paused.name} (pid {paused.popen.pid}) mid-way through the "
+          "db.users compaction: a long GC pause, a frozen VM")
 
-    d.step("4. the leases run out; one sweeper pass rotates the fences")
-    d.wait_until("the leases to expire", lambda: all(
-        d.job(j)["lease_expires_at"] is None
-        or time.time() > _ts(d.job(j)["lease_expires_at"]) for j in (orders, users)))
-    d.cli("sweeper")
+    d.step("4. reconciliation notices the dead worker's pod is gone: no waiting for the lease")
+    d.wait_until("db.orders to be reclaimed", lambda: d.job(orders)["status"] != "running"
+                 or d.job(orders)["attempt_count"] > 1)
+    back = time.monotonic() - killed_at
+    d.say(f"db.orders back to pending {back:.1f} s after the kill: "
+          f"\"{d.job(orders)['reason'] or 'reclaimed'}\" (its lease had {LEASE} s to run)")
 
-    d.step("5. new workers (as KEDA would start them) finish both with a second attempt")
-    n = 4
-    deadline = time.monotonic() + 40
-    while any(d.job(j)["status"] not in ("succeeded", "failed") for j in (orders, users, flaky)):
-        if time.monotonic() > deadline:
-            raise SystemExit("demo: jobs did not finish in time")
-        d.worker(f"worker-{n}", max_jobs=5).communicate(timeout=60)
-        n += 1
-        time.sleep(0.3)
+    d.step("5. the paused worker still looks alive, so its lease runs out; the sweeper "
+           "rotates the fence")
+    d.wait_until("db.users to be reclaimed", lambda: d.job(users)["attempt_count"] > 1
+                 or d.job(users)["status"] == "pending", timeout=LEASE * 4)
+    d.say(f"db.users: \"{d.job(users)['reason']}\"")
+    d.wait_until("db.users to be finished by another worker",
+                 lambda: d.job(users)["status"] == "succeeded", timeout=60)
+    d.say("a new worker ran db.users again and finished it")
 
-    d.step("6. worker-2 wakes up (SIGCONT): its fence is gone, so it writes nothing")
-    w2.send_signal(signal.SIGCONT)
-    _, err = w2.communicate(timeout=30)
-    for line in err.splitlines():
+    d.step("6. the paused worker wakes up (SIGCONT): its fence is gone, it writes nothing")
+    paused.popen.send_signal(signal.SIGCONT)
+    paused.popen.wait(timeout=30)
+    for line in paused.log.read_text().splitlines():
         try:
             event = json.loads(line)
         except json.JSONDecodeError:
             continue
         if event.get("event") in ("self_fenced", "writeback_stale_attempt"):
-            d.say(f"{GREEN}worker-2 log:{RESET} {event['event']}: {event.get('message')}")
-    d.say(f"worker-2 exited {w2.returncode}")
+            d.say(f"{GREEN}{paused.name} log:{RESET} {event['event']}: {event.get('message')}")
+    d.say(f"{paused.name} exited {paused.popen.returncode} (until then its pod held a KEDA "
+          "slot: orphan-cleanup deletes such pods after its grace period)")
+    late = d.store.finish(job_id=UUID(users), attempt_id=paused_attempt, succeeded=False,
+                          error="late write from the paused worker")
+    d.say(f"its late terminal write, replayed by hand with its old attempt_id: "
+          f"{GREEN}{'matched no row' if late is None else 'ACCEPTED?!'}{RESET} — the fence")
 
-    d.step("7. what happened (from the audit trail)")
-    rows = [("db.orders", orders, "worker-1 SIGKILLed"), ("db.users", users, "worker-2 paused"),
-            ("db.events", events, ""), ("db.events.snapshots", expiry, "after db.events"),
-            ("db.clicks", flaky, "failed once, retried")]
-    print(f"   {'RESOURCE':<22}{'STATUS':<11}{'ATTEMPTS':<10}{'CLAIMS (audit)':<34}NOTE")
+    d.step("7. everything else finishes; the last child's worker finalizes the datum job")
+    d.wait_until("every job to finish", lambda: all(
+        d.job(j)["status"] in ("succeeded", "failed", "cancelled")
+        for j in (orders, users, events, expiry, flaky, parent)), timeout=90)
+    p = d.job(parent)
+    bucket, key = p["manifest"].removeprefix("s3://").split("/", 1)
+    manifest = json.loads(s3.get_bytes(bucket, key))
+    outputs = [u for item in manifest["items"] for u in item["outputs"]]
+    sample = s3.get_bytes(*outputs[0].removeprefix("s3://").split("/", 1)).decode().strip()
+    d.say(f"parent {p['status']}: {manifest['children']}; manifest {p['manifest']}")
+    d.say(f"{len(outputs)} committed outputs, e.g. {outputs[0].rsplit('/', 1)[1]} = {sample!r}")
+    time.sleep(SCHEDULE["orphan-cleanup"] + 1)  # one more orphan-cleanup tick
+    platform.stop()
+
+    return summary(d, platform, [
+        ("db.orders", orders, f"{killed.name} SIGKILLed → reconciliation"),
+        ("db.users", users, f"{paused.name} paused → sweeper; late write fenced"),
+        ("db.events", events, ""), ("db.events.snapshots", expiry, "after db.events"),
+        ("db.clicks", flaky, "failed once, retried with backoff"),
+        (f"export ({DATUMS} datums)", parent, "finalized once, manifest on S3")])
+
+
+def summary(d: Demo, platform: LocalPlatform, rows: list[tuple[str, str, str]]) -> int:
+    d.step("8. what happened, from the audit trail")
+    print(f"   {'JOB':<22}{'STATUS':<11}{'ATTEMPTS':<10}{'CLAIMED BY (audit)':<44}NOTE")
     ok = True
-    for resource, job_id, note in rows:
+    for what, job_id, note in rows:
         j = d.job(job_id)
-        claims = [e["reason"].removeprefix("claimed by ") for e in j["events"]
-                  if e["to_status"] == "running"]
-        terminal = [e for e in j["events"] if e["to_status"] in ("succeeded", "failed",
-                                                                    "cancelled")]
+        evs = d.store.events(UUID(job_id))
+        claims = [e["reason"].removeprefix("claimed by ").split(":")[-1] for e in evs
+                  if e["to_status"] == "running" and e["reason"].startswith("claimed by")]
+        terminal = [e for e in evs if e["to_status"] in ("succeeded", "failed", "cancelled")]
         ok &= j["status"] == "succeeded" and len(terminal) == 1
         colour = GREEN if j["status"] == "succeeded" else RED
-        print(f"   {resource:<22}{colour}{j['status']:<11}{RESET}"
-              f"{j['attempt_count']}/{j['max_attempts']:<8}{' -> '.join(claims):<34}{note}")
-    print()
-    d.cli("status", users, "--events")
-    verdict = ("every job finished exactly once" if ok else "SOMETHING WENT WRONG")
-    print(f"\n{BOLD}{verdict}.{RESET} Next: `make test`, and `jobfence --help`.")
+        chain = " → ".join(f"pid {c}" for c in claims) if claims else "(its children)"
+        attempts = "—" if j["is_parent"] else f"{j['attempt_count']}/{j['max_attempts']}"
+        print(f"   {what:<22}{colour}{j['status']:<11}{RESET}{attempts:<10}{chain:<44}{note}")
+    children = d.store.children_counts(UUID(rows[-1][1]))
+    print(f"\n   children of the datum job: {children}")
+    running = d.conn.execute("SELECT count(*) AS n FROM jobs WHERE status = 'running' "
+                             "AND NOT is_parent").fetchone()
+    twice = d.conn.execute("""SELECT count(*) AS n FROM (SELECT job_id FROM job_events
+        WHERE to_status IN ('succeeded', 'failed', 'cancelled') GROUP BY job_id
+        HAVING count(*) > 1) t""").fetchone()
+    ok &= running is not None and running["n"] == 0 and twice is not None and twice["n"] == 0
+    print(f"\n   {'FUNCTION':<18}{'RUNS':<7}{'LAST':<11}WHAT IT DID (totals)")
+    totals: dict[str, dict[str, float]] = {}
+    for t in d.store.function_totals():
+        totals.setdefault(t["function"], {})[t["item"]] = float(t["total"])
+    interesting = ("reclaimed", "missing_pods_detected", "status_drift_detected",
+                   "parents_succeeded", "dependents_released", "orphaned_objects_deleted",
+                   "finished_pods_deleted", "retention_jobs_deleted", "expired_cancelled")
+    for s in d.store.function_status():
+        name = s["function"]
+        counts = ", ".join(f"{k} {v:g}" for k, v in totals.get(name, {}).items()
+                           if k in interesting and v)
+        runs = sum(v for k, v in totals.get(name, {}).items() if k.startswith("run:"))
+        print(f"   {name:<18}{runs:<7g}{s['last_status']:<11}{counts or '—'}")
+    exits = ", ".join(f"{k}: {v}" for k, v in sorted(platform.exits.items()) if "worker" in k)
+    print(f"\n   workers started by the KEDA stand-in: {platform.workers_started} ({exits})")
+    print(f"   jobs still running: {running['n'] if running else '?'}; "
+          f"jobs with two terminal writes: {twice['n'] if twice else '?'}")
+    verdict = (f"{GREEN}every job finished exactly once; nothing lost, nothing stuck{RESET}"
+               if ok else f"{RED}SOMETHING WENT WRONG{RESET}")
+    print(f"\n{BOLD}{verdict}.{RESET} Next: `make test`, `jobfence --help`, manifests/.")
     return 0 if ok else 1
-
-
-def _ts(iso: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(iso).timestamp()
 
 
 def main() -> int:
@@ -197,12 +282,17 @@ def main() -> int:
             pg = stack.enter_context(EmbeddedPostgres())
             dsn = pg.dsn
             print(f"embedded PostgreSQL on 127.0.0.1:{pg.port} (deleted at exit)")
-        import tempfile
+        from bench.common import moto_server
 
+        s3 = stack.enter_context(moto_server())
+        print(f"moto S3 server on {s3} (in memory, gone at exit)")
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="jobfence-demo-")))
-        demo = Demo(dsn, work)
-        stack.callback(demo.cleanup)
-        code = story(demo)
+        demo = Demo(dsn, s3, work)
+        stack.callback(demo.conn.close)
+        schedule = {f: every for f, every in SCHEDULE.items() if f in COMMANDS}
+        platform = LocalPlatform(dsn, demo.env, work / "logs", schedules=schedule)
+        stack.callback(platform.stop)
+        code = story(demo, platform)
     print(f"{DIM}demo took {time.monotonic() - started:.0f}s{RESET}")
     return code
 

@@ -1,0 +1,173 @@
+"""KEDA and the CronJobs, on one machine: what the demo and the chaos run schedule jobfence
+with when there is no cluster.
+
+* **KEDA stand-in**: every ``poll_seconds`` it runs the worker ScaledJob's own trigger query
+  (``queue_keda_count``, the text manifests/ embeds) and applies KEDA's ``default`` scaling
+  strategy — start ``min(max, ceil(value / target)) - running`` new workers — each a
+  ``jobfence worker`` process (one job, then exit, as a ScaledJob pod does) whose worker id
+  is ``local:HOST:PID``, so the ``local`` cluster can vouch for it.
+* **CronJob stand-in**: each periodic function runs as its own short-lived process on a
+  compressed schedule; a run still going when the next tick comes is skipped
+  (``concurrencyPolicy: Forbid``).
+
+Logs of every process go to files under ``logs/``; the exit codes are kept for the summary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+
+from shared.db import Connection, connect
+from shared.errors import JobfenceError, StoreUnavailable
+from shared.queries import QUERIES
+
+REPO = Path(__file__).resolve().parent.parent
+JOBFENCE = [sys.executable, "-m", "functions.cli"]
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    started: float = field(default_factory=time.monotonic)
+    exit_code: int | None = None
+
+
+class LocalPlatform:
+    def __init__(self, dsn: str, env: dict[str, str], logs: Path, *,
+                 schedules: dict[str, float], poll_seconds: float = 0.5,
+                 max_workers: int = 8, target: int = 1,
+                 worker_args: tuple[str, ...] = ()) -> None:
+        self.dsn, self.env, self.logs = dsn, {**env, "JOBFENCE_CLUSTER": "local"}, logs
+        self.schedules = schedules
+        self.poll_seconds, self.max_workers, self.target = poll_seconds, max_workers, target
+        self.worker_args = worker_args
+        self.workers: list[Proc] = []
+        self.functions: dict[str, Proc] = {}
+        self.exits: Counter[str] = Counter()
+        self.function_runs: Counter[str] = Counter()
+        self.workers_started = 0
+        self.paused = False
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="local-platform", daemon=True)
+        self._next = {name: time.monotonic() for name in schedules}
+        self.on_spawn: Callable[[Proc], None] | None = None
+        logs.mkdir(parents=True, exist_ok=True)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> LocalPlatform:
+        self._thread.start()
+        return self
+
+    def stop(self, kill_workers: bool = True) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        with self._lock:
+            procs = [*self.workers, *self.functions.values()]
+        for p in procs:
+            if p.popen.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.popen.send_signal(18)  # SIGCONT: a paused process must be able to die
+                    if kill_workers:
+                        p.popen.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.popen.wait(timeout=30)
+
+    def live_workers(self) -> list[Proc]:
+        with self._lock:
+            return [w for w in self.workers if w.popen.poll() is None]
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        conn: Connection | None = None
+        try:
+            while not self._stop.wait(self.poll_seconds):
+                self._reap()
+                if self.paused:
+                    continue
+                try:
+                    conn = conn if conn is not None and not conn.closed else connect(
+                        self.dsn, application_name="jobfence-local-keda")
+                    self._scale(conn)
+                except JobfenceError:  # the database may be restarting: KEDA retries too
+                    if conn is not None:
+                        with contextlib.suppress(Exception):
+                            conn.close()
+                    conn = None
+                self._cron()
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _reap(self) -> None:
+        """Note the exit of every process that ended since the last tick."""
+        with self._lock:
+            for w in self.workers:
+                code = w.popen.poll()
+                if code is not None and w.exit_code is None:
+                    w.exit_code = code
+                    self.exits[f"worker exit {code}"] += 1
+            self.workers = [w for w in self.workers if w.exit_code is None]
+            for name, p in list(self.functions.items()):
+                code = p.popen.poll()
+                if code is not None:
+                    self.exits[f"{name} exit {code}"] += 1
+                    del self.functions[name]
+
+    def _scale(self, conn: Connection) -> None:
+        try:
+            row = conn.execute(QUERIES["queue_keda_count"]).fetchone()
+        except psycopg.Error as exc:
+            raise StoreUnavailable(str(exc)) from exc
+        assert row is not None
+        value = int(row["value"])
+        running = len(self.live_workers())
+        wanted = min(self.max_workers, math.ceil(value / self.target)) - running
+        for _ in range(max(0, wanted)):
+            self.spawn_worker()
+
+    def spawn_worker(self) -> Proc:
+        self.workers_started += 1
+        name = f"worker-{self.workers_started}"
+        log = self.logs / f"{name}.log"
+        with log.open("wb") as f:
+            popen = subprocess.Popen([*JOBFENCE, "worker", *self.worker_args], env=self.env,
+                                     cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
+        proc = Proc(name, popen, log)
+        with self._lock:
+            self.workers.append(proc)
+        if self.on_spawn:
+            self.on_spawn(proc)
+        return proc
+
+    def _cron(self) -> None:
+        now = time.monotonic()
+        for name, every in self.schedules.items():
+            if now < self._next[name]:
+                continue
+            self._next[name] = now + every
+            with self._lock:
+                if name in self.functions:  # concurrencyPolicy: Forbid
+                    self.exits[f"{name} tick skipped (Forbid)"] += 1
+                    continue
+                self.function_runs[name] += 1
+                log = self.logs / f"{name}.log"
+                with log.open("ab") as f:
+                    popen = subprocess.Popen([*JOBFENCE, name], env=self.env, cwd=REPO,
+                                             stdout=f, stderr=subprocess.STDOUT)
+                self.functions[name] = Proc(name, popen, log)
