@@ -8,6 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+CHAOS_ARGS ?=
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -39,10 +40,13 @@ demo: $(STAMP) ## run the main story end to end on embedded defaults
 bench: $(STAMP) ## run the benchmarks, write docs/BENCHMARKS.md (BENCH_ARGS="--quick" for a smoke run)
 	$(PY) -m bench.run $(BENCH_ARGS)
 
+chaos: $(STAMP) ## fault-injection run: thousands of jobs, SIGKILL/SIGTERM/SIGSTOP, DB restart; judged by the audit trail (CHAOS_ARGS="--jobs 300 --quick" for a short one)
+	$(PY) -m bench.chaos $(CHAOS_ARGS)
+
 schema-snapshot: $(STAMP) ## regenerate tests/integration/expected_schema.txt after a migration
 	JOBFENCE_UPDATE_SCHEMA_SNAPSHOT=1 $(PY) -m pytest -q tests/integration/test_migrations.py -k expected_schema
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache build *.egg-info
 
-.PHONY: help venv postgres-check lint test demo bench schema-snapshot clean
+.PHONY: help venv postgres-check lint test demo bench chaos schema-snapshot clean

@@ -1,0 +1,337 @@
+"""`make chaos`: jobfence under fire, judged by its audit trail.
+
+Thousands of jobs of every kind — plain, on exclusive resources, flaky with retries, with
+run timeouts, chained by dependencies, datum parents on S3 — while worker processes are
+started continuously the way KEDA would (demo/platform.py, the ScaledJob's own query) and
+the periodic functions run on a compressed schedule. A fault injector meanwhile SIGKILLs,
+SIGTERMs and pauses workers past their lease (SIGSTOP, then SIGCONT), terminates worker
+database connections, cancels jobs, and restarts PostgreSQL once.
+
+Then the faults stop, the system drains, and bench/chaos_checks.py judges the run from the
+audit trail and the object store. A table of faults injected and invariants checked is
+printed; the exit code is 1 on any violation.
+
+    python -m bench.chaos                      # full size: 3,000 jobs
+    python -m bench.chaos --jobs 300 --quick   # the short run `make test` includes
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.chaos_checks import Verdict, check_database, check_manifests  # noqa: E402
+from bench.common import moto_server  # noqa: E402
+from demo.platform import LocalPlatform, Proc  # noqa: E402
+from functions.cli import COMMANDS  # noqa: E402
+from functions.enqueue import run_once as enqueue  # noqa: E402
+from shared.adapters.s3 import S3ObjectStore  # noqa: E402
+from shared.db import connect  # noqa: E402
+from shared.embedded_pg import EmbeddedPostgres  # noqa: E402
+from shared.errors import JobfenceError, ResourceBusy, StoreUnavailable  # noqa: E402
+from shared.migrations import migrate  # noqa: E402
+from shared.settings import Settings  # noqa: E402
+from shared.spec import parse_specs  # noqa: E402
+from shared.store import ACTIVE, FencedStore  # noqa: E402
+
+LEASE = 3.0
+BUCKET = "chaos"
+RESOURCES = [f"db.table_{i}" for i in range(12)]
+SCHEDULE = {"sweeper": 1.0, "reconciliation": 1.5, "export-finalize": 1.0, "lifecycle": 2.0,
+            "orphan-cleanup": 3.0}
+
+
+def chaos_env(dsn: str, s3: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOBFENCE_")}
+    env.update({
+        "JOBFENCE_DATABASE_URL": dsn, "PYTHONPATH": str(REPO),
+        "JOBFENCE_LEASE_SECONDS": str(LEASE), "JOBFENCE_HEARTBEAT_SECONDS": "0.4",
+        "JOBFENCE_RETRY_BASE_SECONDS": "0.2", "JOBFENCE_RETRY_MAX_SECONDS": "2",
+        "JOBFENCE_CONNECT_TIMEOUT_SECONDS": "2", "JOBFENCE_RECONCILE_GRACE_SECONDS": "0",
+        "JOBFENCE_ORPHAN_OBJECT_GRACE_SECONDS": "30", "JOBFENCE_ORPHAN_POD_GRACE_SECONDS": "30",
+        "JOBFENCE_LOG_FORMAT": "json", "JOBFENCE_LOG_LEVEL": "warning",
+        "JOBFENCE_TRIGGER": "scheduled", "JOBFENCE_S3_ENDPOINT_URL": s3,
+        "JOBFENCE_S3_BUCKET": BUCKET, "AWS_ACCESS_KEY_ID": "chaos",
+        "AWS_SECRET_ACCESS_KEY": "chaos"})
+    return env
+
+
+def sleep_action(lo: float, hi: float) -> dict[str, Any]:
+    return {"name": "sleep", "params": {"seconds": round(random.uniform(lo, hi), 3)}}
+
+
+def flaky_action(fail_percent: int) -> dict[str, Any]:
+    script = (f"sleep 0.$(( $(od -An -N1 -tu1 /dev/urandom) % 3 )); "
+              f"[ $(( $(od -An -N1 -tu1 /dev/urandom) % 100 )) -ge {fail_percent} ]")
+    return {"name": "command", "params": {"argv": ["sh", "-c", script]}}
+
+
+UPPER = ('for f in "$JOBFENCE_INPUT_DIR"/*; do sleep 0.1; tr a-z A-Z < "$f" > '
+         '"$JOBFENCE_OUTPUT_DIR/$(basename "$f").out"; done')
+
+
+class Feeder(threading.Thread):
+    """Enqueues the mix through the real enqueue path, until ``total`` jobs exist."""
+
+    def __init__(self, settings: Settings, objects: S3ObjectStore, total: int,
+                 counts: Counter[str]) -> None:
+        super().__init__(name="feeder", daemon=True)
+        self.settings, self.objects, self.total, self.counts = settings, objects, total, counts
+        self.created = 0
+        self.done = threading.Event()
+        self.recent: list[str] = []
+        self.datums = 0
+
+    def _spec(self) -> dict[str, Any]:
+        r = random.random()
+        if r < 0.35:
+            self.counts["kind: plain"] += 1
+            return {"actions": [sleep_action(0.02, 0.4)]}
+        if r < 0.55:
+            self.counts["kind: exclusive resource"] += 1
+            return {"actions": [sleep_action(0.05, 0.6), sleep_action(0, 0.2)],
+                    "resource": random.choice(RESOURCES)}
+        if r < 0.72:
+            self.counts["kind: flaky, retried"] += 1
+            return {"actions": [flaky_action(35)], "max_attempts": 4}
+        if r < 0.78:
+            self.counts["kind: run timeout"] += 1
+            return {"actions": [sleep_action(1.5, 2.5)], "timeout": "PT1S", "max_attempts": 2}
+        if r < 0.92 and self.recent:
+            self.counts["kind: after a dependency"] += 1
+            return {"actions": [sleep_action(0.02, 0.2)], "after": [random.choice(self.recent)]}
+        if r < 0.95:
+            self.counts["kind: datum parent"] += 1
+            prefix = f"inputs/{self.datums}/"
+            self.datums += 1
+            for i in range(random.randint(3, 8)):
+                self.objects.put_bytes(BUCKET, f"{prefix}part-{i}.txt", f"datum {i}\n".encode())
+            return {"actions": [{"name": "command", "params": {"argv": ["sh", "-c", UPPER]}}],
+                    "inputs": f"s3://{BUCKET}/{prefix}", "max_attempts": 4}
+        self.counts["kind: plain"] += 1
+        return {"actions": [sleep_action(0.02, 0.4)]}
+
+    def run(self) -> None:
+        conn = None
+        while self.created < self.total:
+            spec = self._spec()
+            try:
+                if conn is None or conn.closed:
+                    conn = connect(self.settings.database_url, application_name="chaos-feeder")
+                report = enqueue(self.settings, FencedStore(conn), parse_specs(spec),
+                                 objects=lambda: self.objects)
+            except ResourceBusy:
+                self.counts["enqueue refused: resource busy"] += 1
+                time.sleep(0.01)
+                continue
+            except (StoreUnavailable, JobfenceError) as exc:
+                if isinstance(exc, StoreUnavailable):
+                    self.counts["enqueue retried: database unavailable"] += 1
+                    conn = None
+                    time.sleep(0.5)
+                    continue
+                raise
+            job = report.jobs[0]
+            self.created += 1 + (job.children or 0)
+            self.recent = [*self.recent[-20:], str(job.job_id)]
+            time.sleep(random.uniform(0, 0.01))
+        if conn is not None:
+            conn.close()
+        self.done.set()
+
+
+class Injector(threading.Thread):
+    """Random faults every ``period`` seconds; PostgreSQL is restarted once, half-way."""
+
+    def __init__(self, platform: LocalPlatform, pg: EmbeddedPostgres, dsn: str,
+                 duration: float, period: float, faults: Counter[str]) -> None:
+        super().__init__(name="injector", daemon=True)
+        self.platform, self.pg, self.dsn = platform, pg, dsn
+        self.duration, self.period, self.faults = duration, period, faults
+        self.stop = threading.Event()
+        self.paused: list[tuple[Proc, float]] = []
+
+    def run(self) -> None:
+        started = time.monotonic()
+        restarted = False
+        while not self.stop.wait(random.uniform(0.5, 1.5) * self.period):
+            self._resume_due()
+            if time.monotonic() - started > self.duration:
+                break
+            if not restarted and time.monotonic() - started > self.duration / 2:
+                restarted = True
+                self._restart_postgres()
+                continue
+            random.choice([self._sigkill, self._sigkill, self._sigterm, self._pause,
+                           self._terminate_backend, self._terminate_backend, self._cancel])()
+        self.resume_all()
+
+    def _victim(self) -> Proc | None:
+        paused = {p.popen.pid for p, _ in self.paused}
+        live = [w for w in self.platform.live_workers() if w.popen.pid not in paused]
+        return random.choice(live) if live else None
+
+    def _signal(self, sig: int, name: str) -> Proc | None:
+        w = self._victim()
+        if w is None:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            w.popen.send_signal(sig)
+            self.faults[name] += 1
+            return w
+        return None
+
+    def _sigkill(self) -> None:
+        self._signal(signal.SIGKILL, "SIGKILL a worker")
+
+    def _sigterm(self) -> None:
+        self._signal(signal.SIGTERM, "SIGTERM a worker")
+
+    def _pause(self) -> None:
+        w = self._signal(signal.SIGSTOP, "SIGSTOP a worker past its lease, then SIGCONT")
+        if w is not None:
+            self.paused.append((w, time.monotonic() + LEASE + random.uniform(0.5, 2.5)))
+
+    def _resume_due(self) -> None:
+        now = time.monotonic()
+        for w, at in [p for p in self.paused if p[1] <= now]:
+            with contextlib.suppress(ProcessLookupError):
+                w.popen.send_signal(signal.SIGCONT)
+        self.paused = [p for p in self.paused if p[1] > now]
+
+    def resume_all(self) -> None:
+        for w, _ in self.paused:
+            with contextlib.suppress(ProcessLookupError):
+                w.popen.send_signal(signal.SIGCONT)
+        self.paused = []
+
+    def _terminate_backend(self) -> None:
+        with contextlib.suppress(Exception), connect(self.dsn) as conn:
+            rows = conn.execute("""
+                SELECT pg_terminate_backend(pid) AS ok FROM pg_stat_activity
+                WHERE application_name IN ('jobfence-worker', 'jobfence-heartbeat')
+                ORDER BY random() LIMIT 1""").fetchall()
+            if rows:
+                self.faults["terminate a worker's database connection"] += 1
+
+    def _cancel(self) -> None:
+        with contextlib.suppress(Exception), connect(self.dsn) as conn:
+            row = conn.execute("SELECT job_id FROM jobs WHERE status IN ('pending', "
+                               "'running') AND parent_id IS NULL ORDER BY random() "
+                               "LIMIT 1").fetchone()
+            if row:
+                FencedStore(conn).cancel(job_id=row["job_id"], reason="cancelled by chaos")
+                self.faults["cancel a job (operator)"] += 1
+
+    def _restart_postgres(self) -> None:
+        self.pg.restart(down_seconds=2.0)
+        self.faults["restart PostgreSQL (crash stop, 2 s down)"] += 1
+
+
+def wait_drained(dsn: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception), connect(dsn) as conn:
+            row = conn.execute("SELECT count(*) AS n FROM jobs WHERE status = ANY(%s)",
+                               (list(ACTIVE),)).fetchone()
+            if row and row["n"] == 0:
+                return True
+        time.sleep(1.0)
+    return False
+
+
+def table(title: str, rows: list[tuple[str, str]]) -> None:
+    width = max(len(a) for a, _ in rows) + 2
+    print(f"\n{title}")
+    for a, b in rows:
+        print(f"  {a:<{width}}{b}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--jobs", type=int, default=3000, help="jobs to enqueue (children count)")
+    p.add_argument("--workers", type=int, default=6, help="most worker processes at once")
+    p.add_argument("--fault-period", type=float, default=1.0, help="seconds between faults")
+    p.add_argument("--drain-timeout", type=float, default=300.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--quick", action="store_true", help="shorter fault phase (make test)")
+    args = p.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    random.seed(seed)
+    started = time.monotonic()
+    faults: Counter[str] = Counter()
+    kinds: Counter[str] = Counter()
+    with contextlib.ExitStack() as stack:
+        pg = stack.enter_context(EmbeddedPostgres())
+        s3 = stack.enter_context(moto_server())
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="jobfence-chaos-")))
+        conn = connect(pg.dsn)
+        migrate(conn)
+        conn.close()
+        env = chaos_env(pg.dsn, s3)
+        objects = S3ObjectStore(endpoint_url=s3)
+        objects.client.create_bucket(Bucket=BUCKET)
+        settings = Settings(database_url=pg.dsn, s3_bucket=BUCKET, s3_endpoint_url=s3)
+        schedule = {f: every for f, every in SCHEDULE.items() if f in COMMANDS}
+        platform = LocalPlatform(pg.dsn, env, work / "logs", schedules=schedule,
+                                 poll_seconds=0.3, max_workers=args.workers,
+                                 worker_args=("--max-jobs", "20"))
+        stack.callback(platform.stop)
+        feeder = Feeder(settings, objects, args.jobs, kinds)
+        print(f"chaos: seed {seed}, {args.jobs} jobs, up to {args.workers} workers, "
+              f"PostgreSQL on 127.0.0.1:{pg.port}, S3 on {s3}", flush=True)
+        platform.start()
+        feeder.start()
+        # Faults for as long as the work keeps coming in, and a little after.
+        duration = 20.0 if args.quick else max(60.0, args.jobs / 25)
+        injector = Injector(platform, pg, pg.dsn, duration, args.fault_period, faults)
+        injector.start()
+        feeder.join()
+        injector.join()
+        print(f"chaos: {feeder.created} jobs enqueued, faults done after "
+              f"{time.monotonic() - started:.0f}s; draining", flush=True)
+        drained = wait_drained(pg.dsn, args.drain_timeout)
+        platform.stop()
+        with connect(pg.dsn) as conn:
+            verdicts = check_database(conn)
+            verdicts.append(check_manifests(conn, lambda: objects))
+            if not drained:
+                verdicts.append(Verdict("the queue drained within the timeout", ["timeout"]))
+            totals = conn.execute("SELECT status, count(*) AS n FROM jobs GROUP BY status "
+                                  "ORDER BY status").fetchall()
+            claims = conn.execute("SELECT count(*) AS n FROM job_events "
+                                  "WHERE to_status = 'running' AND attempt_id IS NOT NULL"
+                                  ).fetchone()
+        table("jobs by kind", sorted((k, str(v)) for k, v in kinds.items()))
+        table("faults injected", sorted((k, str(v)) for k, v in faults.items()))
+        table("processes", sorted((k, str(v)) for k, v in platform.exits.items()))
+        table("outcome", [(r["status"], str(r["n"])) for r in totals]
+              + [("claims (attempts started)", str(claims["n"] if claims else 0))])
+        table("invariants (from the audit trail and the object store)",
+              [(v.name, "ok" if v.ok else f"VIOLATED: {json.dumps(v.violations, default=str)}")
+               for v in verdicts])
+        bad = [v for v in verdicts if not v.ok]
+        print(f"\nchaos: {'FAILED' if bad else 'passed'} in {time.monotonic() - started:.0f}s "
+              f"(seed {seed}; reproduce the mix with --seed {seed})")
+        if bad:
+            print(f"chaos: logs kept in {work}/logs", file=sys.stderr)
+        return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

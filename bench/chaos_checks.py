@@ -1,0 +1,127 @@
+"""The invariants a chaos run is judged by, read from the database's audit trail and the
+object store — never from what the workers said about themselves.
+
+Each check is one SQL statement returning its violations (at most a few examples each), so
+a run of thousands of jobs is judged in a second.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.db import Connection
+from shared.objectstore import ObjectStore, parse_s3_url
+
+# Each claim's fence window: from its claim event to the next event of the job (the
+# transition that ended the claim: a terminal write, a release, or a rotation).
+WINDOWS = """
+WITH ev AS (
+    SELECT e.*, lead(e.at) OVER w AS next_at, lead(e.event_id) OVER w AS next_id
+    FROM job_events e
+    WINDOW w AS (PARTITION BY e.job_id ORDER BY e.event_id)
+)
+SELECT job_id, attempt_id, at AS claimed_at, next_at AS ended_at
+FROM ev WHERE to_status = 'running' AND attempt_id IS NOT NULL
+"""
+
+CHECKS: dict[str, str] = {
+    "every job is terminal (nothing lost, nothing stuck)": """
+        SELECT job_id, status FROM jobs
+        WHERE status IN ('waiting', 'pending', 'running') LIMIT 5""",
+    "exactly one terminal transition per job": """
+        SELECT j.job_id, count(e.event_id) AS terminal_events FROM jobs j
+        LEFT JOIN job_events e ON e.job_id = j.job_id
+            AND e.to_status IN ('succeeded', 'failed', 'cancelled')
+        GROUP BY j.job_id HAVING count(e.event_id) <> 1 LIMIT 5""",
+    "no transition after the terminal one": """
+        SELECT t.job_id, e.from_status, e.to_status FROM job_events t
+        JOIN job_events e ON e.job_id = t.job_id AND e.event_id > t.event_id
+        WHERE t.to_status IN ('succeeded', 'failed', 'cancelled') LIMIT 5""",
+    "every move out of running names the claim that held the fence": """
+        WITH ev AS (
+            SELECT e.*, lag(e.to_status) OVER w AS prev_to, lag(e.attempt_id) OVER w AS prev_att
+            FROM job_events e WINDOW w AS (PARTITION BY e.job_id ORDER BY e.event_id))
+        SELECT job_id, attempt_id, prev_att FROM ev
+        WHERE from_status = 'running' AND prev_to = 'running'
+          AND attempt_id IS DISTINCT FROM prev_att LIMIT 5""",
+    "a succeeded job's result was written by its last claim": """
+        SELECT j.job_id FROM jobs j
+        WHERE j.status = 'succeeded' AND NOT j.is_parent AND j.attempt_id IS DISTINCT FROM (
+            SELECT e.attempt_id FROM job_events e WHERE e.job_id = j.job_id
+              AND e.to_status = 'running' ORDER BY e.event_id DESC LIMIT 1) LIMIT 5""",
+    "no action result written outside its attempt's fence window": f"""
+        WITH w AS ({WINDOWS})
+        SELECT r.job_id, r.attempt_id, r.action_index FROM job_action_results r
+        LEFT JOIN w ON w.job_id = r.job_id AND w.attempt_id = r.attempt_id
+        WHERE w.job_id IS NULL OR r.finished_at < w.claimed_at
+           OR (w.ended_at IS NOT NULL AND r.finished_at > w.ended_at) LIMIT 5""",
+    "no output registered or confirmed outside its attempt's fence window": f"""
+        WITH w AS ({WINDOWS})
+        SELECT o.job_id, o.attempt_id, o.path FROM job_outputs o
+        LEFT JOIN w ON w.job_id = o.job_id AND w.attempt_id = o.attempt_id
+        WHERE w.job_id IS NULL OR o.created_at < w.claimed_at
+           OR (w.ended_at IS NOT NULL AND o.updated_at > w.ended_at) LIMIT 5""",
+    "attempt_count never exceeds max_attempts, and counts the claims": """
+        SELECT j.job_id, j.attempt_count, j.max_attempts,
+            (SELECT count(*) FROM job_events e WHERE e.job_id = j.job_id
+               AND e.to_status = 'running' AND e.attempt_id IS NOT NULL) AS claims
+        FROM jobs j WHERE NOT j.is_parent AND (j.attempt_count > j.max_attempts
+            OR j.attempt_count <> (SELECT count(*) FROM job_events e WHERE e.job_id = j.job_id
+               AND e.to_status = 'running' AND e.attempt_id IS NOT NULL)) LIMIT 5""",
+    "never two active jobs on one resource": """
+        WITH life AS (
+            SELECT j.job_id, j.resource,
+                (SELECT min(e.at) FROM job_events e WHERE e.job_id = j.job_id) AS born,
+                (SELECT min(e.at) FROM job_events e WHERE e.job_id = j.job_id
+                   AND e.to_status IN ('succeeded', 'failed', 'cancelled')) AS died
+            FROM jobs j WHERE j.resource IS NOT NULL)
+        SELECT a.resource, a.job_id, b.job_id FROM life a JOIN life b
+          ON a.resource = b.resource AND a.job_id < b.job_id
+         AND a.born < coalesce(b.died, 'infinity') AND b.born < coalesce(a.died, 'infinity')
+        LIMIT 5""",
+    "a finalized parent's counts match its children": """
+        SELECT p.job_id FROM jobs p WHERE p.is_parent AND (
+            (p.status = 'succeeded') <> NOT EXISTS (SELECT 1 FROM jobs c
+                WHERE c.parent_id = p.job_id AND c.status <> 'succeeded')) LIMIT 5""",
+}
+
+
+@dataclass
+class Verdict:
+    name: str
+    violations: list[Any] = field(default_factory=list)
+    checked: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def check_database(conn: Connection) -> list[Verdict]:
+    out = []
+    for name, sql in CHECKS.items():
+        rows = conn.execute(sql).fetchall()  # type: ignore[call-overload]
+        out.append(Verdict(name, [dict(r) for r in rows]))
+    return out
+
+
+def check_manifests(conn: Connection, objects: Callable[[], ObjectStore]) -> Verdict:
+    """Every output a manifest lists is a committed one: the child succeeded and the output
+    belongs to the attempt that won its terminal write."""
+    v = Verdict("no committed output from a losing attempt (manifests)")
+    winners = {str(r["job_id"]): (r["status"], str(r["attempt_id"])) for r in conn.execute(
+        "SELECT job_id, status, attempt_id FROM jobs WHERE parent_id IS NOT NULL")}
+    for row in conn.execute("SELECT job_id, manifest FROM jobs WHERE is_parent "
+                            "AND manifest IS NOT NULL"):
+        manifest = json.loads(objects().get_bytes(*parse_s3_url(row["manifest"])))
+        for item in manifest["items"]:
+            status, attempt = winners.get(item["job_id"], ("missing", ""))
+            for url in item["outputs"]:
+                v.checked += 1
+                if status != "succeeded" or f"/{item['job_id']}/{attempt}/" not in url:
+                    v.violations.append({"child": item["job_id"], "output": url,
+                                         "child_status": status})
+    return v
