@@ -168,6 +168,9 @@ class Injector(threading.Thread):
     def run(self) -> None:
         started = time.monotonic()
         restarted = False
+        kinds = [self._sigkill, self._sigterm, self._pause, self._terminate_backend,
+                 self._cancel]
+        first = random.sample(kinds, len(kinds))  # every kind at least once, then at random
         while not self.stop.wait(random.uniform(0.5, 1.5) * self.period):
             self._resume_due()
             if time.monotonic() - started > self.duration:
@@ -176,8 +179,10 @@ class Injector(threading.Thread):
                 restarted = True
                 self._restart_postgres()
                 continue
-            random.choice([self._sigkill, self._sigkill, self._sigterm, self._pause,
-                           self._terminate_backend, self._terminate_backend, self._cancel])()
+            fault = first[-1] if first else random.choice([*kinds, self._sigkill,
+                                                            self._terminate_backend])
+            if fault() and first and fault is first[-1]:
+                first.pop()  # applied: on to the next kind that has not happened yet
         self.resume_all()
 
     def _victim(self) -> Proc | None:
@@ -195,16 +200,17 @@ class Injector(threading.Thread):
             return w
         return None
 
-    def _sigkill(self) -> None:
-        self._signal(signal.SIGKILL, "SIGKILL a worker")
+    def _sigkill(self) -> bool:
+        return self._signal(signal.SIGKILL, "SIGKILL a worker") is not None
 
-    def _sigterm(self) -> None:
-        self._signal(signal.SIGTERM, "SIGTERM a worker")
+    def _sigterm(self) -> bool:
+        return self._signal(signal.SIGTERM, "SIGTERM a worker") is not None
 
-    def _pause(self) -> None:
+    def _pause(self) -> bool:
         w = self._signal(signal.SIGSTOP, "SIGSTOP a worker past its lease, then SIGCONT")
         if w is not None:
             self.paused.append((w, time.monotonic() + LEASE + random.uniform(0.5, 2.5)))
+        return w is not None
 
     def _resume_due(self) -> None:
         now = time.monotonic()
@@ -219,7 +225,7 @@ class Injector(threading.Thread):
                 w.popen.send_signal(signal.SIGCONT)
         self.paused = []
 
-    def _terminate_backend(self) -> None:
+    def _terminate_backend(self) -> bool:
         with contextlib.suppress(Exception), connect(self.dsn) as conn:
             rows = conn.execute("""
                 SELECT pg_terminate_backend(pid) AS ok FROM pg_stat_activity
@@ -227,8 +233,10 @@ class Injector(threading.Thread):
                 ORDER BY random() LIMIT 1""").fetchall()
             if rows:
                 self.faults["terminate a worker's database connection"] += 1
+                return True
+        return False
 
-    def _cancel(self) -> None:
+    def _cancel(self) -> bool:
         with contextlib.suppress(Exception), connect(self.dsn) as conn:
             row = conn.execute("SELECT job_id FROM jobs WHERE status IN ('pending', "
                                "'running') AND parent_id IS NULL ORDER BY random() "
@@ -236,6 +244,8 @@ class Injector(threading.Thread):
             if row:
                 FencedStore(conn).cancel(job_id=row["job_id"], reason="cancelled by chaos")
                 self.faults["cancel a job (operator)"] += 1
+                return True
+        return False
 
     def _restart_postgres(self) -> None:
         self.pg.restart(down_seconds=2.0)
