@@ -63,6 +63,19 @@ def test_every_periodic_function_has_a_cronjob_on_its_schedule(base: list[Obj]) 
         assert crons[name]["spec"]["schedule"] == schedule, name
 
 
+def test_the_periodic_functions_are_those_of_the_contract() -> None:
+    """CONTRACT.md lives beside the repository (../shared); its entrypoints table says
+    which functions a CronJob starts."""
+    contract = REPO.parent / "shared" / "CONTRACT.md"
+    if not contract.exists():
+        pytest.skip(f"{contract} is not beside the repository")
+    rows = re.findall(r"^\| `([a-z-]+)` \| functions/\S+ \| ([^|]+)\|", contract.read_text(),
+                      re.MULTILINE)
+    assert rows
+    assert {name for name, started_by in rows if started_by.strip().startswith("CronJob")} \
+        == set(PERIODIC)
+
+
 @pytest.mark.parametrize("field", ["startingDeadlineSeconds", "successfulJobsHistoryLimit",
                                    "failedJobsHistoryLimit"])
 def test_every_cronjob_sets_its_scheduling_bounds(base: list[Obj], field: str) -> None:
@@ -345,6 +358,14 @@ def test_scaledjob_uses_the_default_strategy_with_explicit_limits(base: list[Obj
                   "failedJobsHistoryLimit"):
         assert isinstance(spec.get(field), int) and spec[field] > 0, field
     assert spec.get("minReplicaCount", 0) == 0
+
+
+def test_a_deploy_lets_running_workers_finish(base: list[Obj]) -> None:
+    """KEDA's default rollout deletes the running Jobs when the ScaledJob changes: every
+    deploy would kill the jobs in flight and spend one of their attempts."""
+    spec = one(base, "ScaledJob", "jobfence-worker")["spec"]
+    assert spec["rollout"]["strategy"] == "gradual"
+    assert "rolloutStrategy" not in spec  # the deprecated spelling
 
 
 def test_scaledjob_runs_one_job_per_pod_without_kubernetes_retries(base: list[Obj]) -> None:
