@@ -1,9 +1,34 @@
-# Placeholder: one image for every function, completed with the manifests.
-FROM python:3.11-slim
-WORKDIR /app
+# syntax=docker/dockerfile:1
+# One image for every jobfence function: `jobfence <function>` is the entrypoint, the
+# manifests pass the function as args. Build with `make image` (IMAGE=...).
+ARG PYTHON_IMAGE=python:3.11-slim
+
+# Build stage: jobfence and every dependency as wheels. psycopg comes as psycopg[binary],
+# so nothing here compiles against libpq.
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY functions ./functions
-RUN pip install --no-cache-dir .
-USER 65532:65532
+RUN pip wheel --wheel-dir /wheels .
+
+# Final stage: the same slim Python with the installed wheels only; no compiler, no build
+# tree, no wheel files left behind (they are mounted from the build stage, not copied).
+FROM ${PYTHON_IMAGE}
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    pip install --no-cache-dir --no-index --find-links=/wheels jobfence \
+    && groupadd --gid 10001 jobfence \
+    && useradd --uid 10001 --gid 10001 --no-create-home \
+        --home-dir /tmp --shell /usr/sbin/nologin jobfence
+# Numeric, so that Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
+USER 10001:10001
+# The root filesystem is read-only in the pods; /tmp is their one writable volume.
+ENV HOME=/tmp
+WORKDIR /tmp
 ENTRYPOINT ["jobfence"]
+CMD ["--help"]

@@ -10,6 +10,14 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 CHAOS_ARGS ?=
 
+# Deploying: one image for every function, the kustomize base in manifests/.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= jobfence:$(VERSION)
+NAMESPACE ?= jobfence
+KUBECTL ?= kubectl
+DOCKER ?= docker
+OVERLAY := build/deploy
+
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
@@ -43,10 +51,52 @@ bench: $(STAMP) ## run the benchmarks, write docs/BENCHMARKS.md (BENCH_ARGS="--q
 chaos: $(STAMP) ## fault-injection run: thousands of jobs, SIGKILL/SIGTERM/SIGSTOP, DB restart; judged by the audit trail (CHAOS_ARGS="--jobs 300 --quick" for a short one)
 	$(PY) -m bench.chaos $(CHAOS_ARGS)
 
+verify: $(STAMP) ## render the manifests and validate them, check migrations give the expected schema, test the wheel
+	$(KUBECTL) kustomize manifests/ >/dev/null
+	$(PY) -m pytest $(PYTEST_ARGS) tests/manifests tests/integration/test_migrations.py
+
+image: ## build the one image of every function (IMAGE=jobfence:VERSION)
+	$(DOCKER) build -t $(IMAGE) .
+
+# The base under a generated overlay that sets NAMESPACE and IMAGE (kustomize needs the
+# overlay inside the repository: build/ is ignored by git).
+overlay:
+	@mkdir -p $(OVERLAY)
+	@image='$(IMAGE)'; \
+	case "$$image" in \
+	  *@*) name="$${image%%@*}"; ref="  digest: $${image#*@}" ;; \
+	  *) case "$${image##*/}" in \
+	       *:*) name="$${image%:*}"; ref="  newTag: \"$${image##*:}\"" ;; \
+	       *) name="$$image"; ref="" ;; \
+	     esac ;; \
+	esac; \
+	{ echo "# Written by make: manifests/ in namespace $(NAMESPACE) with image $$image."; \
+	  echo "apiVersion: kustomize.config.k8s.io/v1beta1"; \
+	  echo "kind: Kustomization"; \
+	  echo "resources: [../../manifests]"; \
+	  echo "namespace: $(NAMESPACE)"; \
+	  echo "images:"; \
+	  echo "  - name: jobfence"; \
+	  echo "    newName: $$name"; \
+	  if [ -n "$$ref" ]; then echo "  $$ref"; fi; \
+	} > $(OVERLAY)/kustomization.yaml
+
+render: overlay ## print what `make deploy` applies (NAMESPACE=jobfence IMAGE=jobfence:VERSION)
+	@$(KUBECTL) kustomize $(OVERLAY)
+
+deploy: overlay ## kubectl apply -k the base into NAMESPACE with IMAGE, then wait for the migration Job
+	@$(KUBECTL) -n $(NAMESPACE) get secret jobfence-database >/dev/null || { \
+	  echo "Secret jobfence-database (key url) is missing in namespace $(NAMESPACE): see manifests/README.md" >&2; \
+	  exit 1; }
+	$(KUBECTL) -n $(NAMESPACE) delete job jobfence-migrate --ignore-not-found
+	$(KUBECTL) apply -k $(OVERLAY)
+	$(KUBECTL) -n $(NAMESPACE) wait --for=condition=complete job/jobfence-migrate --timeout=600s
+
 schema-snapshot: $(STAMP) ## regenerate tests/integration/expected_schema.txt after a migration
 	JOBFENCE_UPDATE_SCHEMA_SNAPSHOT=1 $(PY) -m pytest -q tests/integration/test_migrations.py -k expected_schema
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache build *.egg-info
 
-.PHONY: help venv postgres-check lint test demo bench chaos schema-snapshot clean
+.PHONY: help venv postgres-check lint test demo bench chaos verify image overlay render \
+	deploy schema-snapshot clean

@@ -1,0 +1,171 @@
+"""The image. The Dockerfile builds on a slim Python in two stages, its final stage runs
+`jobfence` as a numeric non-root user (the uid the pods run as) with no build tools, no
+sources and no wheel files; the build context lets in what the build copies. No Docker
+engine runs here, so the image itself is not built: instead the wheel is built from
+exactly the files the build stage copies and installed into a clean virtualenv, as the
+final stage does, and its `jobfence` must list and start every command and carry the SQL
+and the migrations."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from functions.cli import COMMANDS
+from tests.manifests.rendered import REPO, Obj, pod_templates
+
+BASE_IMAGE = "python:3.11-slim"
+BUILD_TOOLS = re.compile(r"\b(gcc|g\+\+|make|build-essential|libpq-dev|python3-dev|cc)\b")
+
+
+@dataclass
+class Stage:
+    base: str
+    name: str | None
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def args(self, keyword: str) -> list[str]:
+        return [rest for kw, rest in self.instructions if kw == keyword]
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(KEYWORD, rest) per instruction: comments dropped, continuation lines joined."""
+    joined = re.sub(r"\\\n", " ", "\n".join(
+        line for line in text.splitlines() if not line.lstrip().startswith("#")))
+    out = []
+    for line in joined.splitlines():
+        if line.strip():
+            keyword, _, rest = line.strip().partition(" ")
+            out.append((keyword.upper(), " ".join(rest.split())))
+    return out
+
+
+def stages(text: str) -> list[Stage]:
+    args: dict[str, str] = {}
+    found: list[Stage] = []
+    for keyword, rest in instructions(text):
+        if keyword == "ARG" and not found:
+            name, _, default = rest.partition("=")
+            args[name] = default
+        elif keyword == "FROM":
+            words = rest.split()
+            base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], words[0])
+            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
+            found.append(Stage(base, name))
+        else:
+            found[-1].instructions.append((keyword, rest))
+    return found
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> list[Stage]:
+    return stages((REPO / "Dockerfile").read_text())
+
+
+def build_sources(build: Stage) -> list[str]:
+    """What the build stage copies from the context."""
+    sources = []
+    for rest in build.args("COPY"):
+        words = [w for w in rest.split() if not w.startswith("--")]
+        sources += words[:-1]
+    return sources
+
+
+def test_two_stages_on_a_slim_python(dockerfile: list[Stage]) -> None:
+    assert len(dockerfile) >= 2
+    assert {s.base for s in dockerfile} == {BASE_IMAGE}
+    assert dockerfile[0].name == "build"
+
+
+def test_final_stage_runs_jobfence_as_a_numeric_non_root_user(dockerfile: list[Stage],
+                                                             base: list[Obj]) -> None:
+    final = dockerfile[-1]
+    assert json.loads(final.args("ENTRYPOINT")[-1]) == ["jobfence"]
+    [user] = final.args("USER")
+    uid, _, gid = user.partition(":")
+    assert uid.isdigit() and int(uid) != 0 and (not gid or (gid.isdigit() and int(gid) != 0))
+    env = " ".join(final.args("ENV"))
+    assert "PYTHONDONTWRITEBYTECODE=1" in env and "PYTHONUNBUFFERED=1" in env
+    # The pods ask for the same user the image runs as.
+    for where, template in pod_templates(base):
+        assert template["spec"]["securityContext"]["runAsUser"] == int(uid), where
+
+
+def test_final_stage_has_no_build_tools_sources_or_wheels(dockerfile: list[Stage]) -> None:
+    final = dockerfile[-1]
+    for rest in final.args("RUN"):
+        if "install" in rest and ("apt-get" in rest or "apk" in rest):
+            assert not BUILD_TOOLS.search(rest), rest
+        assert "/wheels" not in rest or "--mount=type=bind,from=build" in rest, rest
+    assert not final.args("COPY") and not final.args("ADD")
+    assert "pip wheel" in " ".join(dockerfile[0].args("RUN"))
+
+
+def ignored(name: str, patterns: list[str]) -> bool:
+    """Whether .dockerignore leaves a top-level name out of the context (last match wins)."""
+    out = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        if fnmatch.fnmatchcase(name, pattern.lstrip("!").rstrip("/")):
+            out = not negate
+    return out
+
+
+def test_the_build_context_holds_what_the_build_copies(dockerfile: list[Stage]) -> None:
+    patterns = [ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines()
+                if ln.strip() and not ln.startswith("#")]
+    sources = build_sources(dockerfile[0])
+    assert set(sources) == {"pyproject.toml", "README.md", "shared", "functions"}
+    for source in sources:
+        assert not ignored(source, patterns), source
+    for name in (".venv", ".git", "tests", "manifests", "bench", "build"):
+        assert ignored(name, patterns), name
+
+
+def test_the_wheel_installs_and_runs_in_a_clean_virtualenv(dockerfile: list[Stage],
+                                                          tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    for source in build_sources(dockerfile[0]):
+        path = REPO / source
+        if path.is_dir():
+            shutil.copytree(path, src / source, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(path, src / source)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("JOBFENCE_", "PYTHON", "VIRTUAL_ENV"))}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+
+    def run(*argv: str | Path) -> subprocess.CompletedProcess[str]:
+        out = subprocess.run([str(a) for a in argv], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=240, check=False)
+        assert out.returncode == 0, (argv, out.stdout[-2000:], out.stderr[-2000:])
+        return out
+
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", tmp_path / "dist",
+        src)
+    [wheel] = (tmp_path / "dist").glob("jobfence-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "shared/sql/queries.sql" in names
+    migrations = {f"shared/sql/migrations/{p.name}"
+                  for p in (REPO / "shared" / "sql" / "migrations").glob("*.sql")}
+    assert migrations and migrations <= names
+
+    venv = tmp_path / "venv"
+    run(sys.executable, "-m", "venv", venv)
+    run(venv / "bin" / "python", "-m", "pip", "install", "--quiet", wheel)
+    shown = run(venv / "bin" / "jobfence", "--help").stdout
+    listed = {line.split()[0] for line in shown.splitlines() if line.startswith("  ")}
+    assert listed == set(COMMANDS)
+    for command in COMMANDS:  # every command's module imports from the installed wheel
+        assert command in run(venv / "bin" / "jobfence", command, "--help").stdout

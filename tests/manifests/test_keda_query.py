@@ -1,0 +1,223 @@
+"""The worker ScaledJob's query, taken from the rendered manifest, against a real
+PostgreSQL in the states the queue goes through. KEDA's default scaling strategy, applied
+with the manifest's own targetQueryValue, activationTargetQueryValue and maxReplicaCount,
+must start exactly one worker per unit of ready work: none while draining, none for jobs
+backing off, waiting or finished, only the difference while some workers already run.
+With a million finished jobs in the table the query stays on its partial indexes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from shared.db import Connection, connect
+from shared.store import FencedStore, RetryPolicy
+from tests.factories import enqueue_one, new_job
+from tests.manifests.rendered import Obj, one
+from tests.pg import Databases
+
+FINISHED = 1_000_000
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """The ScaledJob's postgresql trigger and the limits KEDA applies with it."""
+
+    query: str
+    target: float
+    activation: float
+    max_replicas: int
+
+    def new_jobs(self, value: float, running_jobs: int) -> int:
+        """Worker Jobs KEDA creates on one poll with the default scaling strategy
+        (kedacore/keda pkg/scaling/executor/scale_jobs.go): none while the trigger is not
+        active (value <= activation); otherwise min(maxReplicaCount, ceil(value / target))
+        minus the Jobs it started that have not finished, never below zero."""
+        if value <= self.activation:
+            return 0
+        max_scale = min(self.max_replicas, math.ceil(value / self.target))
+        return max(0, max_scale - running_jobs)
+
+
+@pytest.fixture(scope="module")
+def trigger(base: list[Obj]) -> Trigger:
+    spec = one(base, "ScaledJob", "jobfence-worker")["spec"]
+    [pg] = spec["triggers"]
+    assert pg["type"] == "postgresql"
+    meta = pg["metadata"]
+    return Trigger(query=meta["query"], target=float(meta["targetQueryValue"]),
+                   activation=float(meta["activationTargetQueryValue"]),
+                   max_replicas=int(spec.get("maxReplicaCount", 100)))
+
+
+def value(conn: Connection, trigger: Trigger) -> float:
+    """What KEDA's postgresql scaler reads: the first column of the one row."""
+    rows = conn.execute(trigger.query).fetchall()
+    assert len(rows) == 1
+    return float(next(iter(rows[0].values())))
+
+
+def ready(conn: Connection) -> int:
+    row = conn.execute("SELECT count(*) AS n FROM jobs WHERE status = 'pending' "
+                       "AND visible_at <= now()").fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
+def claim(store: FencedStore, n: int) -> list[Any]:
+    claims = store.claim(worker_id="worker-pod", lease_seconds=300, limit=n)
+    assert len(claims) == n
+    return claims
+
+
+# -- states of the queue ------------------------------------------------------------------
+
+def test_an_empty_queue_starts_no_worker(store: FencedStore, trigger: Trigger) -> None:
+    assert value(store.conn, trigger) == 0
+    assert trigger.new_jobs(value(store.conn, trigger), running_jobs=0) == 0
+
+
+def test_each_ready_job_starts_one_worker(store: FencedStore, trigger: Trigger) -> None:
+    for _ in range(7):
+        enqueue_one(store)
+    assert trigger.new_jobs(value(store.conn, trigger), running_jobs=0) == 7 == ready(store.conn)
+
+
+def test_running_workers_start_only_the_difference(store: FencedStore,
+                                                   trigger: Trigger) -> None:
+    for _ in range(10):
+        enqueue_one(store)
+    claim(store, 4)  # four worker pods hold claims: four unfinished KEDA Jobs
+    assert value(store.conn, trigger) == 10
+    assert trigger.new_jobs(value(store.conn, trigger), running_jobs=4) == 6 == ready(store.conn)
+
+
+def test_drain_mode_starts_no_worker(store: FencedStore, trigger: Trigger) -> None:
+    for _ in range(5):
+        enqueue_one(store)
+    claim(store, 2)
+    store.set_drain(on=True, reason="upgrade")
+    assert value(store.conn, trigger) == 0
+    assert trigger.new_jobs(value(store.conn, trigger), running_jobs=2) == 0
+    store.set_drain(on=False)
+    assert trigger.new_jobs(value(store.conn, trigger), running_jobs=2) == 3 == ready(store.conn)
+
+
+def test_jobs_backing_off_start_no_worker_until_due(store: FencedStore,
+                                                    trigger: Trigger) -> None:
+    for _ in range(3):
+        enqueue_one(store)
+    for c in claim(store, 2):  # two attempts failed: back to pending, due in the future
+        store.release(job_id=c.job_id, attempt_id=c.attempt_id, reason="failed",
+                      retry=RetryPolicy(base_seconds=3600, cap_seconds=3600), error="boom")
+    assert store.conn.execute("SELECT count(*) AS n FROM jobs WHERE status = 'pending'"
+                              ).fetchone() == {"n": 3}
+    assert trigger.new_jobs(value(store.conn, trigger), running_jobs=0) == 1 == ready(store.conn)
+
+
+def test_waiting_jobs_and_parents_start_no_worker(store: FencedStore, trigger: Trigger) -> None:
+    first = enqueue_one(store)
+    store.enqueue([new_job(after=(first,))])  # waits for `first`
+    store.conn.execute(  # a datum parent runs from the start and is never claimed
+        "INSERT INTO jobs (job_id, status, actions, max_attempts, is_parent, started_at) "
+        "VALUES (gen_random_uuid(), 'running', '[]', 1, true, now())")
+    assert value(store.conn, trigger) == 1
+    assert trigger.new_jobs(value(store.conn, trigger), running_jobs=0) == 1 == ready(store.conn)
+
+
+def test_more_ready_work_than_max_replicas_starts_up_to_the_max(store: FencedStore,
+                                                                 trigger: Trigger) -> None:
+    store.enqueue([new_job() for _ in range(trigger.max_replicas + 5)])
+    assert trigger.new_jobs(value(store.conn, trigger), running_jobs=0) == trigger.max_replicas
+    claim(store, 3)
+    assert trigger.new_jobs(value(store.conn, trigger),
+                            running_jobs=3) == trigger.max_replicas - 3
+
+
+def test_polls_between_job_creation_and_claim_start_no_extra_worker(
+        store: FencedStore, trigger: Trigger) -> None:
+    """KEDA counts a Job as running from its creation; the query counts its work as ready
+    until the pod claims it, then as claimed: the sum stays the same, so no poll in
+    between starts a second worker for the same job."""
+    for _ in range(5):
+        enqueue_one(store)
+    keda_jobs = trigger.new_jobs(value(store.conn, trigger), running_jobs=0)
+    assert keda_jobs == 5
+    # Pods still starting: nothing claimed yet.
+    assert trigger.new_jobs(value(store.conn, trigger), running_jobs=keda_jobs) == 0
+    claims = claim(store, 5)
+    assert trigger.new_jobs(value(store.conn, trigger), running_jobs=keda_jobs) == 0
+    for c in claims[:2]:  # two workers finish and their Jobs complete
+        store.finish(job_id=c.job_id, attempt_id=c.attempt_id, succeeded=True)
+    keda_jobs -= 2
+    assert trigger.new_jobs(value(store.conn, trigger), running_jobs=keda_jobs) == 0
+    store.enqueue([new_job(), new_job()])
+    assert trigger.new_jobs(value(store.conn, trigger), running_jobs=keda_jobs) == 2
+
+
+# -- a long history -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def long_history(databases: Databases) -> Iterator[FencedStore]:
+    """A million finished jobs (history awaiting retention), 8 ready and 4 running. The
+    audit trigger is off for the bulk insert: the history's own events do not matter."""
+    url = databases.create()
+    conn = connect(url)
+    try:
+        store = FencedStore(conn)
+        with conn.transaction():
+            conn.execute("ALTER TABLE jobs DISABLE TRIGGER jobs_audit_insert")
+            conn.execute("""
+                INSERT INTO jobs (job_id, status, actions, max_attempts, attempt_count,
+                                  attempt_id, started_at, finished_at)
+                SELECT id, (ARRAY['succeeded', 'succeeded', 'succeeded', 'failed',
+                                  'cancelled'])[mod(i, 5) + 1],
+                       '[]', 3, 1, id,
+                       now() - interval '3 days', now() - make_interval(secs => (%s - i) / 10.0)
+                FROM generate_series(1, %s) AS i,
+                     -- ids in insertion order, as uuid7 makes them: a fast bulk load
+                     LATERAL (SELECT lpad(to_hex(i), 32, '0')::uuid AS id) AS ids
+            """, (FINISHED, FINISHED))
+            conn.execute("ALTER TABLE jobs ENABLE TRIGGER jobs_audit_insert")
+        store.enqueue([new_job() for _ in range(12)])
+        claim(store, 4)
+        conn.execute("ANALYZE jobs")
+        yield store
+    finally:
+        conn.close()
+        databases.drop(url)
+
+
+def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+def test_a_million_finished_jobs_start_no_worker(long_history: FencedStore,
+                                                 trigger: Trigger) -> None:
+    conn = long_history.conn
+    assert value(conn, trigger) == 12
+    assert trigger.new_jobs(value(conn, trigger), running_jobs=4) == 8 == ready(conn)
+
+
+def test_the_query_never_scans_the_whole_jobs_table(long_history: FencedStore,
+                                                    trigger: Trigger) -> None:
+    conn = long_history.conn
+    [row] = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + trigger.query).fetchall()
+    nodes = list(plan_nodes(row["QUERY PLAN"][0]["Plan"]))
+    on_jobs = [n for n in nodes if n.get("Relation Name") == "jobs"]
+    assert on_jobs, "the plan does not read jobs at all"
+    assert not [n for n in on_jobs if n["Node Type"] == "Seq Scan"], on_jobs
+    assert {n["Index Name"] for n in on_jobs} <= {"jobs_ready", "jobs_running_lease",
+                                                  "jobs_running_claimer"}
+    # What it reads does not grow with the history: a few pages of a table of thousands.
+    touched = sum(n.get("Shared Hit Blocks", 0) + n.get("Shared Read Blocks", 0)
+                  for n in nodes)
+    pages = conn.execute("SELECT relpages FROM pg_class WHERE relname = 'jobs'").fetchone()
+    assert pages is not None and pages["relpages"] > 5_000
+    assert touched < pages["relpages"] / 100, (touched, pages["relpages"])

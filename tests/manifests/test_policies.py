@@ -1,0 +1,404 @@
+"""What the base promises beyond schema validity: every periodic function of CONTRACT.md
+has a CronJob that cannot overlap itself and cannot run or linger forever; every pod runs
+non-root on a read-only root filesystem with no capabilities, knows its own name and
+namespace, gets the DSN only from the Secret, and carries the labels reconciliation relies
+on; RBAC names every verb it grants; the KEDA objects are wired as CONTRACT.md's KEDA
+section says; no secret value is committed anywhere."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from typing import Any
+
+import pytest
+
+from functions.cli import COMMANDS
+from functions.worker import EXIT_GRACE_SECONDS
+from shared.queries import QUERIES
+from shared.spec import parse_spec_text
+from tests.manifests.rendered import (
+    PERIODIC,
+    REPO,
+    Obj,
+    function_of,
+    job_specs,
+    of_kind,
+    one,
+    pod_templates,
+)
+
+APP_LABELS = {"app.kubernetes.io/name": "jobfence", "app.kubernetes.io/part-of": "jobfence"}
+# Pods that talk to the API server: the periodic functions (reconciliation and
+# orphan-cleanup list and delete worker pods; each reads its own Job's annotations).
+USES_API = {f"CronJob/jobfence-{name}" for name in PERIODIC}
+
+
+def minutes_between_runs(schedule: str) -> int:
+    """Minutes between two runs of the simple schedules the base uses."""
+    minute = schedule.split(maxsplit=1)[0]
+    if minute == "*":
+        return 1
+    match = re.fullmatch(r"\*/(\d+)", minute)
+    assert match, f"unexpected schedule {schedule!r}"
+    return int(match.group(1))
+
+
+def containers(template: Obj) -> list[Obj]:
+    spec = template["spec"]
+    return list(spec["containers"]) + list(spec.get("initContainers", []))
+
+
+def env_of(container: Obj) -> dict[str, Obj]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+# -- CronJobs -----------------------------------------------------------------------------
+
+def test_every_periodic_function_has_a_cronjob_on_its_schedule(base: list[Obj]) -> None:
+    crons = {function_of(c): c for c in of_kind(base, "CronJob") if not c["spec"].get("suspend")}
+    assert set(crons) == set(PERIODIC)
+    for name, schedule in PERIODIC.items():
+        assert crons[name]["metadata"]["name"] == f"jobfence-{name}"
+        assert crons[name]["spec"]["schedule"] == schedule, name
+
+
+def test_the_periodic_functions_are_those_of_the_contract() -> None:
+    """CONTRACT.md lives beside the repository (../shared); its entrypoints table says
+    which functions a CronJob starts."""
+    contract = REPO.parent / "shared" / "CONTRACT.md"
+    if not contract.exists():
+        pytest.skip(f"{contract} is not beside the repository")
+    rows = re.findall(r"^\| `([a-z-]+)` \| functions/\S+ \| ([^|]+)\|", contract.read_text(),
+                      re.MULTILINE)
+    assert rows
+    assert {name for name, started_by in rows if started_by.strip().startswith("CronJob")} \
+        == set(PERIODIC)
+
+
+@pytest.mark.parametrize("field", ["startingDeadlineSeconds", "successfulJobsHistoryLimit",
+                                   "failedJobsHistoryLimit"])
+def test_every_cronjob_sets_its_scheduling_bounds(base: list[Obj], field: str) -> None:
+    for cron in of_kind(base, "CronJob"):
+        assert isinstance(cron["spec"].get(field), int), (cron["metadata"]["name"], field)
+
+
+def test_no_cronjob_can_overlap_itself(base: list[Obj]) -> None:
+    for cron in of_kind(base, "CronJob"):
+        assert cron["spec"]["concurrencyPolicy"] == "Forbid", cron["metadata"]["name"]
+
+
+def test_every_cronjob_run_is_bounded_and_cleaned_up(base: list[Obj]) -> None:
+    for cron in of_kind(base, "CronJob"):
+        name, job = cron["metadata"]["name"], cron["spec"]["jobTemplate"]["spec"]
+        assert isinstance(job.get("backoffLimit"), int) and job["backoffLimit"] <= 3, name
+        assert job.get("activeDeadlineSeconds", 0) > 0, name
+        assert job.get("ttlSecondsAfterFinished", 0) > 0, name
+        assert job["template"]["spec"]["restartPolicy"] == "Never", name
+
+
+def test_a_missed_tick_is_dropped_before_the_next_one_is_due(base: list[Obj]) -> None:
+    """startingDeadlineSeconds below the interval: a late run never stacks onto the next;
+    at least 10 s, the CronJob controller's own period, or runs may be missed."""
+    for cron in of_kind(base, "CronJob"):
+        if cron["spec"].get("suspend"):
+            continue
+        interval = 60 * minutes_between_runs(cron["spec"]["schedule"])
+        assert 10 <= cron["spec"]["startingDeadlineSeconds"] < interval, cron["metadata"]["name"]
+
+
+def test_every_cronjob_runs_its_own_function(base: list[Obj]) -> None:
+    for cron in of_kind(base, "CronJob"):
+        function = function_of(cron)
+        assert cron["metadata"]["name"] == f"jobfence-{function}"
+        pod = cron["spec"]["jobTemplate"]["spec"]["template"]
+        assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == function
+
+
+def test_every_function_in_the_manifests_is_a_command_of_the_cli(base: list[Obj]) -> None:
+    used = {function_of(c) for c in of_kind(base, "CronJob")}
+    used |= {str(c["args"][0]) for _, t in pod_templates(base) for c in containers(t)}
+    missing = used - set(COMMANDS)
+    assert missing <= set(PERIODIC), f"not jobfence commands: {sorted(missing - set(PERIODIC))}"
+    if missing:
+        pytest.xfail(f"periodic functions not in this CLI yet: {sorted(missing)}")
+
+
+def test_enqueue_cronjob_is_a_suspended_template_for_manual_runs(base: list[Obj]) -> None:
+    cron = one(base, "CronJob", "jobfence-enqueue")
+    assert cron["spec"]["suspend"] is True
+    job = cron["spec"]["jobTemplate"]["spec"]
+    # A pod that died after its insert committed must not enqueue a second time.
+    assert job["backoffLimit"] == 0
+    [container] = job["template"]["spec"]["containers"]
+    assert container["args"] == ["enqueue", "--spec", "/etc/jobfence/spec.yaml"]
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/jobfence"]
+    [volume] = [v for v in job["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
+    spec_map = one(base, "ConfigMap", volume["configMap"]["name"])
+    [spec] = parse_spec_text(spec_map["data"]["spec.yaml"], "spec.yaml")
+    assert spec.actions
+
+
+def test_migration_job_runs_migrate_with_retries(base: list[Obj]) -> None:
+    job = one(base, "Job", "jobfence-migrate")
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["migrate"]
+    assert job["spec"]["backoffLimit"] >= 1  # idempotent: a retry is safe
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    assert job["spec"]["activeDeadlineSeconds"] > 0 and job["spec"]["ttlSecondsAfterFinished"] > 0
+
+
+def test_function_alert_thresholds_cover_every_function_and_outlast_a_run(
+        base: list[Obj]) -> None:
+    rule = one(base, "PrometheusRule")
+    [alert] = [r for g in rule["spec"]["groups"] for r in g["rules"]
+               if r["alert"] == "JobfenceFunctionNotSucceeding"]
+    thresholds = {m[0]: int(m[1]) for m in re.findall(
+        r'jobfence_function_last_success_timestamp_seconds\{function="([a-z-]+)"\}\s*>\s*(\d+)',
+        alert["expr"])}
+    assert set(thresholds) == set(PERIODIC)
+    for cron in of_kind(base, "CronJob"):
+        function = function_of(cron)
+        if function not in PERIODIC:
+            continue
+        interval = 60 * minutes_between_runs(cron["spec"]["schedule"])
+        deadline = cron["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"]
+        # Several missed runs, and more than one long run plus the next tick.
+        assert thresholds[function] >= 3 * interval, function
+        assert thresholds[function] > deadline + interval, function
+
+
+# -- every pod ----------------------------------------------------------------------------
+
+def test_the_base_has_a_pod_template_per_function(base: list[Obj]) -> None:
+    names = {where for where, _ in pod_templates(base)}
+    assert names == USES_API | {"CronJob/jobfence-enqueue", "Job/jobfence-migrate",
+                                "ScaledJob/jobfence-worker"}
+
+
+def test_every_pod_runs_non_root_with_runtime_default_seccomp(base: list[Obj]) -> None:
+    for where, template in pod_templates(base):
+        sc = template["spec"]["securityContext"]
+        assert sc["runAsNonRoot"] is True, where
+        assert sc["runAsUser"] != 0 and sc.get("runAsGroup", 1) != 0, where
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, where
+
+
+def test_every_container_is_read_only_without_capabilities(base: list[Obj]) -> None:
+    for where, template in pod_templates(base):
+        for c in containers(template):
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True, where
+            assert sc["allowPrivilegeEscalation"] is False, where
+            assert sc["capabilities"]["drop"] == ["ALL"], where
+            assert not sc["capabilities"].get("add"), where
+            assert not sc.get("privileged"), where
+            assert sc.get("runAsNonRoot", True) is True, where
+
+
+def test_every_pod_writes_only_to_an_emptydir_tmp(base: list[Obj]) -> None:
+    for where, template in pod_templates(base):
+        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+        for c in containers(template):
+            [tmp] = [m for m in c["volumeMounts"] if m["mountPath"] == "/tmp"]
+            assert "emptyDir" in volumes[tmp["name"]], where
+            assert volumes[tmp["name"]]["emptyDir"].get("sizeLimit"), where
+            writable = [m for m in c["volumeMounts"] if not m.get("readOnly")]
+            assert writable == [tmp], where
+
+
+def test_every_container_has_requests_and_limits(base: list[Obj]) -> None:
+    for where, template in pod_templates(base):
+        for c in containers(template):
+            for bound in ("requests", "limits"):
+                assert set(c["resources"][bound]) >= {"cpu", "memory"}, (where, bound)
+
+
+def test_every_pod_knows_its_name_and_namespace(base: list[Obj]) -> None:
+    expected = {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace",
+                "JOBFENCE_NAMESPACE": "metadata.namespace"}
+    for where, template in pod_templates(base):
+        for c in containers(template):
+            env = env_of(c)
+            for name, field in expected.items():
+                assert env[name]["valueFrom"]["fieldRef"]["fieldPath"] == field, (where, name)
+
+
+def test_every_pod_takes_its_settings_from_the_configmap(base: list[Obj]) -> None:
+    config = one(base, "ConfigMap", "jobfence-config")["data"]
+    assert config["JOBFENCE_CLUSTER"] == "kubernetes"
+    assert config["JOBFENCE_LOG_FORMAT"] == "json"
+    for key in ("JOBFENCE_LEASE_SECONDS", "JOBFENCE_MAX_ATTEMPTS",
+                "JOBFENCE_RETRY_BASE_SECONDS", "JOBFENCE_S3_BUCKET"):
+        assert config[key], key
+    for where, template in pod_templates(base):
+        for c in containers(template):
+            assert {"configMapRef": {"name": "jobfence-config"}} in c["envFrom"], where
+
+
+def test_the_dsn_comes_only_from_the_secret(base: list[Obj]) -> None:
+    for where, template in pod_templates(base):
+        for c in containers(template):
+            dsn = env_of(c)["JOBFENCE_DATABASE_URL"]
+            assert dsn == {"name": "JOBFENCE_DATABASE_URL", "valueFrom": {
+                "secretKeyRef": {"name": "jobfence-database", "key": "url"}}}, where
+    for config in of_kind(base, "ConfigMap"):
+        assert "JOBFENCE_DATABASE_URL" not in config["data"]
+
+
+def test_no_secret_values_are_committed(base: list[Obj]) -> None:
+    assert not [o for o in base if o["kind"] == "Secret"]
+    dsn_like = re.compile(r"postgres(ql)?://|password\s*=|\bsslpassword\b", re.IGNORECASE)
+
+    def scan(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                assert key not in {"stringData"}, path
+                scan(value, f"{path}.{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                scan(value, f"{path}[{i}]")
+        elif isinstance(node, str):
+            assert not dsn_like.search(node), f"{path} looks like a credential: {node!r}"
+
+    for obj in base:
+        scan(obj, f"{obj['kind']}/{obj['metadata']['name']}")
+    # A credential never comes as a plain value, only through a reference.
+    credential = re.compile("SECRET|PASSWORD|TOKEN|KEY|DATABASE_URL")
+    for where, template in pod_templates(base):
+        for c in containers(template):
+            plain = [e["name"] for e in c.get("env", []) if "value" in e]
+            assert not [n for n in plain if credential.search(n)], where
+    for config in of_kind(base, "ConfigMap"):
+        assert not [k for k in config["data"] if credential.search(k)], config["metadata"]
+
+
+def test_termination_grace_outlasts_the_worker_clean_up(base: list[Obj]) -> None:
+    for where, template in pod_templates(base):
+        grace = template["spec"]["terminationGracePeriodSeconds"]
+        assert grace > EXIT_GRACE_SECONDS + 5, where
+
+
+def test_every_pod_carries_the_app_labels_and_its_component(base: list[Obj]) -> None:
+    for where, template in pod_templates(base):
+        labels = template["metadata"]["labels"]
+        assert labels.items() >= APP_LABELS.items(), where
+        assert labels["app.kubernetes.io/component"], where
+
+
+def test_every_object_carries_the_app_labels(base: list[Obj]) -> None:
+    for obj in base:
+        labels = obj["metadata"].get("labels", {})
+        assert labels.items() >= APP_LABELS.items(), obj["metadata"]["name"]
+
+
+def test_worker_pods_match_the_selector_reconciliation_uses(base: list[Obj]) -> None:
+    selector = one(base, "ConfigMap", "jobfence-config")["data"]["JOBFENCE_WORKER_SELECTOR"]
+    assert selector == "app.kubernetes.io/name=jobfence,app.kubernetes.io/component=worker"
+    wanted = dict(term.split("=", 1) for term in selector.split(","))
+    for where, template in pod_templates(base):
+        labels = template["metadata"]["labels"]
+        matches = labels.items() >= wanted.items()
+        assert matches == (where == "ScaledJob/jobfence-worker"), where
+
+
+def test_only_pods_that_use_the_api_get_a_token(base: list[Obj]) -> None:
+    account = one(base, "ServiceAccount", "jobfence")
+    assert account["automountServiceAccountToken"] is False
+    for where, template in pod_templates(base):
+        spec = template["spec"]
+        assert spec["serviceAccountName"] == "jobfence", where
+        assert spec["automountServiceAccountToken"] is (where in USES_API), where
+
+
+def test_every_container_runs_the_one_jobfence_image(base: list[Obj]) -> None:
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    for where, template in pod_templates(base):
+        for c in containers(template):
+            assert c["image"] == f"jobfence:{version}", where
+            assert "command" not in c, where  # the image's ENTRYPOINT is `jobfence`
+
+
+# -- RBAC ---------------------------------------------------------------------------------
+
+def test_rbac_is_namespaced_and_grants_exactly_the_verbs_used(base: list[Obj]) -> None:
+    assert not of_kind(base, "ClusterRole") and not of_kind(base, "ClusterRoleBinding")
+    role = one(base, "Role", "jobfence")
+    granted = {(group, resource): sorted(rule["verbs"]) for rule in role["rules"]
+               for group in rule["apiGroups"] for resource in rule["resources"]}
+    assert granted == {("", "pods"): ["delete", "get", "list"],
+                       ("batch", "jobs"): ["delete", "get"]}
+    for rule in role["rules"]:
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule[field], rule
+        assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+    binding = one(base, "RoleBinding", "jobfence")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "jobfence"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "jobfence",
+                                    "namespace": "jobfence"}]
+
+
+# -- the KEDA worker ----------------------------------------------------------------------
+
+def normalized(sql: str) -> str:
+    return " ".join(sql.split()).rstrip(";").strip()
+
+
+def test_scaledjob_query_is_the_queue_keda_count_block(base: list[Obj]) -> None:
+    [trigger] = one(base, "ScaledJob")["spec"]["triggers"]
+    assert normalized(trigger["metadata"]["query"]) == normalized(QUERIES["queue_keda_count"])
+
+
+def test_scaledjob_uses_the_default_strategy_with_explicit_limits(base: list[Obj]) -> None:
+    spec = one(base, "ScaledJob", "jobfence-worker")["spec"]
+    # KEDA 2.20.0 and 2.20.1 reject an explicit `strategy: default`.
+    assert "strategy" not in spec.get("scalingStrategy", {})
+    for field in ("pollingInterval", "maxReplicaCount", "successfulJobsHistoryLimit",
+                  "failedJobsHistoryLimit"):
+        assert isinstance(spec.get(field), int) and spec[field] > 0, field
+    assert spec.get("minReplicaCount", 0) == 0
+
+
+def test_a_deploy_lets_running_workers_finish(base: list[Obj]) -> None:
+    """KEDA's default rollout deletes the running Jobs when the ScaledJob changes: every
+    deploy would kill the jobs in flight and spend one of their attempts."""
+    spec = one(base, "ScaledJob", "jobfence-worker")["spec"]
+    assert spec["rollout"]["strategy"] == "gradual"
+    assert "rolloutStrategy" not in spec  # the deprecated spelling
+
+
+def test_scaledjob_runs_one_job_per_pod_without_kubernetes_retries(base: list[Obj]) -> None:
+    target = one(base, "ScaledJob", "jobfence-worker")["spec"]["jobTargetRef"]
+    assert target["backoffLimit"] == 0
+    assert target.get("parallelism", 1) == 1 and target.get("completions", 1) == 1
+    pod = target["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert pod["terminationGracePeriodSeconds"] == 30
+    [container] = pod["containers"]
+    assert container["args"] == ["worker"]
+
+
+def test_scaledjob_trigger_is_postgresql_with_string_metadata(base: list[Obj]) -> None:
+    [trigger] = one(base, "ScaledJob")["spec"]["triggers"]
+    assert trigger["type"] == "postgresql"
+    metadata = trigger["metadata"]
+    assert all(isinstance(v, str) for v in metadata.values()), metadata
+    assert metadata["targetQueryValue"] == "1"
+    assert metadata["activationTargetQueryValue"] == "0"
+    assert set(metadata) == {"query", "targetQueryValue", "activationTargetQueryValue"}
+
+
+def test_trigger_authentication_reads_the_dsn_from_the_same_secret(base: list[Obj]) -> None:
+    [trigger] = one(base, "ScaledJob")["spec"]["triggers"]
+    auth = one(base, "TriggerAuthentication", trigger["authenticationRef"]["name"])
+    assert trigger["authenticationRef"].get("kind", "TriggerAuthentication") == \
+        "TriggerAuthentication"
+    assert auth["spec"] == {"secretTargetRef": [
+        {"parameter": "connection", "name": "jobfence-database", "key": "url"}]}
+
+
+def test_every_job_spec_is_a_single_pod_run(base: list[Obj]) -> None:
+    for where, spec in job_specs(base):
+        assert spec.get("parallelism", 1) == 1 and spec.get("completions", 1) == 1, where
+        assert spec["template"]["spec"]["restartPolicy"] == "Never", where

@@ -1,0 +1,210 @@
+"""The kustomize base renders offline, every built-in object is valid Kubernetes 1.32
+(kubernetes-validate, strict: unknown fields and wrong types fail), and the custom objects
+(KEDA's ScaledJob and TriggerAuthentication, prometheus-operator's PrometheusRule) are
+valid against their CRDs' schemas, vendored in tests/fixtures/crds/. The negative tests
+prove the validation would catch the mistakes that matter: an unknown field anywhere, a
+trigger metadata value that is not a string, a malformed alert duration, bad PromQL."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import promql_parser
+import pytest
+import yaml
+
+from tests.manifests.rendered import (
+    CRD_FILES,
+    KUBERNETES_VERSION,
+    METRICS,
+    REPO,
+    Obj,
+    crd_validator,
+    one,
+    render,
+)
+
+BUILTIN = {"ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Job", "CronJob"}
+CUSTOM = {kind for _, kind in CRD_FILES}
+
+
+def validate_builtin(obj: Obj) -> None:
+    kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def validate_custom(obj: Obj) -> None:
+    """Against the CRD's schema, plus what the CRD leaves open: `metadata` as ObjectMeta
+    and, for a ScaledJob, `jobTargetRef` as the batch/v1 JobSpec that it is."""
+    crd_validator(obj["apiVersion"], obj["kind"]).validate(obj)
+    validate_builtin({"apiVersion": "v1", "kind": "ConfigMap", "metadata": obj["metadata"]})
+    if obj["kind"] == "ScaledJob":
+        validate_builtin({"apiVersion": "batch/v1", "kind": "Job",
+                          "metadata": {"name": obj["metadata"]["name"]},
+                          "spec": obj["spec"]["jobTargetRef"]})
+
+
+def test_base_renders_with_every_expected_kind(base: list[Obj]) -> None:
+    kinds = {o["kind"] for o in base}
+    assert kinds == BUILTIN | CUSTOM
+    assert all(o["metadata"].get("namespace") == "jobfence" for o in base)
+
+
+def test_every_builtin_object_is_valid_kubernetes_strict(base: list[Obj]) -> None:
+    builtin = [o for o in base if o["kind"] in BUILTIN]
+    assert len(builtin) >= 12
+    for obj in builtin:
+        validate_builtin(obj)
+
+
+def test_every_custom_object_is_valid_against_its_crd(base: list[Obj]) -> None:
+    custom = [o for o in base if o["kind"] in CUSTOM]
+    assert {o["kind"] for o in custom} == CUSTOM
+    for obj in custom:
+        validate_custom(obj)
+
+
+def test_the_deploy_overlay_sets_namespace_and_image_and_stays_valid() -> None:
+    """What `make deploy NAMESPACE=... IMAGE=...` applies, rendered by `make render`."""
+    out = subprocess.run(["make", "-s", "render", "NAMESPACE=team-a",
+                          "IMAGE=registry.example:5000/jobfence:9.9"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    objects = [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+    assert len(objects) == len(render())
+    assert {o["metadata"]["namespace"] for o in objects} == {"team-a"}
+    binding = one(objects, "RoleBinding")
+    assert [s["namespace"] for s in binding["subjects"]] == ["team-a"]
+    images = {c["image"] for o in objects for c in containers_of(o)}
+    assert images == {"registry.example:5000/jobfence:9.9"}
+    for obj in objects:
+        (validate_custom if obj["kind"] in CUSTOM else validate_builtin)(obj)
+
+
+def containers_of(obj: Obj) -> list[Obj]:
+    spec: Any = {"Job": lambda o: o["spec"]["template"],
+                 "CronJob": lambda o: o["spec"]["jobTemplate"]["spec"]["template"],
+                 "ScaledJob": lambda o: o["spec"]["jobTargetRef"]["template"]}.get(obj["kind"])
+    return spec(obj)["spec"]["containers"] if spec else []
+
+
+# -- the validation catches real mistakes --------------------------------------------------
+
+def test_strict_validation_rejects_an_unknown_field_in_a_cronjob(objects: list[Obj]) -> None:
+    cron = one(objects, "CronJob", "jobfence-sweeper")
+    cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["restartPolicyy"] = "x"
+    with pytest.raises(kubernetes_validate.ValidationError, match="restartPolicyy"):
+        validate_builtin(cron)
+
+
+def test_strict_validation_rejects_a_wrong_type(objects: list[Obj]) -> None:
+    cron = one(objects, "CronJob", "jobfence-sweeper")
+    cron["spec"]["startingDeadlineSeconds"] = "30"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        validate_builtin(cron)
+
+
+def test_crd_validation_rejects_a_numeric_trigger_metadata_value(objects: list[Obj]) -> None:
+    scaled = one(objects, "ScaledJob")
+    scaled["spec"]["triggers"][0]["metadata"]["targetQueryValue"] = 1
+    with pytest.raises(jsonschema.ValidationError, match="is not of type 'string'"):
+        validate_custom(scaled)
+
+
+@pytest.mark.parametrize("path", [
+    ("spec", "scalingStrategyy"),
+    ("spec", "triggers", 0, "authenticationRef", "namespace"),
+    ("spec", "triggers", 0, "queryy"),
+    ("extra",),
+])
+def test_crd_validation_rejects_an_unknown_scaledjob_field(objects: list[Obj],
+                                                           path: tuple[Any, ...]) -> None:
+    scaled = one(objects, "ScaledJob")
+    node: Any = scaled
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = "x"
+    with pytest.raises(jsonschema.ValidationError, match="Additional properties"):
+        validate_custom(scaled)
+
+
+def test_crd_validation_rejects_an_unknown_field_in_the_worker_pod(objects: list[Obj]) -> None:
+    scaled = one(objects, "ScaledJob")
+    scaled["spec"]["jobTargetRef"]["template"]["spec"]["containers"][0]["argz"] = ["worker"]
+    with pytest.raises(kubernetes_validate.ValidationError, match="argz"):
+        validate_custom(scaled)
+
+
+def test_crd_validation_rejects_an_unknown_trigger_authentication_field(
+        objects: list[Obj]) -> None:
+    auth = one(objects, "TriggerAuthentication")
+    auth["spec"]["secretTargetRef"][0]["secret"] = "jobfence-database"
+    with pytest.raises(jsonschema.ValidationError, match="Additional properties"):
+        validate_custom(auth)
+    del auth["spec"]["secretTargetRef"][0]["secret"]
+    del auth["spec"]["secretTargetRef"][0]["key"]
+    with pytest.raises(jsonschema.ValidationError, match="'key' is a required property"):
+        validate_custom(auth)
+
+
+def test_crd_validation_rejects_a_malformed_alert_duration(objects: list[Obj]) -> None:
+    rule = one(objects, "PrometheusRule")
+    rule["spec"]["groups"][0]["rules"][0]["for"] = "5 minutes"
+    with pytest.raises(jsonschema.ValidationError, match="does not match"):
+        validate_custom(rule)
+
+
+def test_crd_validation_rejects_unknown_metadata_fields(objects: list[Obj]) -> None:
+    rule = one(objects, "PrometheusRule")
+    rule["metadata"]["label"] = {"severity": "x"}
+    with pytest.raises(kubernetes_validate.ValidationError, match="label"):
+        validate_custom(rule)
+
+
+# -- alert expressions --------------------------------------------------------------------
+
+def metric_names(node: Any) -> set[str]:
+    """Every metric a PromQL expression selects, walking promql_parser's syntax tree."""
+    if isinstance(node, promql_parser.VectorSelector):
+        return {node.name} if node.name else set()
+    if isinstance(node, promql_parser.MatrixSelector):
+        return metric_names(node.vector_selector)
+    if isinstance(node, promql_parser.BinaryExpr):
+        return metric_names(node.lhs) | metric_names(node.rhs)
+    if isinstance(node, promql_parser.Call):
+        return set().union(*(metric_names(a) for a in node.args))
+    if isinstance(node, promql_parser.AggregateExpr | promql_parser.ParenExpr
+                  | promql_parser.UnaryExpr | promql_parser.SubqueryExpr):
+        return metric_names(node.expr)
+    return set()
+
+
+def alert_rules(base: list[Obj]) -> list[Obj]:
+    rule = one(base, "PrometheusRule")
+    return [r for g in rule["spec"]["groups"] for r in g["rules"]]
+
+
+def test_every_alert_expression_is_valid_promql_over_the_pushed_metrics(
+        base: list[Obj]) -> None:
+    for rule in alert_rules(base):
+        used = metric_names(promql_parser.parse(rule["expr"]))
+        assert used, rule["alert"]
+        assert used <= METRICS, (rule["alert"], used - METRICS)
+
+
+def test_promql_check_rejects_a_syntax_error() -> None:
+    with pytest.raises(ValueError, match="parenthesis"):
+        promql_parser.parse("rate(jobfence_function_runs_total[5m]")
+
+
+def test_every_alert_has_a_duration_a_severity_and_explanations(base: list[Obj]) -> None:
+    names = set()
+    for rule in alert_rules(base):
+        names.add(rule["alert"])
+        assert rule["for"], rule["alert"]
+        assert rule["labels"]["severity"] in {"critical", "warning"}, rule["alert"]
+        assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+    assert {"JobfenceFunctionNotSucceeding", "JobfenceFunctionFailureRate",
+            "JobfenceOrphanedPods", "JobfenceQueueOldestReadyAge"} <= names
