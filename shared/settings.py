@@ -73,9 +73,11 @@ class Settings(BaseSettings):
     """Claims younger than this (at the start of the pod listing) are not judged: covers
     clock skew between the database and the API server and pods still starting."""
 
-    orphan_pod_grace_seconds: float = Field(default=600.0, ge=0)
+    orphan_pod_grace_seconds: float = Field(default=180.0, ge=0)
     """A running worker pod must hold no live claim for this long, seen by two passes at
-    least this far apart, before orphan-cleanup deletes it."""
+    least this far apart, before orphan-cleanup deletes it. A healthy worker is without a
+    claim only while it starts (seconds) and exits; a frozen one whose claim was reclaimed
+    still counts as a running Job to KEDA and holds a slot until it is deleted."""
 
     finished_pod_history: int = Field(default=100, ge=0)
     """Finished worker pods kept for their logs (KEDA's own default history); older ones are
