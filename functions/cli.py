@@ -13,6 +13,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "enqueue": ("functions.enqueue:main", "validate and insert job(s), print their ids"),
     "worker": ("functions.worker:main", "claim and run jobs under lease, heartbeat and fence"),
     "sweeper": ("functions.sweeper:main", "expired leases: rotate fence, retry or fail"),
+    "lifecycle": ("functions.lifecycle:main",
+                  "run timeouts, pending expiry, retention of finished jobs and history"),
     "export-finalize": ("functions.export_finalize:main",
                         "finalize parents whose children are done; release dependents"),
     "migrate": ("functions.ops:migrate_main", "apply database migrations"),

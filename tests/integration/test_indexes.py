@@ -1,9 +1,12 @@
 """The queue's hot queries stay index scans however many finished jobs the table holds:
-no sequential scan of jobs in the claim, the reclaim, the KEDA count or drain status."""
+no sequential scan of jobs in the claim, the reclaim, the KEDA count, drain status, or the
+lifecycle pass's timeouts, expiry and retention pages."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import UTC, datetime
+from uuid import UUID
 
 import pytest
 
@@ -14,6 +17,7 @@ from tests.factories import enqueue_one
 from tests.pg import Databases
 
 FINISHED = 200_000
+FIRST_DUE = datetime(1, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +59,13 @@ def scanned_jobs_by(store: FencedStore, name: str, params: dict[str, object]) ->
     ("lease_reclaim_expired", {"batch_size": 500, "now": None, "base_seconds": 1.0,
                                "cap_seconds": 1.0}),
     ("queue_keda_count", {}),
+    ("lifecycle_timeout_reclaim", {"batch_size": 500, "now": None, "base_seconds": 1.0,
+                                   "cap_seconds": 1.0}),
+    ("lifecycle_expire_pending", {"batch_size": 500, "now": None}),
+    ("retention_ttl_page", {"now": None, "after_due": FIRST_DUE, "after_id": UUID(int=0),
+                            "limit": 500, "retention_seconds": 0}),
+    ("retention_default_page", {"now": None, "after_due": FIRST_DUE, "after_id": UUID(int=0),
+                                "limit": 500, "retention_seconds": 30 * 86400}),
     ("jobs_running_count", {}),
 ])
 def test_hot_queries_never_scan_the_whole_table(big_history: FencedStore, name: str,
