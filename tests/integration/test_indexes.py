@@ -4,6 +4,7 @@ lifecycle pass's timeouts, expiry and retention pages."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from uuid import UUID
@@ -82,3 +83,14 @@ def test_keda_count_counts_ready_plus_claimed(big_history: FencedStore) -> None:
         assert big_history.conn.execute(QUERIES["queue_keda_count"]).fetchone() == {"value": 0}
     finally:
         big_history.set_drain(on=False)
+
+
+def test_retention_pages_come_in_index_order_without_a_sort(big_history: FencedStore) -> None:
+    # Every finished job is due (a zero default retention): a page must still read one
+    # batch in (finished_at, job_id) order, not sort every due row, whatever the cursor.
+    params = {"now": None, "after_due": FIRST_DUE, "after_id": UUID(int=0), "limit": 500,
+              "retention_seconds": 0}
+    [row] = big_history.conn.execute(
+        "EXPLAIN (FORMAT JSON) " + QUERIES["retention_default_page"], params).fetchall()
+    plan = json.dumps(row["QUERY PLAN"])
+    assert "jobs_retention_default_page" in plan and '"Sort"' not in plan, plan
