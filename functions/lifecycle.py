@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
@@ -52,6 +53,14 @@ MAX_BATCHES = 200
 
 DELETE_CHUNK = 1000
 """Keys per DeleteObjects call (S3's limit)."""
+
+S3_THREADS = 8
+"""Jobs whose objects are listed and deleted at once: S3 calls spend their time waiting, and
+boto3's default pool holds 10 connections."""
+
+S3_GIVE_UP = 50
+"""Jobs in a row whose objects could not be deleted before the pass stops retention: the
+object store is most likely down or refusing, and the next scheduled pass retries."""
 
 FIRST = (datetime(1, 1, 1, tzinfo=UTC), ZERO)
 """The retention cursor before the first page."""
@@ -77,10 +86,6 @@ class Report:
     transaction this pass held."""
 
 
-class ObjectsRemain(Exception):
-    """Some of a job's objects could not be deleted: its rows must stay."""
-
-
 class _Pass:
     """One lifecycle pass: the steps, and the counts they add up."""
 
@@ -96,6 +101,8 @@ class _Pass:
         self.batches = 0
         self.longest = 0.0
         self._budget = MAX_BATCHES
+        self._pool: ThreadPoolExecutor | None = None
+        self._failed_in_a_row = 0
 
     def report(self) -> Report:
         return Report(
@@ -120,8 +127,12 @@ class _Pass:
         return self._budget > 0
 
     def batch(self, verb: Callable[..., T], **kwargs: object) -> T:
-        """Run one store verb that is one short database batch, timed and counted."""
+        """Run one store verb that is one short database batch, against the budget."""
         self._budget -= 1
+        return self.timed(verb, **kwargs)
+
+    def timed(self, verb: Callable[..., T], **kwargs: object) -> T:
+        """Run one store verb that is one short database batch, timed and counted."""
         self.batches += 1
         started = time.perf_counter()
         try:
@@ -181,56 +192,112 @@ class _Pass:
     # -- 3. retention ----------------------------------------------------------------------
 
     def retention(self) -> None:
-        for with_ttl in (True, False):
-            self.new_step()
-            self._retention_pages(with_ttl)
+        with ThreadPoolExecutor(S3_THREADS, thread_name_prefix="s3-delete") as pool:
+            self._pool = pool
+            for with_ttl in (True, False):
+                self.new_step()
+                if not self._retention_pages(with_ttl):
+                    return
 
-    def _retention_pages(self, with_ttl: bool) -> None:
+    def _retention_pages(self, with_ttl: bool) -> bool:
+        """One kind of retention (ttl or default), page by page; False when the object
+        store keeps failing and the pass should leave the rest to the next one."""
         store, cursor = self.store, FIRST
         while self.budget_left():
-            page = store.retention_due(with_ttl=with_ttl, after=cursor, limit=self.batch_size,
-                                       default_retention=self.settings.retention_default,
-                                       now=self.deps.now)
+            page = self.batch(store.retention_due, with_ttl=with_ttl, after=cursor,
+                              limit=self.batch_size,
+                              default_retention=self.settings.retention_default,
+                              now=self.deps.now)
             if not page:
-                return
-            ready = [c.job_id for c in page if self._clear_job(c)]
+                return True
+            cleared = self._clear_objects(page)
+            ready = [c.job_id for c in page if c.job_id in cleared
+                     and (not c.is_parent or self._delete_children_rows(c.job_id))]
             if ready:  # even past the budget: their objects are gone, the rows go now
-                gone = self.batch(store.delete_jobs, job_ids=ready)
+                gone = self.timed(store.delete_jobs, job_ids=ready)
                 self.jobs_deleted += len(gone)
                 log.info("retention_batch_deleted", jobs=len(gone),
                          kept=len(page) - len(gone))
+            if self._failed_in_a_row >= S3_GIVE_UP:
+                log.error("retention_stopped", failed_in_a_row=self._failed_in_a_row,
+                          message="the object store keeps failing; the next pass retries")
+                return False
             if len(page) < self.batch_size:
-                return
+                return True
             cursor = (page[-1].due, page[-1].job_id)
-
-    def _clear_job(self, job: RetentionCandidate) -> bool:
-        """Delete everything a job owns except its own row: its objects (and each child's),
-        then its children's rows. True when only the job's row is left."""
-        try:
-            if self.bucket and job.is_parent:
-                self._delete_children_objects(job.job_id)
-            if self.bucket and (job.is_parent or job.has_outputs):
-                self._delete_prefix(job_prefix(job.job_id))
-        except (ObjectStoreError, ObjectsRemain) as exc:
-            self.failures += 1
-            log.error("retention_objects_not_deleted", job_id=str(job.job_id), error=str(exc),
-                      message="rows kept; the next pass retries")
-            return False
-        if job.is_parent:
-            return self._delete_children_rows(job.job_id)
         return True
 
-    def _delete_children_objects(self, parent_id: UUID) -> None:
+    def _clear_objects(self, page: Sequence[RetentionCandidate]) -> set[UUID]:
+        """Delete the objects of a page of jobs; the ids of those that own none any more.
+
+        Only parents (their manifest, their children's outputs) and jobs that registered
+        outputs can own objects; the others cost no S3 call. A job any of whose objects
+        remain is logged and counted, and keeps every row until a later pass."""
+        if not self.bucket:
+            return {c.job_id for c in page}
+        cleared = {c.job_id for c in page if not (c.is_parent or c.has_outputs)}
+        plain = [c.job_id for c in page if c.has_outputs and not c.is_parent]
+        outcomes: list[tuple[UUID, str | None]] = list(zip(plain, self._purge_all(plain),
+                                                           strict=True))
+        for c in page:
+            if c.is_parent:
+                error = self._purge_children(c.job_id) or self._purge_all([c.job_id])[0]
+                outcomes.append((c.job_id, error))
+        for job_id, error in outcomes:
+            if error is None:
+                cleared.add(job_id)
+                self._failed_in_a_row = 0
+            else:
+                self.failures += 1
+                self._failed_in_a_row += 1
+                log.error("retention_objects_not_deleted", job_id=str(job_id), error=error,
+                          message="rows kept; the next pass retries")
+        return cleared
+
+    def _purge_children(self, parent_id: UUID) -> str | None:
+        """Delete the objects of every child of a parent, a page of children at a time;
+        None, or why some remain."""
         after = ZERO
         while True:
             page = self.store.retention_children(parent_id=parent_id, after=after,
                                                  limit=self.batch_size)
-            for child_id, has_outputs in page:
-                if has_outputs:
-                    self._delete_prefix(job_prefix(child_id))
+            with_outputs = [child for child, has_outputs in page if has_outputs]
+            for child, error in zip(with_outputs, self._purge_all(with_outputs), strict=True):
+                if error is not None:
+                    return f"child {child}: {error}"
             if len(page) < self.batch_size:
-                return
+                return None
             after = page[-1][0]
+
+    def _purge_all(self, job_ids: Sequence[UUID]) -> list[str | None]:
+        """Delete everything under each job's prefix, ``S3_THREADS`` jobs at a time (S3
+        calls are mostly waiting); per job, None or why some objects remain."""
+        if not job_ids:
+            return []
+        assert self._pool is not None, "only during retention()"
+        _ = self.deps.objects  # built here, once, before the threads share it
+        results = list(self._pool.map(self._purge, [job_prefix(j) for j in job_ids]))
+        self.objects_deleted += sum(n for n, _ in results)
+        return [error for _, error in results]
+
+    def _purge(self, prefix: str) -> tuple[int, str | None]:
+        """Delete every object under ``prefix``, a listing page (≤ 1000 keys) at a time: how
+        many went, and why some remain (None when none do). Runs on a pool thread, so it
+        touches only the object store."""
+        assert self.bucket is not None
+        objects, deleted = self.deps.objects, 0
+        try:
+            for keys in _chunks((o.key for o in objects.iter_objects(self.bucket, prefix)),
+                                DELETE_CHUNK):
+                failed = objects.delete_many(self.bucket, keys)
+                deleted += len(keys) - len(failed)
+                if failed:
+                    return deleted, (f"{len(failed)} of {len(keys)} objects not deleted, "
+                                     f"first s3://{self.bucket}/{failed[0].key}: "
+                                     f"{failed[0].error}")
+        except ObjectStoreError as exc:
+            return deleted, str(exc)
+        return deleted, None
 
     def _delete_children_rows(self, parent_id: UUID) -> bool:
         while self.budget_left():
@@ -240,27 +307,6 @@ class _Pass:
             if n < self.batch_size:
                 return True
         return False  # out of batches: the next pass finishes this parent
-
-    def _delete_prefix(self, prefix: str) -> None:
-        """Delete every object under ``prefix``, a listing page at a time; ObjectsRemain if
-        any could not be deleted."""
-        assert self.bucket is not None
-        objects, keys = self.deps.objects, []
-        for obj in objects.iter_objects(self.bucket, prefix):
-            keys.append(obj.key)
-            if len(keys) == DELETE_CHUNK:
-                self._delete_keys(keys)
-                keys = []
-        if keys:
-            self._delete_keys(keys)
-
-    def _delete_keys(self, keys: list[str]) -> None:
-        assert self.bucket is not None
-        failed = self.deps.objects.delete_many(self.bucket, keys)
-        self.objects_deleted += len(keys) - len(failed)
-        if failed:
-            raise ObjectsRemain(f"{len(failed)} of {len(keys)} objects not deleted, first "
-                                f"s3://{self.bucket}/{failed[0].key}: {failed[0].error}")
 
     # -- 4. audit trail and function runs --------------------------------------------------
 
@@ -280,6 +326,17 @@ class _Pass:
             if n < self.batch_size:
                 break
         return total
+
+
+def _chunks(items: Iterable[str], size: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def run_once(settings: Settings, deps: Deps) -> Report:

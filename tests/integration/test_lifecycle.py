@@ -411,3 +411,40 @@ def test_a_second_pass_with_nothing_due_changes_nothing(store: FencedStore, dsn:
     counts = {k: v for k, v in asdict(again).items()
               if k not in ("function", "batches", "longest_batch_seconds")}
     assert set(counts.values()) == {0}
+
+
+def test_a_job_with_more_objects_than_one_delete_call_takes_loses_them_all(
+        store: FencedStore, dsn: str) -> None:
+    objects = MemoryObjectStore()
+    job_id = enqueue_one(store, ttl_seconds=60)
+    attempt = finish_with_outputs(store, objects, job_id, files=1)
+    for i in range(2500):  # e.g. files of an attempt that lost its fence mid-upload
+        objects.put_bytes(BUCKET, f"{job_prefix(job_id)}{attempt}/extra/{i:05d}", b"x")
+    objects.fail_deletes.add(f"{job_prefix(job_id)}{attempt}/extra/02")
+    later = db_now(store) + HOUR
+    partial = run(store, dsn, now=later, objects=objects)
+    assert partial.retention_failures == 1 and store.get(job_id) is not None
+    # Three delete calls in key order: extra/00000-00999, 01000-01999, 02000-02499 + o0.
+    assert partial.retention_objects_deleted == 2001
+    assert len(keys(objects)) == 500
+    objects.fail_deletes.clear()
+    report = run(store, dsn, now=later, objects=objects)
+    assert report.retention_objects_deleted == 500 and report.retention_jobs_deleted == 1
+    assert keys(objects) == []
+
+
+def test_retention_stops_for_the_pass_when_the_object_store_keeps_failing(
+        store: FencedStore, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lifecycle, "S3_GIVE_UP", 4)
+    objects = MemoryObjectStore()
+    jobs = []
+    for _ in range(10):
+        jobs.append(enqueue_one(store, ttl_seconds=60))
+        finish_with_outputs(store, objects, jobs[-1], files=1)
+    objects.fail_deletes.add("jobfence/")  # S3 refuses everything
+    later = db_now(store) + HOUR
+    report = run(store, dsn, now=later, objects=objects, batch_size=2)
+    assert report.retention_failures == 4  # two pages, then it gives up
+    assert all(store.get(j) is not None for j in jobs)
+    objects.fail_deletes.clear()
+    assert run(store, dsn, now=later, objects=objects).retention_jobs_deleted == 10
