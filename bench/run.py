@@ -25,6 +25,7 @@ from bench.common import REPO, Bench, Section, postgres
 BENCHMARKS = {
     "sigterm": "bench.bench_sigterm",
     "listing": "bench.bench_listing",
+    "retention": "bench.bench_retention",
 }
 
 OUT = REPO / "docs" / "BENCHMARKS.md"

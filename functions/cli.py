@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                        "claims whose worker pod is gone or dead: rotate fence, retry or fail"),
     "orphan-cleanup": ("functions.orphan_cleanup:main",
                        "delete worker pods and S3 objects that nothing owns"),
+    "lifecycle": ("functions.lifecycle:main",
+                  "run timeouts, pending expiry, retention of finished jobs and history"),
     "export-finalize": ("functions.export_finalize:main",
                         "finalize parents whose children are done; release dependents"),
     "migrate": ("functions.ops:migrate_main", "apply database migrations"),

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 import socket
+from datetime import timedelta
 from typing import Literal, Self
 
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.durations import Duration
 from shared.errors import ConfigError
 
 
@@ -47,6 +49,21 @@ class Settings(BaseSettings):
     batch_size: int = Field(default=500, ge=1, le=100_000)
     """Rows per batch in every periodic pass: bounds each transaction and the memory of a
     pass, whatever the size of the table."""
+
+    retention_default: Duration = timedelta(days=30)
+    """How long a finished job without a ``ttl`` of its own is kept (rows and S3 outputs),
+    as an ISO 8601 duration (``P30D``, ``PT36H``). A month leaves time to look into a
+    failure and to collect outputs, without the table growing forever."""
+
+    audit_retention: Duration = timedelta(days=90)
+    """How long audit events (``job_events``) are kept, as an ISO 8601 duration. Longer
+    than job retention on purpose: the trail of a deleted job still answers "what happened
+    to it" for a quarter."""
+
+    function_runs_retention: Duration = timedelta(days=30)
+    """How long records of periodic function runs (``function_runs``) are kept, as an
+    ISO 8601 duration. A run every minute is ~43k rows a month per function: enough
+    history to see when a pass last succeeded, bounded."""
 
     worker_id: str | None = None
     """Claimer identity written on every claim; default the pod name from the downward API
@@ -160,6 +177,6 @@ def load_settings(**overrides: object) -> Settings:
             env = f"JOBFENCE_{field.upper()}"
             required = err["type"] == "missing" or (
                 field == "database_url" and err["type"] == "string_too_short")
-            msg = "is required" if required else err["msg"]
+            msg = "is required" if required else err["msg"].removeprefix("Value error, ")
             problems.append(f"{env} {msg}")
         raise ConfigError("; ".join(problems)) from None

@@ -13,7 +13,7 @@ import json
 import socket
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -153,6 +153,19 @@ class RetryPolicy:
 
 
 IMMEDIATE = RetryPolicy(0.0, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionCandidate:
+    """A top-level terminal job whose retention has run out."""
+
+    job_id: UUID
+    is_parent: bool
+    has_outputs: bool
+    """Whether an attempt registered outputs: only then can it own objects on S3 (outputs
+    are registered under the fence before they are uploaded)."""
+    due: datetime
+    """Its place in the retention order (retain_until, or finished_at without a ttl)."""
 
 
 def _transitions(rows: Iterable[dict[str, Any]]) -> list[Transition]:
@@ -525,6 +538,91 @@ class FencedStore:
             rows = self.conn.execute(QUERIES["objects_owners"],
                                      {"pairs": json.dumps(payload)}).fetchall()
         return {(r["job_id"], r["attempt_id"]): r["verdict"] for r in rows}
+
+    # -- lifecycle: run timeouts, pending expiry, retention -------------------------------
+
+    def reclaim_timed_out(self, *, retry: RetryPolicy, batch_size: int,
+                          now: datetime | None = None) -> list[Transition]:
+        """One bounded batch of running jobs past their run deadline: fence rotated, back
+        to pending with backoff, or failed "timed out" when attempts are exhausted.
+
+        Does not settle: the caller settles the transitions (and counts what that moved).
+        """
+        with translated():
+            rows = self.conn.execute(QUERIES["lifecycle_timeout_reclaim"], {
+                "batch_size": batch_size, "now": now, **retry.params()}).fetchall()
+        return _transitions(rows)
+
+    def expire_pending(self, *, batch_size: int,
+                       now: datetime | None = None) -> tuple[list[Transition], int]:
+        """One bounded batch of waiting/pending jobs past their ``expires_at``: cancelled
+        "expired before start". A waiting parent's waiting children are cancelled in the
+        same transaction, and only counted (second value): a parent's children may be
+        many, and nothing waits on a child.
+
+        Does not settle: the caller settles the transitions.
+        """
+        with translated(), self.conn.transaction():
+            rows = self.conn.execute(QUERIES["lifecycle_expire_pending"], {
+                "batch_size": batch_size, "now": now}).fetchall()
+            parents = [r["job_id"] for r in rows if r["is_parent"]]
+            children = 0
+            if parents:
+                children = self.conn.execute(QUERIES["children_cancel_expired_parent"],
+                                             {"parent_ids": parents}).rowcount
+        return _transitions(rows), children
+
+    def retention_due(self, *, with_ttl: bool, after: tuple[datetime, UUID], limit: int,
+                      default_retention: timedelta,
+                      now: datetime | None = None) -> list[RetentionCandidate]:
+        """A page of top-level terminal jobs whose retention ran out, after the cursor
+        ``after`` = (due, job_id): those with a ttl past ``retain_until``, or those without
+        one that finished more than ``default_retention`` ago."""
+        query = QUERIES["retention_ttl_page"] if with_ttl else QUERIES["retention_default_page"]
+        with translated():
+            rows = self.conn.execute(query, {
+                "now": now, "after_due": after[0], "after_id": after[1], "limit": limit,
+                "retention_seconds": default_retention.total_seconds()}).fetchall()
+        return [RetentionCandidate(**row) for row in rows]
+
+    def retention_children(self, *, parent_id: UUID, after: UUID,
+                           limit: int) -> list[tuple[UUID, bool]]:
+        """A page of a parent's children in id order: (job_id, has_outputs)."""
+        with translated():
+            rows = self.conn.execute(QUERIES["retention_children_page"], {
+                "parent_id": parent_id, "after": after, "limit": limit}).fetchall()
+        return [(r["job_id"], r["has_outputs"]) for r in rows]
+
+    def delete_children(self, *, parent_id: UUID, limit: int) -> int:
+        """Delete up to ``limit`` terminal children of a parent (one short transaction);
+        how many went."""
+        with translated():
+            return len(self.conn.execute(QUERIES["retention_children_delete"], {
+                "parent_id": parent_id, "limit": limit}).fetchall())
+
+    def delete_jobs(self, *, job_ids: Sequence[UUID]) -> list[UUID]:
+        """Delete these top-level terminal jobs (action results, outputs and dependency
+        rows cascade) in one statement; a parent that still has children is kept. The ids
+        deleted."""
+        with translated():
+            return [r["job_id"] for r in self.conn.execute(
+                QUERIES["retention_jobs_delete"], {"job_ids": list(job_ids)})]
+
+    def delete_old_events(self, *, older_than: timedelta, limit: int,
+                          now: datetime | None = None) -> int:
+        """Delete up to ``limit`` audit events older than ``older_than``, oldest first."""
+        with translated():
+            return self.conn.execute(QUERIES["events_delete_expired"], {
+                "now": now, "retention_seconds": older_than.total_seconds(),
+                "limit": limit}).rowcount
+
+    def delete_old_function_runs(self, *, older_than: timedelta, limit: int,
+                                 now: datetime | None = None) -> int:
+        """Delete up to ``limit`` function-run records started before ``older_than``."""
+        with translated():
+            return self.conn.execute(QUERIES["function_runs_delete_expired"], {
+                "now": now, "retention_seconds": older_than.total_seconds(),
+                "limit": limit}).rowcount
 
     # -- settling what waited on finished jobs ---------------------------------------------
 

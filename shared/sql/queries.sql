@@ -338,6 +338,152 @@ WHERE status = 'waiting' AND parent_id IS NULL AND job_id > %(after)s
 ORDER BY job_id
 LIMIT %(limit)s;
 
+-- lifecycle_timeout_reclaim --
+-- Running jobs past their run deadline, oldest first, in a bounded batch: rotate the fence
+-- (the worker finds out at its next heartbeat and kills its child), then back to pending
+-- with backoff, or failed "timed out" once attempts are exhausted. The timed-out attempt
+-- was counted at its claim, so it counts as a failed one.
+WITH overdue AS (
+    SELECT job_id FROM jobs
+    WHERE status = 'running' AND run_deadline_at IS NOT NULL AND NOT is_parent
+      AND run_deadline_at <= coalesce(%(now)s::timestamptz, now())
+    ORDER BY run_deadline_at
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs j SET
+    status = CASE WHEN j.attempt_count >= j.max_attempts THEN 'failed' ELSE 'pending' END,
+    attempt_id = NULL,
+    claimed_by = NULL,
+    run_deadline_at = NULL,
+    visible_at = now() + jobfence_retry_delay(j.attempt_count, %(base_seconds)s, %(cap_seconds)s),
+    finished_at = CASE WHEN j.attempt_count >= j.max_attempts THEN now() END,
+    retain_until = CASE WHEN j.attempt_count >= j.max_attempts THEN now() + j.ttl END,
+    reason = 'timed out: ran longer than its timeout (attempt ' || j.attempt_count || ' of '
+        || j.max_attempts || ', claimed by ' || coalesce(j.claimed_by, '?') || ')',
+    error = 'timed out'
+FROM overdue o
+WHERE j.job_id = o.job_id
+RETURNING j.job_id, j.status, j.parent_id;
+
+-- lifecycle_expire_pending --
+-- Waiting or pending jobs past their expires_at, in a bounded batch: cancelled "expired
+-- before start". Never claimed, so there is no fence to rotate.
+WITH expired AS (
+    SELECT job_id FROM jobs
+    WHERE status IN ('waiting', 'pending') AND expires_at IS NOT NULL
+      AND expires_at <= coalesce(%(now)s::timestamptz, now())
+    ORDER BY expires_at
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs j SET
+    status = 'cancelled',
+    finished_at = now(),
+    retain_until = now() + j.ttl,
+    reason = 'expired before start',
+    error = 'expired before start'
+FROM expired e
+WHERE j.job_id = e.job_id
+RETURNING j.job_id, j.status, j.parent_id, j.is_parent;
+
+-- children_cancel_expired_parent --
+-- Parents that expired while waiting: their waiting children will never run. Same
+-- transaction as the parents' expiry, so no child is left waiting on a cancelled parent.
+UPDATE jobs SET status = 'cancelled', finished_at = now(), retain_until = now() + ttl,
+    reason = 'parent expired before start', error = 'parent expired before start'
+WHERE parent_id = ANY(%(parent_ids)s::uuid[]) AND status = 'waiting'
+RETURNING job_id, status, parent_id;
+
+-- retention_ttl_page --
+-- Top-level terminal jobs with a ttl whose retain_until has passed, in (retain_until,
+-- job_id) order after a cursor (a job whose objects could not be deleted stays behind it
+-- until the next pass; the first page starts at the year 1). has_outputs: whether an
+-- attempt registered an output, i.e. whether the job can own objects under its prefix
+-- (one index probe per row: LIMIT 1 in a lateral join is never turned into a hash of the
+-- whole job_outputs table).
+SELECT j.job_id, j.is_parent, j.retain_until AS due,
+    o.found IS NOT NULL AS has_outputs
+FROM jobs j
+LEFT JOIN LATERAL (SELECT true AS found FROM job_outputs o
+                   WHERE o.job_id = j.job_id LIMIT 1) o ON true
+WHERE j.parent_id IS NULL AND j.retain_until IS NOT NULL
+  AND j.retain_until <= coalesce(%(now)s::timestamptz, now())
+  AND j.status IN ('succeeded', 'failed', 'cancelled')
+  AND (j.retain_until, j.job_id) > (%(after_due)s::timestamptz, %(after_id)s::uuid)
+ORDER BY j.retain_until, j.job_id
+LIMIT %(limit)s;
+
+-- retention_default_page --
+-- Top-level terminal jobs without a ttl that finished more than the default retention ago,
+-- in (finished_at, job_id) order after a cursor; as retention_ttl_page otherwise.
+SELECT j.job_id, j.is_parent, j.finished_at AS due,
+    o.found IS NOT NULL AS has_outputs
+FROM jobs j
+LEFT JOIN LATERAL (SELECT true AS found FROM job_outputs o
+                   WHERE o.job_id = j.job_id LIMIT 1) o ON true
+WHERE j.parent_id IS NULL AND j.ttl IS NULL AND j.finished_at IS NOT NULL
+  AND j.finished_at <= coalesce(%(now)s::timestamptz, now())
+                       - make_interval(secs => %(retention_seconds)s)
+  AND j.status IN ('succeeded', 'failed', 'cancelled')
+  AND (j.finished_at, j.job_id) > (%(after_due)s::timestamptz, %(after_id)s::uuid)
+ORDER BY j.finished_at, j.job_id
+LIMIT %(limit)s;
+
+-- retention_children_page --
+-- One page of a parent's children in id order, each with whether it registered outputs.
+SELECT c.job_id,
+    o.found IS NOT NULL AS has_outputs
+FROM jobs c
+LEFT JOIN LATERAL (SELECT true AS found FROM job_outputs o
+                   WHERE o.job_id = c.job_id LIMIT 1) o ON true
+WHERE c.parent_id = %(parent_id)s AND c.job_id > %(after)s
+ORDER BY c.job_id
+LIMIT %(limit)s;
+
+-- retention_children_delete --
+-- Delete one bounded batch of a terminal parent's terminal children (their action results
+-- and outputs cascade: a few rows per child).
+DELETE FROM jobs
+WHERE job_id IN (
+    SELECT c.job_id FROM jobs c
+    WHERE c.parent_id = %(parent_id)s AND c.status IN ('succeeded', 'failed', 'cancelled')
+    ORDER BY c.job_id
+    LIMIT %(limit)s
+)
+RETURNING job_id;
+
+-- retention_jobs_delete --
+-- Delete top-level terminal jobs whose objects are gone. A parent goes only once it has no
+-- child left (its children are deleted first, batch by batch): the parent_id cascade never
+-- deletes an unbounded number of children in one statement.
+DELETE FROM jobs j
+WHERE j.job_id = ANY(%(job_ids)s::uuid[]) AND j.parent_id IS NULL
+  AND j.status IN ('succeeded', 'failed', 'cancelled')
+  AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = j.job_id)
+RETURNING j.job_id;
+
+-- events_delete_expired --
+-- Delete one bounded batch of audit events older than the audit retention, oldest first.
+DELETE FROM job_events
+WHERE event_id IN (
+    SELECT event_id FROM job_events
+    WHERE at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_seconds)s)
+    ORDER BY at
+    LIMIT %(limit)s
+);
+
+-- function_runs_delete_expired --
+-- Delete one bounded batch of function-run records older than their retention.
+DELETE FROM function_runs
+WHERE run_id IN (
+    SELECT run_id FROM function_runs
+    WHERE started_at < coalesce(%(now)s::timestamptz, now())
+                       - make_interval(secs => %(retention_seconds)s)
+    ORDER BY started_at
+    LIMIT %(limit)s
+);
+
 -- job_get --
 -- One job, everything `status` shows.
 SELECT job_id, status, actions, resource, priority, max_attempts, attempt_count, visible_at,

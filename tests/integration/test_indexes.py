@@ -1,10 +1,14 @@
 """The queue's hot queries stay index scans however many finished jobs the table holds:
 no sequential scan of jobs in the claim, the reclaim, the KEDA count, drain status, or the
-comparisons with the cluster's pods and the object store's keys."""
+comparisons with the cluster's pods and the object store's keys, or the lifecycle pass's
+timeouts, expiry and retention pages."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
+from uuid import UUID
 
 import pytest
 
@@ -16,6 +20,7 @@ from tests.pg import Databases
 
 FINISHED = 200_000
 LATER = "2030-01-01T00:00:00Z"
+FIRST_DUE = datetime(1, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +63,13 @@ def scanned_jobs_by(store: FencedStore, name: str, params: dict[str, object]) ->
     ("lease_reclaim_expired", {"batch_size": 500, "now": None, "base_seconds": 1.0,
                                "cap_seconds": 1.0}),
     ("queue_keda_count", {}),
+    ("lifecycle_timeout_reclaim", {"batch_size": 500, "now": None, "base_seconds": 1.0,
+                                   "cap_seconds": 1.0}),
+    ("lifecycle_expire_pending", {"batch_size": 500, "now": None}),
+    ("retention_ttl_page", {"now": None, "after_due": FIRST_DUE, "after_id": UUID(int=0),
+                            "limit": 500, "retention_seconds": 0}),
+    ("retention_default_page", {"now": None, "after_due": FIRST_DUE, "after_id": UUID(int=0),
+                                "limit": 500, "retention_seconds": 30 * 86400}),
     ("jobs_running_count", {}),
     ("queue_gauges", {}),
     ("claims_dead_reclaim", {"claimer_pattern": "^w", "listed_at": LATER, "grace_seconds": 0,
@@ -81,3 +93,14 @@ def test_keda_count_counts_ready_plus_claimed(big_history: FencedStore) -> None:
         assert big_history.conn.execute(QUERIES["queue_keda_count"]).fetchone() == {"value": 0}
     finally:
         big_history.set_drain(on=False)
+
+
+def test_retention_pages_come_in_index_order_without_a_sort(big_history: FencedStore) -> None:
+    # Every finished job is due (a zero default retention): a page must still read one
+    # batch in (finished_at, job_id) order, not sort every due row, whatever the cursor.
+    params = {"now": None, "after_due": FIRST_DUE, "after_id": UUID(int=0), "limit": 500,
+              "retention_seconds": 0}
+    [row] = big_history.conn.execute(
+        "EXPLAIN (FORMAT JSON) " + QUERIES["retention_default_page"], params).fetchall()
+    plan = json.dumps(row["QUERY PLAN"])
+    assert "jobs_retention_default_page" in plan and '"Sort"' not in plan, plan
