@@ -178,29 +178,22 @@ RETURNING job_id, status, parent_id;
 
 -- lease_reclaim_expired --
 -- Expired leases, oldest first, in a bounded batch: rotate the fence, then back to pending
--- with backoff, or failed once attempts are exhausted.
+-- with backoff, or failed once attempts are exhausted (jobfence_reclaim).
 WITH expired AS (
-    SELECT job_id FROM jobs
+    SELECT job_id, 'lease expired (claimed by ' || coalesce(claimed_by, '?') || ')' AS why
+    FROM jobs
     WHERE status = 'running' AND NOT is_parent
       AND visible_at <= coalesce(%(now)s::timestamptz, now())
     ORDER BY visible_at
     LIMIT %(batch_size)s
     FOR UPDATE SKIP LOCKED
 )
-UPDATE jobs j SET
-    status = CASE WHEN j.attempt_count >= j.max_attempts THEN 'failed' ELSE 'pending' END,
-    attempt_id = NULL,
-    claimed_by = NULL,
-    run_deadline_at = NULL,
-    visible_at = now() + jobfence_retry_delay(j.attempt_count, %(base_seconds)s, %(cap_seconds)s),
-    finished_at = CASE WHEN j.attempt_count >= j.max_attempts THEN now() END,
-    retain_until = CASE WHEN j.attempt_count >= j.max_attempts THEN now() + j.ttl END,
-    reason = 'lease expired (claimed by ' || coalesce(j.claimed_by, '?') || ')',
-    error = CASE WHEN j.attempt_count >= j.max_attempts
-        THEN 'lease expired; attempts exhausted' ELSE j.error END
-FROM expired e
-WHERE j.job_id = e.job_id
-RETURNING j.job_id, j.status, j.parent_id;
+SELECT r.job_id, r.status, r.parent_id
+FROM jobfence_reclaim(
+    ARRAY(SELECT job_id FROM expired ORDER BY job_id),
+    ARRAY(SELECT why FROM expired ORDER BY job_id),
+    ARRAY(SELECT 'lease expired' FROM expired ORDER BY job_id),
+    %(base_seconds)s, %(cap_seconds)s) AS r;
 
 -- dependency_dependents --
 -- Waiting jobs that depend on any of these jobs.
@@ -341,30 +334,24 @@ LIMIT %(limit)s;
 -- lifecycle_timeout_reclaim --
 -- Running jobs past their run deadline, oldest first, in a bounded batch: rotate the fence
 -- (the worker finds out at its next heartbeat and kills its child), then back to pending
--- with backoff, or failed "timed out" once attempts are exhausted. The timed-out attempt
--- was counted at its claim, so it counts as a failed one.
+-- with backoff, or failed "timed out" once attempts are exhausted (jobfence_reclaim). The
+-- timed-out attempt was counted at its claim, so it counts as a failed one.
 WITH overdue AS (
-    SELECT job_id FROM jobs
+    SELECT job_id, 'timed out: ran longer than its timeout (attempt ' || attempt_count
+        || ' of ' || max_attempts || ', claimed by ' || coalesce(claimed_by, '?') || ')' AS why
+    FROM jobs
     WHERE status = 'running' AND run_deadline_at IS NOT NULL AND NOT is_parent
       AND run_deadline_at <= coalesce(%(now)s::timestamptz, now())
     ORDER BY run_deadline_at
     LIMIT %(batch_size)s
     FOR UPDATE SKIP LOCKED
 )
-UPDATE jobs j SET
-    status = CASE WHEN j.attempt_count >= j.max_attempts THEN 'failed' ELSE 'pending' END,
-    attempt_id = NULL,
-    claimed_by = NULL,
-    run_deadline_at = NULL,
-    visible_at = now() + jobfence_retry_delay(j.attempt_count, %(base_seconds)s, %(cap_seconds)s),
-    finished_at = CASE WHEN j.attempt_count >= j.max_attempts THEN now() END,
-    retain_until = CASE WHEN j.attempt_count >= j.max_attempts THEN now() + j.ttl END,
-    reason = 'timed out: ran longer than its timeout (attempt ' || j.attempt_count || ' of '
-        || j.max_attempts || ', claimed by ' || coalesce(j.claimed_by, '?') || ')',
-    error = 'timed out'
-FROM overdue o
-WHERE j.job_id = o.job_id
-RETURNING j.job_id, j.status, j.parent_id;
+SELECT r.job_id, r.status, r.parent_id
+FROM jobfence_reclaim(
+    ARRAY(SELECT job_id FROM overdue ORDER BY job_id),
+    ARRAY(SELECT why FROM overdue ORDER BY job_id),
+    ARRAY(SELECT 'timed out' FROM overdue ORDER BY job_id),
+    %(base_seconds)s, %(cap_seconds)s) AS r;
 
 -- lifecycle_expire_pending --
 -- Waiting or pending jobs past their expires_at, in a bounded batch: cancelled "expired
@@ -660,9 +647,9 @@ SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now;
 -- claims_dead_reclaim --
 -- Live claims whose worker pod is gone from the snapshot, or has finished or gone Unknown,
 -- in a bounded batch: rotate the fence, retry with backoff, or fail once attempts are
--- exhausted. Judged only for claimers the cluster can vouch for, and only for claims made
--- before the listing began minus a grace period; a pod that started after the claim is a
--- new process under a reused name, so the claimer is gone.
+-- exhausted (jobfence_reclaim). Judged only for claimers the cluster can vouch for, and
+-- only for claims made before the listing began minus a grace period; a pod that started
+-- after the claim is a new process under a reused name, so the claimer is gone.
 WITH dead AS (
     SELECT j.job_id,
         (p.name IS NULL OR p.started_at > j.claimed_at + interval '1 second') AS missing,
@@ -679,19 +666,13 @@ WITH dead AS (
     LIMIT %(batch_size)s
     FOR UPDATE OF j SKIP LOCKED
 )
-UPDATE jobs j SET
-    status = CASE WHEN j.attempt_count >= j.max_attempts THEN 'failed' ELSE 'pending' END,
-    attempt_id = NULL,
-    claimed_by = NULL,
-    run_deadline_at = NULL,
-    visible_at = now() + jobfence_retry_delay(j.attempt_count, %(base_seconds)s, %(cap_seconds)s),
-    finished_at = CASE WHEN j.attempt_count >= j.max_attempts THEN now() END,
-    retain_until = CASE WHEN j.attempt_count >= j.max_attempts THEN now() + j.ttl END,
-    reason = d.why,
-    error = CASE WHEN j.attempt_count >= j.max_attempts THEN d.why ELSE j.error END
-FROM dead d
-WHERE j.job_id = d.job_id
-RETURNING j.job_id, j.status, j.parent_id, d.missing;
+SELECT r.job_id, r.status, r.parent_id, d.missing
+FROM jobfence_reclaim(
+    ARRAY(SELECT job_id FROM dead ORDER BY job_id),
+    ARRAY(SELECT why FROM dead ORDER BY job_id),
+    ARRAY(SELECT why FROM dead ORDER BY job_id),
+    %(base_seconds)s, %(cap_seconds)s) AS r
+JOIN dead d ON d.job_id = r.job_id;
 
 -- claims_unverifiable_count --
 -- Live claims by workers the cluster cannot vouch for (e.g. run by hand outside it).
