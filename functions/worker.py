@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from shared import cli
-from shared.actions import ActionContext, StopRequested, get_action
+from shared.actions import ActionContext, AttemptDirs, StopRequested, get_action
 from shared.actions.builtin import ActionFailed
 from shared.attempt import AttemptGuard, SideChannel, StopReason
 from shared.datums import AttemptFiles
@@ -161,24 +161,27 @@ class Worker:
             if terminating:  # SIGTERM arrived while the claim was being made
                 guard.release_on_sigterm()
                 return Outcome.TERMINATED
-            with guard, tempfile.TemporaryDirectory(prefix="jobfence-") as work:
-                return self._run_actions(claim, guard, Path(work))
+            dirs = AttemptDirs(Path(tempfile.gettempdir()) / f"jobfence-{claim.attempt_id}")
+            try:
+                with guard:
+                    return self._run_actions(claim, guard, dirs)
+            finally:
+                dirs.cleanup()
         finally:
             with self._lock:
                 self._current = None
 
-    def _run_actions(self, claim: Claim, guard: AttemptGuard, work: Path) -> Outcome:
-        done = self.store.succeeded_actions(claim.job_id)
+    def _run_actions(self, claim: Claim, guard: AttemptGuard, dirs: AttemptDirs) -> Outcome:
+        # A first attempt has nothing to resume; a retry skips what earlier ones finished.
+        done = self.store.succeeded_actions(claim.job_id) if claim.attempt_count > 1 else set()
         todo = [i for i in range(len(claim.actions)) if i not in done]
         if done:
             log.info("resuming", job_id=str(claim.job_id), after_actions=sorted(done))
         if not todo:  # every action finished in an earlier attempt
             return self._finish(claim, guard, None)
-        inputs, outputs = work / "inputs", work / "outputs"
-        inputs.mkdir()
-        outputs.mkdir()
         env = {"JOBFENCE_JOB_ID": str(claim.job_id), "JOBFENCE_ATTEMPT_ID": str(claim.attempt_id),
-               "JOBFENCE_INPUT_DIR": str(inputs), "JOBFENCE_OUTPUT_DIR": str(outputs)}
+               "JOBFENCE_INPUT_DIR": str(dirs.root / "inputs"),
+               "JOBFENCE_OUTPUT_DIR": str(dirs.root / "outputs")}
         files = AttemptFiles(job_id=claim.job_id, attempt_id=claim.attempt_id,
                              inputs=claim.inputs, objects=self.objects,
                              bucket=self.settings.s3_bucket,
@@ -190,8 +193,7 @@ class Worker:
             try:
                 action = get_action(spec["name"])
                 ctx = ActionContext(job_id=claim.job_id, attempt_id=claim.attempt_id,
-                                    action_index=index, workdir=work, input_dir=inputs,
-                                    output_dir=outputs, stop=guard.stop,
+                                    action_index=index, dirs=dirs, stop=guard.stop,
                                     track_process=guard.track, untrack_process=guard.untrack,
                                     files=files, env=env)
                 result = action.run(ctx, spec.get("params", {}))

@@ -120,12 +120,18 @@ class ActionOutcome:
     error: str | None = None
     error_detail: str | None = None
 
-    def params(self) -> dict[str, Any]:
-        return {"action_index": self.index, "name": self.name,
-                "status": "succeeded" if self.succeeded else "failed",
-                "started_at": self.started_at,
-                "result": json.dumps(self.result) if self.result is not None else None,
-                "error": self.error, "error_detail": self.error_detail}
+    def params(self, prefix: str = "") -> dict[str, Any]:
+        """Query parameters; ``prefix="action_"`` where they sit beside the job's own."""
+        return {"action_index": self.index, f"{prefix}name": self.name,
+                f"{prefix}status": "succeeded" if self.succeeded else "failed",
+                f"{prefix}started_at": self.started_at,
+                f"{prefix}result": json.dumps(self.result) if self.result is not None else None,
+                f"{prefix}error": self.error, f"{prefix}error_detail": self.error_detail}
+
+
+NO_OUTCOME = {"action_index": None, "action_name": None, "action_status": None,
+              "action_started_at": None, "action_result": None, "action_error": None,
+              "action_error_detail": None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,26 +287,22 @@ class FencedStore:
     def record_action(self, *, job_id: UUID, attempt_id: UUID, outcome: ActionOutcome) -> bool:
         """Record one action's outcome under the fence; False when the fence is lost."""
         with translated():
-            return self._record(job_id, attempt_id, outcome)
-
-    def _record(self, job_id: UUID, attempt_id: UUID, outcome: ActionOutcome) -> bool:
-        row = self.conn.execute(QUERIES["attempt_action_record"],
-                                {"job_id": job_id, "attempt_id": attempt_id,
-                                 **outcome.params()}).fetchone()
+            row = self.conn.execute(QUERIES["attempt_action_record"],
+                                    {"job_id": job_id, "attempt_id": attempt_id,
+                                     **outcome.params()}).fetchone()
         return row is not None
 
     def finish(self, *, job_id: UUID, attempt_id: UUID, succeeded: bool,
                outcome: ActionOutcome | None = None, reason: str | None = None,
                error: str | None = None, error_detail: str | None = None) -> Transition | None:
-        """Fenced terminal write, with the last action's outcome in the same transaction;
+        """Fenced terminal write, with the last action's outcome in the same statement;
         None when the fence is lost (nothing written)."""
         status = "succeeded" if succeeded else "failed"
-        with translated(), self.conn.transaction():
-            if outcome is not None and not self._record(job_id, attempt_id, outcome):
-                return None
+        with translated():
             row = self.conn.execute(QUERIES["attempt_finish"], {
                 "job_id": job_id, "attempt_id": attempt_id, "status": status,
                 "reason": reason or status, "error": error, "error_detail": error_detail,
+                **(outcome.params("action_") if outcome else NO_OUTCOME),
             }).fetchone()
         if row is None:
             return None
@@ -312,14 +314,13 @@ class FencedStore:
                 retry: RetryPolicy, outcome: ActionOutcome | None = None,
                 error: str | None = None, error_detail: str | None = None) -> Transition | None:
         """Fenced give-back: pending after the retry delay, or failed when attempts are
-        exhausted; the failed action's outcome in the same transaction. None when the
-        fence is lost."""
-        with translated(), self.conn.transaction():
-            if outcome is not None and not self._record(job_id, attempt_id, outcome):
-                return None
+        exhausted; the failed action's outcome in the same statement. None when the fence
+        is lost."""
+        with translated():
             row = self.conn.execute(QUERIES["attempt_release"], {
                 "job_id": job_id, "attempt_id": attempt_id, "reason": reason,
                 "error": error, "error_detail": error_detail, **retry.params(),
+                **(outcome.params("action_") if outcome else NO_OUTCOME),
             }).fetchone()
         if row is None:
             return None

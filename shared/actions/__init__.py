@@ -7,6 +7,7 @@ add more through the entry-point group ``jobfence.actions``, whose objects satis
 
 from __future__ import annotations
 
+import shutil
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,41 @@ class AttemptFiles(Protocol):
     def publish_outputs(self, src: Path) -> list[str]: ...
 
 
+class AttemptDirs:
+    """An attempt's scratch space — ``workdir`` with ``inputs/`` and ``outputs/`` in it —
+    created on first use, so that a job that never touches a file costs no mkdir (on some
+    container filesystems a mkdir costs more than the job's own database round trips)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._made = False
+
+    def _make(self) -> Path:
+        if not self._made:
+            self.root.mkdir(mode=0o700)  # never an existing path: the name is unguessable
+            (self.root / "inputs").mkdir()
+            (self.root / "outputs").mkdir()
+            self._made = True
+        return self.root
+
+    @property
+    def workdir(self) -> Path:
+        return self._make()
+
+    @property
+    def input_dir(self) -> Path:
+        return self._make() / "inputs"
+
+    @property
+    def output_dir(self) -> Path:
+        return self._make() / "outputs"
+
+    def cleanup(self) -> None:
+        if self._made:
+            shutil.rmtree(self.root, ignore_errors=True)
+            self._made = False
+
+
 @dataclass
 class ActionContext:
     """What a running action may use. ``stop`` is set the moment the attempt must end;
@@ -41,14 +77,27 @@ class ActionContext:
     job_id: UUID
     attempt_id: UUID
     action_index: int
-    workdir: Path
-    input_dir: Path
-    output_dir: Path
+    dirs: AttemptDirs
     stop: threading.Event
     track_process: Callable[[int], None]
     untrack_process: Callable[[int], None]
     files: AttemptFiles | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def workdir(self) -> Path:
+        """The attempt's working directory (the ``command`` action's cwd)."""
+        return self.dirs.workdir
+
+    @property
+    def input_dir(self) -> Path:
+        """JOBFENCE_INPUT_DIR: where the job's S3 inputs are downloaded."""
+        return self.dirs.input_dir
+
+    @property
+    def output_dir(self) -> Path:
+        """JOBFENCE_OUTPUT_DIR: what is written here is uploaded when the action succeeds."""
+        return self.dirs.output_dir
 
     def check_stop(self) -> None:
         if self.stop.is_set():

@@ -136,8 +136,9 @@ class CommandAction:
         env.update(ctx.env)
         env.update(p.env)
         ctx.check_stop()
+        inputs, outputs = ctx.input_dir, ctx.output_dir  # the child may use both: make them
         if ctx.files is not None:
-            ctx.files.download_inputs(ctx.input_dir)
+            ctx.files.download_inputs(inputs)
             ctx.check_stop()
         started = time.monotonic()
         try:
@@ -168,7 +169,7 @@ class CommandAction:
                                detail=stderr)
         ctx.check_stop()
         if ctx.files is not None:
-            result["outputs"] = ctx.files.publish_outputs(ctx.output_dir)
+            result["outputs"] = ctx.files.publish_outputs(outputs)
         return result
 
     def _wait(self, proc: subprocess.Popen[bytes], ctx: ActionContext, deadline: float | None,

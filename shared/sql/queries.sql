@@ -116,36 +116,68 @@ ON CONFLICT (job_id, attempt_id, action_index) DO UPDATE SET
 RETURNING action_index;
 
 -- attempt_finish --
--- Terminal write by the holder of the fence: succeeded or failed.
-UPDATE jobs SET
-    status = %(status)s,
-    finished_at = now(),
-    retain_until = now() + ttl,
-    run_deadline_at = NULL,
-    reason = %(reason)s,
-    error = %(error)s,
-    error_detail = %(error_detail)s
-WHERE job_id = %(job_id)s AND attempt_id = %(attempt_id)s
-  AND status = 'running' AND visible_at > now()
-RETURNING job_id, status, parent_id;
+-- Terminal write by the holder of the fence (succeeded or failed), and the last action's
+-- outcome when one is given, in one statement: the outcome is recorded only if the fenced
+-- write matched.
+WITH written AS (
+    UPDATE jobs SET
+        status = %(status)s,
+        finished_at = now(),
+        retain_until = now() + ttl,
+        run_deadline_at = NULL,
+        reason = %(reason)s,
+        error = %(error)s,
+        error_detail = %(error_detail)s
+    WHERE job_id = %(job_id)s AND attempt_id = %(attempt_id)s
+      AND status = 'running' AND visible_at > now()
+    RETURNING job_id, status, parent_id
+), recorded AS (
+    INSERT INTO job_action_results (
+        job_id, attempt_id, action_index, name, status, started_at, result, error, error_detail
+    )
+    SELECT w.job_id, %(attempt_id)s, %(action_index)s, %(action_name)s, %(action_status)s,
+        %(action_started_at)s, %(action_result)s, %(action_error)s, %(action_error_detail)s
+    FROM written w
+    WHERE %(action_index)s::integer IS NOT NULL
+    ON CONFLICT (job_id, attempt_id, action_index) DO UPDATE SET
+        status = excluded.status, result = excluded.result, error = excluded.error,
+        error_detail = excluded.error_detail, finished_at = excluded.finished_at
+)
+SELECT job_id, status, parent_id FROM written;
 
 -- attempt_release --
--- The holder gives the job back: pending after a delay while attempts remain, else failed.
--- A retry drops the fence; a terminal failure keeps it (this attempt wrote it).
-UPDATE jobs SET
-    status = CASE WHEN attempt_count >= max_attempts THEN 'failed' ELSE 'pending' END,
-    attempt_id = CASE WHEN attempt_count >= max_attempts THEN attempt_id END,
-    visible_at = now() + jobfence_retry_delay(attempt_count, %(base_seconds)s, %(cap_seconds)s),
-    finished_at = CASE WHEN attempt_count >= max_attempts THEN now() END,
-    retain_until = CASE WHEN attempt_count >= max_attempts THEN now() + ttl END,
-    claimed_by = NULL,
-    run_deadline_at = NULL,
-    reason = %(reason)s,
-    error = %(error)s,
-    error_detail = %(error_detail)s
-WHERE job_id = %(job_id)s AND attempt_id = %(attempt_id)s
-  AND status = 'running' AND visible_at > now()
-RETURNING job_id, status, parent_id;
+-- The holder gives the job back — pending after a delay while attempts remain, else
+-- failed — with the failed action's outcome when given, in one statement. A retry drops
+-- the fence; a terminal failure keeps it (this attempt wrote it).
+WITH written AS (
+    UPDATE jobs j SET
+        status = CASE WHEN j.attempt_count >= j.max_attempts THEN 'failed' ELSE 'pending' END,
+        attempt_id = CASE WHEN j.attempt_count >= j.max_attempts THEN j.attempt_id END,
+        visible_at = now()
+            + jobfence_retry_delay(j.attempt_count, %(base_seconds)s, %(cap_seconds)s),
+        finished_at = CASE WHEN j.attempt_count >= j.max_attempts THEN now() END,
+        retain_until = CASE WHEN j.attempt_count >= j.max_attempts THEN now() + j.ttl END,
+        claimed_by = NULL,
+        run_deadline_at = NULL,
+        reason = %(reason)s,
+        error = %(error)s,
+        error_detail = %(error_detail)s
+    WHERE j.job_id = %(job_id)s AND j.attempt_id = %(attempt_id)s
+      AND j.status = 'running' AND j.visible_at > now()
+    RETURNING j.job_id, j.status, j.parent_id
+), recorded AS (
+    INSERT INTO job_action_results (
+        job_id, attempt_id, action_index, name, status, started_at, result, error, error_detail
+    )
+    SELECT w.job_id, %(attempt_id)s, %(action_index)s, %(action_name)s, %(action_status)s,
+        %(action_started_at)s, %(action_result)s, %(action_error)s, %(action_error_detail)s
+    FROM written w
+    WHERE %(action_index)s::integer IS NOT NULL
+    ON CONFLICT (job_id, attempt_id, action_index) DO UPDATE SET
+        status = excluded.status, result = excluded.result, error = excluded.error,
+        error_detail = excluded.error_detail, finished_at = excluded.finished_at
+)
+SELECT job_id, status, parent_id FROM written;
 
 -- job_cancel_children --
 -- Cancel a parent's unfinished children (fences rotated). Runs before job_cancel, in the same
