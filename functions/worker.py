@@ -90,6 +90,11 @@ class Worker:
         self._conn = self._connect()
         self._lock = threading.Lock()
         self._current: AttemptGuard | None = None
+        self._last_guard: AttemptGuard | None = None
+        self._want_next = False
+        """Whether the loop will run another job after this one (then the next claim rides
+        on this one's terminal write)."""
+        self._next: Claim | None = None
         self._terminating = False
         self._main_done = threading.Event()
         self._objects: ObjectStore | None = None
@@ -113,21 +118,30 @@ class Worker:
     def run(self, max_jobs: int) -> Report:
         with on_termination(self._on_signal) as terminated:
             try:
-                for _ in range(max_jobs):
-                    if terminated.is_set():
-                        break
-                    claims = self.store.claim(worker_id=self.settings.worker,
-                                              lease_seconds=self.settings.lease_seconds)
-                    if not claims:
-                        log.info("nothing_to_claim")
-                        break
+                pending: Claim | None = None
+                for n in range(max_jobs):
+                    if pending is None:
+                        if terminated.is_set():
+                            break
+                        claims = self.store.claim(worker_id=self.settings.worker,
+                                                  lease_seconds=self.settings.lease_seconds)
+                        if not claims:
+                            log.info("nothing_to_claim")
+                            break
+                        pending = claims[0]
+                    # A claim made together with the last terminal write is run even after
+                    # SIGTERM: _run_attempt gives it straight back.
+                    claim, pending = pending, None
+                    self._want_next = n + 1 < max_jobs
                     self.report.claimed += 1
-                    claim = claims[0]
                     self.report.count(claim.job_id, self._run_attempt(claim))
+                    pending, self._next = self._next, None
             finally:
                 self._main_done.set()
             if terminated.is_set():
                 self.report.terminated = True
+        if self._last_guard is not None:
+            self._last_guard.join()  # its threads end before the connections they use
         self.side.close_quietly()
         self._conn.close()
         return self.report
@@ -154,6 +168,7 @@ class Worker:
         log.info("job_claimed", job_id=str(claim.job_id), attempt_id=str(claim.attempt_id),
                  attempt=claim.attempt_count, max_attempts=claim.max_attempts)
         guard = AttemptGuard(claim, self.settings, self.side)
+        self._last_guard = guard
         with self._lock:
             self._current = guard
             terminating = self._terminating
@@ -227,8 +242,23 @@ class Worker:
 
     def _finish(self, claim: Claim, guard: AttemptGuard,
                 outcome: ActionOutcome | None) -> Outcome:
-        t = self._write(guard, lambda s: s.finish(
-            job_id=claim.job_id, attempt_id=claim.attempt_id, succeeded=True, outcome=outcome))
+        t: Transition | None = None
+        combined = False
+        if self._want_next and not self._terminating and guard.lease_live() \
+                and not guard.stop.is_set():
+            try:
+                t, self._next = self.store.finish_and_claim(
+                    job_id=claim.job_id, attempt_id=claim.attempt_id, outcome=outcome,
+                    worker_id=self.settings.worker, lease_seconds=self.settings.lease_seconds)
+                combined = True
+            except StoreUnavailable as exc:
+                # Whether it committed is unknown: finish alone (fenced, so a repeat is
+                # harmless). A claim that did commit is reclaimed when its lease runs out.
+                log.warning("write_retry", error=str(exc))
+        if not combined:
+            t = self._write(guard, lambda s: s.finish(
+                job_id=claim.job_id, attempt_id=claim.attempt_id, succeeded=True,
+                outcome=outcome))
         if t is None and not self._won_anyway(claim, "succeeded"):
             return self._lost(claim, guard)
         log.info("job_succeeded", job_id=str(claim.job_id), attempt=claim.attempt_count)

@@ -126,9 +126,14 @@ class AttemptGuard:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        # Not joined here: both threads wake on _closed and return without writing, and a
+        # worker running many jobs should not wait for them after each one. join() before
+        # the process exits.
         self._closed.set()
+
+    def join(self) -> None:
         for t in self._threads:
-            if t is not threading.current_thread():
+            if t is not threading.current_thread() and t.is_alive():
                 t.join(timeout=self.settings.heartbeat + 6)
 
     # -- what actions and the worker use ---------------------------------------------------

@@ -141,6 +141,8 @@ class Transition:
     job_id: UUID
     status: str
     parent_id: UUID | None = None
+    dependents: bool = True
+    """Whether jobs may wait on this one (when unknown: True, so settle looks)."""
 
     @property
     def terminal(self) -> bool:
@@ -175,7 +177,8 @@ class RetentionCandidate:
 
 
 def _transitions(rows: Iterable[dict[str, Any]]) -> list[Transition]:
-    return [Transition(r["job_id"], r["status"], r.get("parent_id")) for r in rows]
+    return [Transition(r["job_id"], r["status"], r.get("parent_id"),
+                       r.get("has_dependents", True)) for r in rows]
 
 
 class FencedStore:
@@ -204,7 +207,7 @@ class FencedStore:
             after = sorted({d for job in jobs for d in job.after}, key=str)
             if after:
                 found = {r["job_id"] for r in self.conn.execute(
-                    QUERIES["job_ids_existing"], {"job_ids": after})}
+                    QUERIES["dependency_mark"], {"job_ids": after})}
                 missing = [d for d in after if d not in found]
                 if missing:
                     raise JobNotFound(missing[0])
@@ -309,6 +312,30 @@ class FencedStore:
         done = _transitions([row])
         self.settle(done)
         return done[0]
+
+    def finish_and_claim(self, *, job_id: UUID, attempt_id: UUID,
+                         outcome: ActionOutcome | None, worker_id: str,
+                         lease_seconds: float) -> tuple[Transition | None, Claim | None]:
+        """One attempt's successful terminal write and the claim of the next ready job, in
+        one transaction: one round trip and one commit per job for a worker that runs many.
+        Each job keeps its own fence; the terminal write is fenced exactly as ``finish``.
+        The transition is None when the fence was lost; the claim None when nothing is
+        ready (or draining)."""
+        with translated():
+            with self.conn.pipeline():  # one implicit transaction: no Sync in between
+                fin = self.conn.execute(QUERIES["attempt_finish"], {
+                    "job_id": job_id, "attempt_id": attempt_id, "status": "succeeded",
+                    "reason": "succeeded", "error": None, "error_detail": None,
+                    **(outcome.params("action_") if outcome else NO_OUTCOME)})
+                nxt = self.conn.execute(QUERIES["job_claim"], {
+                    "worker_id": worker_id, "lease_seconds": lease_seconds, "limit": 1})
+            row, claimed = fin.fetchone(), nxt.fetchone()
+        claim = Claim(**claimed) if claimed else None
+        if row is None:
+            return None, claim
+        done = _transitions([row])
+        self.settle(done)
+        return done[0], claim
 
     def release(self, *, job_id: UUID, attempt_id: UUID, reason: str,
                 retry: RetryPolicy, outcome: ActionOutcome | None = None,
@@ -634,7 +661,7 @@ class FencedStore:
         it is given, each resolution in its own statement.
         """
         made: list[Transition] = []
-        frontier = [t.job_id for t in transitions if t.terminal]
+        frontier = [t.job_id for t in transitions if t.terminal and t.dependents]
         while frontier:
             with translated():
                 dependents = [r["job_id"] for r in self.conn.execute(

@@ -46,9 +46,11 @@ RETURNING job_id;
 SELECT job_id, idempotency_key, spec_hash, status
 FROM jobs WHERE idempotency_key = ANY(%(keys)s::text[]);
 
--- job_ids_existing --
--- Which of these job ids exist.
-SELECT job_id FROM jobs WHERE job_id = ANY(%(job_ids)s::uuid[]);
+-- dependency_mark --
+-- Mark the jobs that new jobs will wait on (see migration 0006); the ones that exist.
+UPDATE jobs SET has_dependents = true
+WHERE job_id = ANY(%(job_ids)s::uuid[])
+RETURNING job_id;
 
 -- dependency_insert_many --
 -- Record `after` dependencies of new jobs.
@@ -130,7 +132,7 @@ WITH written AS (
         error_detail = %(error_detail)s
     WHERE job_id = %(job_id)s AND attempt_id = %(attempt_id)s
       AND status = 'running' AND visible_at > now()
-    RETURNING job_id, status, parent_id
+    RETURNING job_id, status, parent_id, has_dependents
 ), recorded AS (
     INSERT INTO job_action_results (
         job_id, attempt_id, action_index, name, status, started_at, result, error, error_detail
@@ -143,7 +145,7 @@ WITH written AS (
         status = excluded.status, result = excluded.result, error = excluded.error,
         error_detail = excluded.error_detail, finished_at = excluded.finished_at
 )
-SELECT job_id, status, parent_id FROM written;
+SELECT job_id, status, parent_id, has_dependents FROM written;
 
 -- attempt_release --
 -- The holder gives the job back — pending after a delay while attempts remain, else
@@ -164,7 +166,7 @@ WITH written AS (
         error_detail = %(error_detail)s
     WHERE j.job_id = %(job_id)s AND j.attempt_id = %(attempt_id)s
       AND j.status = 'running' AND j.visible_at > now()
-    RETURNING j.job_id, j.status, j.parent_id
+    RETURNING j.job_id, j.status, j.parent_id, j.has_dependents
 ), recorded AS (
     INSERT INTO job_action_results (
         job_id, attempt_id, action_index, name, status, started_at, result, error, error_detail
@@ -177,7 +179,7 @@ WITH written AS (
         status = excluded.status, result = excluded.result, error = excluded.error,
         error_detail = excluded.error_detail, finished_at = excluded.finished_at
 )
-SELECT job_id, status, parent_id FROM written;
+SELECT job_id, status, parent_id, has_dependents FROM written;
 
 -- job_cancel_children --
 -- Cancel a parent's unfinished children (fences rotated). Runs before job_cancel, in the same

@@ -4,6 +4,7 @@ once by a barrier; the database alone decides, and exactly one wins."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -103,3 +104,39 @@ def test_resource_is_free_again_once_the_holder_is_terminal(store: FencedStore) 
         pass
     store.finish(job_id=first, attempt_id=claim.attempt_id, succeeded=True)
     assert enqueue_one(store, resource="db.t") != first
+
+
+def test_enqueue_after_racing_the_dependencys_finish_never_leaves_it_waiting(
+        dsn: str, store: FencedStore) -> None:
+    """The dependents flag (migration 0006) replaces a lookup after every terminal write:
+    whichever of the enqueue and the terminal write locks the dependency's row second sees
+    the other, so the new job never stays waiting on a finished dependency."""
+    a_conn, b_conn = connect(dsn), connect(dsn)
+    try:
+        for i in range(40):
+            a = enqueue_one(store)
+            [c] = store.claim(worker_id="w", lease_seconds=60)
+            barrier = threading.Barrier(2)
+            made: list[Any] = []
+
+            def finish(a: Any = a, c: Any = c, delay: float = i / 4000) -> None:
+                barrier.wait()
+                time.sleep(delay)  # from 0 to 10 ms: both orders happen
+                FencedStore(a_conn).finish(job_id=a, attempt_id=c.attempt_id, succeeded=True)
+
+            def enqueue(a: Any = a) -> None:
+                barrier.wait()
+                made.append(FencedStore(b_conn).enqueue([new_job(after=(a,))])[0].job_id)
+
+            threads = [threading.Thread(target=finish), threading.Thread(target=enqueue)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            row = store.get(made[0])
+            assert row is not None and row["status"] == "pending", row
+            store.conn.execute("UPDATE jobs SET status = 'succeeded', finished_at = now() "
+                               "WHERE status IN ('pending', 'running')")
+    finally:
+        a_conn.close()
+        b_conn.close()
