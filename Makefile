@@ -45,8 +45,18 @@ test: lint postgres-check ## lint, type-check, and run every test on a real Post
 demo: $(STAMP) ## run the main story end to end on embedded defaults
 	$(PY) -m demo.run
 
-bench: $(STAMP) ## run the benchmarks, write docs/BENCHMARKS.md (BENCH_ARGS="--quick" for a smoke run)
-	$(PY) -m bench.run $(BENCH_ARGS)
+# The benchmarks' own virtualenv: jobfence plus the peers it is measured against.
+BENCH_VENV ?= .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+
+$(BENCH_STAMP): pyproject.toml bench/requirements.txt
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install --quiet -e ".[test]" -r bench/requirements.txt
+	@touch $@
+
+bench: $(BENCH_STAMP) ## run the benchmarks beside pgbench and the peers, write docs/BENCHMARKS.md (BENCH_ARGS="--quick" for a smoke run)
+	$(BENCH_VENV)/bin/python -m bench.run $(BENCH_ARGS)
 
 chaos: $(STAMP) ## fault-injection run: thousands of jobs, SIGKILL/SIGTERM/SIGSTOP, DB restart; judged by the audit trail (CHAOS_ARGS="--jobs 300 --quick" for a short one)
 	$(PY) -m bench.chaos $(CHAOS_ARGS)

@@ -23,6 +23,7 @@ from pathlib import Path
 from bench.common import REPO, Bench, Section, postgres
 
 BENCHMARKS = {
+    "throughput": "bench.bench_throughput",
     "sigterm": "bench.bench_sigterm",
     "listing": "bench.bench_listing",
     "retention": "bench.bench_retention",
