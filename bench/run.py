@@ -24,9 +24,14 @@ from bench.common import REPO, Bench, Section, postgres
 
 BENCHMARKS = {
     "throughput": "bench.bench_throughput",
+    "history": "bench.bench_history",
     "sigterm": "bench.bench_sigterm",
-    "listing": "bench.bench_listing",
+    "reclaim": "bench.bench_reclaim",
+    "coldstart": "bench.bench_coldstart",
+    "reconciliation_memory": "bench.bench_reconciliation_memory",
     "retention": "bench.bench_retention",
+    "listing": "bench.bench_listing",
+    "enqueue": "bench.bench_enqueue",
 }
 
 OUT = REPO / "docs" / "BENCHMARKS.md"

@@ -39,7 +39,7 @@ def to_new_job(spec: JobSpec, settings: Settings) -> NewJob:
         timeout_seconds=seconds(spec.timeout),
         expires_in_seconds=seconds(spec.expires_in),
         idempotency_key=spec.idempotency_key,
-        spec_hash=spec.fingerprint(),
+        spec_hash=spec.fingerprint() if spec.idempotency_key else None,
     )
 
 
@@ -124,13 +124,15 @@ def main(argv: list[str] | None = None) -> int:
         settings = cli.setup("enqueue")
         with cli.open_store(settings, "enqueue") as store:
             report = run_once(settings, store, specs)
+        outs: list[dict[str, object]] = []
         for job in report.jobs:
             out: dict[str, object] = {"job_id": job.job_id, "status": job.status}
             if job.children is not None:
                 out["children"] = job.children
             if not job.created:
                 out["created"] = False
-            cli.emit(out)
+            outs.append(out)
+        cli.emit_lines(outs)
         return 0
 
     return cli.run_command("enqueue", body)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
 from datetime import datetime, timedelta
@@ -40,7 +40,12 @@ def to_jsonable(value: Any) -> Any:
 
 def emit(obj: Any) -> None:
     """One JSON document on stdout."""
-    sys.stdout.write(json.dumps(to_jsonable(obj)) + "\n")
+    emit_lines([obj])
+
+
+def emit_lines(objs: Sequence[Any]) -> None:
+    """JSON documents on stdout, one per line, written at once."""
+    sys.stdout.write("".join(json.dumps(to_jsonable(o)) + "\n" for o in objs))
     sys.stdout.flush()
 
 

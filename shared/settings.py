@@ -86,9 +86,10 @@ class Settings(BaseSettings):
     kube_page_size: int = Field(default=500, ge=1, le=5000)
     """Pods per list page (``limit``/``continue``): bounds a pass's memory."""
 
-    reconcile_grace_seconds: float = Field(default=60.0, ge=0)
-    """Claims younger than this (at the start of the pod listing) are not judged: covers
-    clock skew between the database and the API server and pods still starting."""
+    reconcile_grace_seconds: float = Field(default=15.0, ge=0)
+    """Claims younger than this at the start of the pod listing are not judged. The listing
+    starts after that instant and a claim is made by a live pod, so the comparison is sound
+    without it; the margin absorbs an API server answering from a slightly stale view."""
 
     orphan_pod_grace_seconds: float = Field(default=180.0, ge=0)
     """A running worker pod must hold no live claim for this long, seen by two passes at

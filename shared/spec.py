@@ -11,6 +11,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
+from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
@@ -69,7 +70,7 @@ class JobSpec(BaseModel):
     @classmethod
     def _known_actions(cls, actions: list[ActionSpec]) -> list[ActionSpec]:
         # Resolve names and normalize params now: an unknown action is an input error.
-        return [ActionSpec(name=a.name, params=get_action(a.name).validate(a.params))
+        return [ActionSpec(name=a.name, params=_validated(a.name, _canonical(a.params)))
                 for a in actions]
 
     def stored_actions(self) -> list[dict[str, Any]]:
@@ -80,6 +81,17 @@ class JobSpec(BaseModel):
         same spec, or it is a conflict."""
         body = self.model_dump(mode="json", exclude={"idempotency_key"})
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _canonical(params: Mapping[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+@lru_cache(maxsize=1024)
+def _validated(name: str, params: str) -> dict[str, Any]:
+    """An action's normalized params, validated once per distinct (name, params): a list of
+    10k specs usually repeats a handful of actions. Callers never mutate the result."""
+    return get_action(name).validate(json.loads(params))
 
 
 def seconds(value: timedelta | None) -> float | None:

@@ -1,0 +1,44 @@
+"""Cold start: wall time of each function's process on an empty queue, beside a bare
+`python -c "import psycopg"` (the floor for any Python process that talks to PostgreSQL).
+Short-lived functions pay this on every CronJob tick and every KEDA pod; heavy clients
+(kubernetes, boto3, prometheus_client) load only where they are used."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+
+from bench.common import JOBFENCE, REPO, Bench, Section
+
+COMMANDS = [["sweeper"], ["reconciliation"], ["lifecycle"], ["export-finalize"],
+            ["orphan-cleanup"], ["worker"], ["--help"]]
+
+
+def run(bench: Bench) -> Section:
+    repeat = 5 if bench.quick else 15
+    dsn = bench.database()
+    env = bench.env(dsn)
+    base_cmd = [sys.executable, "-c", "import psycopg"]
+    cmds = {"python -c \"import psycopg\"": base_cmd,
+            **{f"jobfence {' '.join(c)}": [*JOBFENCE, *c] for c in COMMANDS}}
+    times: dict[str, list[float]] = {name: [] for name in cmds}
+    for _ in range(repeat):  # interleaved, so that noise hits every command alike
+        for name, cmd in cmds.items():
+            t0 = time.perf_counter()
+            r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, check=False)
+            times[name].append(time.perf_counter() - t0)
+            if r.returncode != 0:
+                raise RuntimeError(f"{name} exited {r.returncode}: {r.stderr[-500:]!r}")
+    base = statistics.median(times["python -c \"import psycopg\""])
+    s = Section("Cold start on an empty queue", "python -m bench.run --only coldstart",
+                ["command", f"median of {repeat}", "vs import psycopg", "target"])
+    for name, ts in times.items():
+        m = statistics.median(ts)
+        s.rows.append([f"`{name}`", f"{m * 1000:.0f} ms", f"{m / base:.2f}×",
+                       "—" if name.startswith("python") else "≤ 2× (1.5× moonshot)"])
+    s.notes.append("Each function connects, takes its advisory lock, records its run and "
+                   "prints its summary; `JOBFENCE_CLUSTER=none` and no bucket, as on a "
+                   "queue with nothing to do.")
+    return s
