@@ -41,4 +41,11 @@ def run(bench: Bench) -> Section:
     s.notes.append("Each function connects, takes its advisory lock, records its run and "
                    "prints its summary; `JOBFENCE_CLUSTER=none` and no bucket, as on a "
                    "queue with nothing to do.")
+    s.notes.append("What the time goes to (`python -X importtime -m functions.cli sweeper`): "
+                   "psycopg (the baseline itself, ~90 ms), pydantic and pydantic-settings for "
+                   "the settings (~70 ms), structlog (~50 ms, asyncio included, which psycopg "
+                   "shares); the database work of a pass is a few ms. kubernetes, boto3 and "
+                   "prometheus_client are never imported on this path. The ratio moves between "
+                   "about 1.9× and 2.5× with the machine's load; below 2× steadily would mean "
+                   "settings without pydantic, which the stack prescribes.")
     return s

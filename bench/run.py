@@ -81,7 +81,8 @@ def main() -> int:
             f"Measured {datetime.now(UTC):%Y-%m-%d} on {machine()}.", "",
             "Every figure is a ratio against a reference measured in the same run on the same "
             "machine and server (a throwaway cluster from the local PostgreSQL binaries, "
-            "`fsync=off`), because the machines are shared and noisy. Reproduce with "
+            "`fsync=off`; the throughput section runs on a durable one), because the machines "
+            "are shared and noisy. Reproduce with "
             f"`make bench` (`python -m bench.run{' --quick' if args.quick else ''}`); "
             f"this run took {time.monotonic() - started:.0f} s.", ""]
     if args.only:

@@ -6,11 +6,17 @@ they count as 365 and 30 days.
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import lru_cache
 from typing import Annotated
 
 from pydantic import BeforeValidator, TypeAdapter, ValidationError
 
-_TIMEDELTA = TypeAdapter(timedelta)
+
+
+@lru_cache(maxsize=1)
+def _timedelta() -> TypeAdapter[timedelta]:
+    """Built on first use: a function that parses no duration does not pay for it."""
+    return TypeAdapter(timedelta)
 
 
 def parse_duration(text: object) -> timedelta:
@@ -21,7 +27,7 @@ def parse_duration(text: object) -> timedelta:
         if not isinstance(text, str) or not text.strip().upper().startswith("P"):
             raise ValueError(f"{text!r} is not an ISO 8601 duration (e.g. PT90S, PT1H30M, P7D)")
         try:
-            value = _TIMEDELTA.validate_python(text.strip().upper())
+            value = _timedelta().validate_python(text.strip().upper())
         except ValidationError:
             raise ValueError(
                 f"{text!r} is not an ISO 8601 duration (e.g. PT90S, PT1H30M, P7D)"
