@@ -12,7 +12,6 @@ from typing import Annotated
 from pydantic import BeforeValidator, TypeAdapter, ValidationError
 
 
-
 @lru_cache(maxsize=1)
 def _timedelta() -> TypeAdapter[timedelta]:
     """Built on first use: a function that parses no duration does not pay for it."""
