@@ -32,7 +32,7 @@ def fill(conn: Connection, finished: int) -> None:
         INSERT INTO jobs (job_id, status, actions, max_attempts)
         SELECT gen_random_uuid(), 'pending', '[]', 3 FROM generate_series(1, %s)""",
                  (PENDING,))
-    conn.execute("VACUUM ANALYZE jobs")
+    conn.execute("VACUUM ANALYZE")  # the audit trail too: no autovacuum during the samples
 
 
 def expire_some(conn: Connection) -> None:
@@ -115,4 +115,12 @@ def run(bench: Bench) -> Section:
                    f"sample is 50 queries, a claim sample 20 claims, a sweeper sample one pass "
                    f"over {EXPIRED} expired leases); {PENDING} pending jobs in both. The claim "
                    "runs in a rolled-back transaction so every sample sees the same queue.")
+    s.notes.append("Finding work costs the same at any history size (partial indexes over the "
+                   "live rows: the lease scan reads ~30 buffers in both tables). What still "
+                   "grows is writing: every reclaimed row gets a new version (its status is in "
+                   "the partial indexes' predicates, so never a HOT update) and an audit event, "
+                   "and their entries land at random places in the primary key and the audit "
+                   "trail's job index, B-trees a hundred times larger at 1M. Buffers touched by "
+                   "a pass differ by about 1% (EXPLAIN ANALYZE); the time, by about 10% when "
+                   "the machine is quiet. Retention (default 7 days) keeps history bounded.")
     return s
