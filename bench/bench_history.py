@@ -122,5 +122,5 @@ def run(bench: Bench) -> Section:
                    "and their entries land at random places in the primary key and the audit "
                    "trail's job index, B-trees a hundred times larger at 1M. Buffers touched by "
                    "a pass differ by about 1% (EXPLAIN ANALYZE); the time, by about 10% when "
-                   "the machine is quiet. Retention (default 7 days) keeps history bounded.")
+                   "the machine is quiet. Retention (`JOBFENCE_RETENTION_DEFAULT`, 30 days) keeps history bounded.")
     return s
