@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from shared import cli
 from shared.actions import ActionContext, AttemptDirs, StopRequested, get_action
 from shared.actions.builtin import ActionFailed
-from shared.attempt import AttemptGuard, SideChannel, StopReason
+from shared.attempt import AttemptGuard, GuardThreads, SideChannel, StopReason
 from shared.datums import AttemptFiles
 from shared.db import connect
 from shared.errors import FenceLost, JobfenceError, StoreUnavailable
@@ -86,11 +86,11 @@ class Worker:
         self.settings = settings
         self.retry = RetryPolicy(settings.retry_base_seconds, settings.retry_max_seconds)
         self.side = SideChannel(settings)
+        self.guards = GuardThreads(join_timeout=settings.heartbeat + 6)
         self.report = Report(worker_id=settings.worker)
         self._conn = self._connect()
         self._lock = threading.Lock()
         self._current: AttemptGuard | None = None
-        self._last_guard: AttemptGuard | None = None
         self._want_next = False
         """Whether the loop will run another job after this one (then the next claim rides
         on this one's terminal write)."""
@@ -140,8 +140,7 @@ class Worker:
                 self._main_done.set()
             if terminated.is_set():
                 self.report.terminated = True
-        if self._last_guard is not None:
-            self._last_guard.join()  # its threads end before the connections they use
+        self.guards.close()  # its threads end before the connections they use
         self.side.close_quietly()
         self._conn.close()
         return self.report
@@ -167,8 +166,7 @@ class Worker:
     def _run_attempt(self, claim: Claim) -> Outcome:
         log.info("job_claimed", job_id=str(claim.job_id), attempt_id=str(claim.attempt_id),
                  attempt=claim.attempt_count, max_attempts=claim.max_attempts)
-        guard = AttemptGuard(claim, self.settings, self.side)
-        self._last_guard = guard
+        guard = AttemptGuard(claim, self.settings, self.side, self.guards)
         with self._lock:
             self._current = guard
             terminating = self._terminating

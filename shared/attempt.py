@@ -1,7 +1,8 @@
 """Keeping one claimed attempt honest while its actions run.
 
 ``AttemptGuard`` renews the lease from a heartbeat thread on its own connection, and a
-watchdog thread stops the attempt the moment it may no longer run:
+watchdog thread stops the attempt the moment it may no longer run (both threads belong to
+the worker process, ``GuardThreads``, and serve one attempt after another):
 
 * the heartbeat matched nothing — the fence was rotated (cancel, reclaim, run timeout):
   ``fence_lost``, logged as ``writeback_stale_attempt``;
@@ -86,14 +87,72 @@ class SideChannel:
             self._conn = None
 
 
+class GuardThreads:
+    """The heartbeat and watchdog threads of a worker process: started with its first
+    attempt and handed each attempt in turn, so that a worker running many short jobs does
+    not start two threads per job. Each thread runs the current attempt's loop until that
+    attempt closes or stops, then waits for the next one; an attempt that closes before a
+    thread gets to it had nothing left to guard."""
+
+    def __init__(self, *, join_timeout: float) -> None:
+        self.join_timeout = join_timeout
+        self._cond = threading.Condition()
+        self._current: AttemptGuard | None = None
+        self._closing = False
+        self._threads: list[threading.Thread] = []
+
+    def attach(self, guard: AttemptGuard) -> None:
+        with self._cond:
+            self._current = guard
+            if not self._threads:
+                self._threads = [
+                    threading.Thread(target=self._serve, args=(loop,), name=loop, daemon=True)
+                    for loop in ("heartbeat", "watchdog")]
+                for t in self._threads:
+                    t.start()
+            self._cond.notify_all()
+
+    def detach(self, guard: AttemptGuard) -> None:
+        with self._cond:
+            if self._current is guard:
+                self._current = None
+
+    def close(self) -> None:
+        """Stop both threads once the current attempt's loops are done; call before the
+        connections they use are closed."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        for t in self._threads:
+            if t is not threading.current_thread() and t.is_alive():
+                t.join(timeout=self.join_timeout)
+
+    def _serve(self, loop: str) -> None:
+        served: AttemptGuard | None = None
+        while True:
+            with self._cond:
+                while not self._closing and (self._current is None
+                                             or self._current is served):
+                    self._cond.wait()
+                if self._closing:
+                    return
+                served = self._current
+            assert served is not None
+            if loop == "heartbeat":
+                served.heartbeat_loop()
+            else:
+                served.watchdog_loop()
+
+
 class AttemptGuard:
     """Heartbeat, deadlines and the kill switch of one attempt."""
 
     def __init__(self, claim: Claim, settings: Settings, side: SideChannel,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 threads: GuardThreads, clock: Callable[[], float] = time.monotonic) -> None:
         self.claim = claim
         self.settings = settings
         self.side = side
+        self.threads = threads
         self.clock = clock
         self.stop = threading.Event()
         self.reason: StopReason | None = None
@@ -106,10 +165,6 @@ class AttemptGuard:
         self._pgids: set[int] = set()
         self._lock = threading.Lock()
         self._closed = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True),
-            threading.Thread(target=self._watchdog_loop, name="watchdog", daemon=True),
-        ]
 
     def _local_run_deadline(self, now: float) -> float | None:
         claim = self.claim
@@ -121,20 +176,14 @@ class AttemptGuard:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def __enter__(self) -> AttemptGuard:
-        for t in self._threads:
-            t.start()
+        self.threads.attach(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        # Not joined here: both threads wake on _closed and return without writing, and a
-        # worker running many jobs should not wait for them after each one. join() before
-        # the process exits.
+        # Not waited for: both loops wake on _closed and return without writing, and a
+        # worker running many jobs should not wait for them after each one.
         self._closed.set()
-
-    def join(self) -> None:
-        for t in self._threads:
-            if t is not threading.current_thread() and t.is_alive():
-                t.join(timeout=self.settings.heartbeat + 6)
+        self.threads.detach(self)
 
     # -- what actions and the worker use ---------------------------------------------------
 
@@ -184,7 +233,7 @@ class AttemptGuard:
 
     # -- threads ---------------------------------------------------------------------------
 
-    def _heartbeat_loop(self) -> None:
+    def heartbeat_loop(self) -> None:
         claim, lease = self.claim, self.settings.lease_seconds
         while not self.stop.is_set():
             if self._closed.wait(max(0.0, self._next_beat - self.clock())):
@@ -237,7 +286,7 @@ class AttemptGuard:
             return True
         return False
 
-    def _watchdog_loop(self) -> None:
+    def watchdog_loop(self) -> None:
         while not self.stop.is_set():
             if self._deadline_passed():
                 return
