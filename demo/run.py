@@ -90,6 +90,15 @@ class Demo:
         assert row is not None
         return row
 
+    def taken_back(self, job_id: str) -> str:
+        """Why the job's first claim was taken away, from the audit trail (the row's own
+        reason is gone once another worker claims the job again)."""
+        row = self.conn.execute("""
+            SELECT reason FROM job_events
+            WHERE job_id = %s AND from_status = 'running' AND to_status IN ('pending', 'failed')
+            ORDER BY event_id LIMIT 1""", (job_id,)).fetchone()
+        return str(row["reason"]) if row and row["reason"] else "reclaimed"
+
     def wait_until(self, what: str, fn: Callable[[], object], timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while not fn():
@@ -176,13 +185,13 @@ def story(d: Demo, platform: LocalPlatform) -> int:
                  or d.job(orders)["attempt_count"] > 1)
     back = time.monotonic() - killed_at
     d.say(f"db.orders back to pending {back:.1f} s after the kill: "
-          f"\"{d.job(orders)['reason'] or 'reclaimed'}\" (its lease had {LEASE} s to run)")
+          f"\"{d.taken_back(orders)}\" (its lease had {LEASE} s to run)")
 
     d.step("5. the paused worker still looks alive, so its lease runs out; the sweeper "
            "rotates the fence")
     d.wait_until("db.users to be reclaimed", lambda: d.job(users)["attempt_count"] > 1
                  or d.job(users)["status"] == "pending", timeout=LEASE * 4)
-    d.say(f"db.users: \"{d.job(users)['reason']}\"")
+    d.say(f"db.users: \"{d.taken_back(users)}\"")
 
     d.step("6. the paused worker wakes up (SIGCONT): its lease is gone, it writes nothing")
     paused.popen.send_signal(signal.SIGCONT)
