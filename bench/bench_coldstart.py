@@ -53,5 +53,6 @@ def run(bench: Bench) -> Section:
                    "imported on this path. The process entry keeps the garbage collector off "
                    "while the modules load and freezes what they built, and freezes "
                    "everything before exit, so the interpreter's teardown does not collect "
-                   "what the process is about to drop: ~45 ms, 1.8× → 1.5× side by side.")
+                   "what the process is about to drop: ~45 ms of a sweeper's start (231 → "
+                   "186 ms measured side by side with and without).")
     return s
