@@ -29,7 +29,6 @@ from shared.migrations import migrate
 
 REPO = Path(__file__).resolve().parent.parent
 JOBFENCE = [sys.executable, "-m", "functions.cli"]
-PYCACHE = Path(tempfile.gettempdir()) / "jobfence-bench-pycache"
 
 
 @dataclass
@@ -77,15 +76,14 @@ class Bench:
         return url
 
     def env(self, dsn: str, **extra: str) -> dict[str, str]:
-        """The environment of a jobfence process. Bytecode is cached (outside the repo), as
-        in the image, where pip compiled it at install time: a machine that sets
-        PYTHONDONTWRITEBYTECODE would otherwise recompile jobfence's modules on every
-        start-up and bill it to cold start."""
+        """The environment of a jobfence process. Bytecode is cached, as in the image, where
+        pip compiled it at install time: a machine that sets PYTHONDONTWRITEBYTECODE would
+        otherwise recompile jobfence's modules on every start-up and bill it to cold start
+        (installed packages have theirs from pip)."""
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("JOBFENCE_") and k != "PYTHONDONTWRITEBYTECODE"}
         env.update({"JOBFENCE_DATABASE_URL": dsn, "PYTHONPATH": str(REPO),
-                    "PYTHONPYCACHEPREFIX": str(PYCACHE), "JOBFENCE_LOG_LEVEL": "warning",
-                    **extra})
+                    "JOBFENCE_LOG_LEVEL": "warning", **extra})
         return env
 
 
