@@ -41,6 +41,21 @@ def test_worker_runs_a_job_to_success_and_exits_0(dsn: str) -> None:
     assert first["result"]["exit_code"] == 0
 
 
+def test_one_worker_keeps_the_lease_of_each_job_it_runs_in_turn(dsn: str) -> None:
+    """The heartbeat and watchdog threads outlive one attempt and guard the next: every job
+    runs past the lease (2 s) and still finishes on its first claim."""
+    job_ids = [enqueue(dsn, 'sleep:{"seconds": 2.6}') for _ in range(3)]
+    r = run_cli(dsn, "worker", "--max-jobs", "3", **FAST)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["succeeded"] == 3
+    for job_id in job_ids:
+        row = job(dsn, job_id)
+        assert row["status"] == "succeeded" and row["attempt_count"] == 1, row
+        assert [e["to_status"] for e in events(dsn, job_id)] == ["pending", "running",
+                                                                 "succeeded"]
+    assert "self_fenced" not in r.stderr and "heartbeat_failed" not in r.stderr
+
+
 def test_nothing_to_claim_exits_0(dsn: str) -> None:
     r = run_cli(dsn, "worker", **FAST)
     assert r.returncode == 0 and json.loads(r.stdout)["claimed"] == 0
