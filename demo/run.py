@@ -172,6 +172,7 @@ def story(d: Demo, platform: LocalPlatform) -> int:
     killed = worker_of(platform, d.job(orders)["claimed_by"])
     killed.popen.send_signal(signal.SIGKILL)
     killed_at = time.monotonic()
+    killed.popen.wait(timeout=10)  # reaped at once: the pod is gone, not lingering as Failed
     d.say(f"{RED}SIGKILL{RESET} {killed.name} (pid {killed.popen.pid}) mid-way through the "
           "db.orders compaction: an OOM kill, a lost node")
     paused = worker_of(platform, d.job(users)["claimed_by"])
@@ -180,7 +181,7 @@ def story(d: Demo, platform: LocalPlatform) -> int:
     d.say(f"{RED}SIGSTOP{RESET} {paused.name} (pid {paused.popen.pid}) mid-way through the "
           "db.users compaction: a long GC pause, a frozen VM")
 
-    d.step("4. reconciliation notices the dead worker's pod is gone: no waiting for the lease")
+    d.step("4. reconciliation notices the worker's pod died: no waiting for the lease")
     d.wait_until("db.orders to be reclaimed", lambda: d.job(orders)["status"] != "running"
                  or d.job(orders)["attempt_count"] > 1)
     back = time.monotonic() - killed_at
