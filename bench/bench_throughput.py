@@ -18,28 +18,11 @@ import subprocess
 import sys
 from typing import Any
 
-import psycopg
-
-from bench.common import JOBFENCE, REPO, Bench, Section
+from bench.common import JOBFENCE, REPO, Bench, Section, create_database
 from shared.db import connect
 from shared.embedded_pg import EmbeddedPostgres
-from shared.migrations import migrate
 
 PROCESSES = (1, 2, 4)
-
-
-def database(pg: EmbeddedPostgres, name: str, *, migrated: bool = False) -> str:
-    with psycopg.connect(pg.dsn, autocommit=True) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        admin.execute(f'CREATE DATABASE "{name}"')
-    url = pg.url(name)
-    if migrated:
-        conn = connect(url)
-        try:
-            migrate(conn)
-        finally:
-            conn.close()
-    return url
 
 
 def pgbench(pg: EmbeddedPostgres, clients: int, seconds: int) -> float:
@@ -56,7 +39,7 @@ def pgbench(pg: EmbeddedPostgres, clients: int, seconds: int) -> float:
 
 
 def jobfence(bench: Bench, pg: EmbeddedPostgres, procs: int, jobs: int) -> float:
-    dsn = database(pg, f"jobfence_{procs}", migrated=True)
+    dsn = create_database(pg, f"jobfence_{procs}")
     env = bench.env(dsn)
     spec = [{"actions": [{"name": "sleep", "params": {"seconds": 0}}]}] * jobs
     subprocess.run([*JOBFENCE, "enqueue", "--spec", "-"], input=json.dumps(spec), env=env,
@@ -82,7 +65,7 @@ def peers_installed() -> bool:
 
 
 def peer(pg: EmbeddedPostgres, system: str, batch: int, procs: int, jobs: int) -> float:
-    dsn = database(pg, f"{system}_{batch}_{procs}")
+    dsn = create_database(pg, f"{system}_{batch}_{procs}", migrated=False)
     run: list[Any] = [sys.executable, "-m", "bench.peers", system]
     subprocess.run([*run, "setup", dsn, str(jobs)], cwd=REPO, capture_output=True,
                    text=True, check=True)
@@ -108,7 +91,7 @@ def run(bench: Bench) -> Section:
     s = Section("Throughput of no-op jobs (durable server)",
                 "python -m bench.run --only throughput", header)
     with EmbeddedPostgres(durable=True) as pg:
-        database(pg, "pgbench")
+        create_database(pg, "pgbench", migrated=False)
         subprocess.run([str(pg.bindir / "pgbench"), "-i", "-s", "10", "-q", "pgbench"],
                        env={"PGHOST": "127.0.0.1", "PGPORT": str(pg.port),
                             "PGUSER": "postgres", "PATH": "/usr/bin:/bin"},

@@ -52,6 +52,22 @@ class Section:
         return "\n".join(out) + "\n"
 
 
+def create_database(pg: EmbeddedPostgres, name: str, *, migrated: bool = True) -> str:
+    """A fresh database on ``pg`` (dropped first if it exists), migrated unless told not to;
+    its URL."""
+    with psycopg.connect(pg.dsn, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    url = pg.url(name)
+    if migrated:
+        conn = connect(url)
+        try:
+            migrate(conn)
+        finally:
+            conn.close()
+    return url
+
+
 class Bench:
     """One server for the whole run; a fresh migrated database per benchmark."""
 
@@ -62,18 +78,7 @@ class Bench:
 
     def database(self, *, migrated: bool = True) -> str:
         self._n += 1
-        name = f"bench_{os.getpid()}_{self._n}"
-        with psycopg.connect(self.pg.dsn, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
-            admin.execute(f'CREATE DATABASE "{name}"')
-        url = self.pg.url(name)
-        if migrated:
-            conn = connect(url)
-            try:
-                migrate(conn)
-            finally:
-                conn.close()
-        return url
+        return create_database(self.pg, f"bench_{os.getpid()}_{self._n}", migrated=migrated)
 
     def env(self, dsn: str, **extra: str) -> dict[str, str]:
         """The environment of a jobfence process. Bytecode is cached, as in the image, where

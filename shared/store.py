@@ -639,16 +639,17 @@ class FencedStore:
     def delete_old_events(self, *, older_than: timedelta, limit: int,
                           now: datetime | None = None) -> int:
         """Delete up to ``limit`` audit events older than ``older_than``, oldest first."""
-        with translated():
-            return self.conn.execute(QUERIES["events_delete_expired"], {
-                "now": now, "retention_seconds": older_than.total_seconds(),
-                "limit": limit}).rowcount
+        return self._delete_older("events_delete_expired", older_than, limit, now)
 
     def delete_old_function_runs(self, *, older_than: timedelta, limit: int,
                                  now: datetime | None = None) -> int:
         """Delete up to ``limit`` function-run records started before ``older_than``."""
+        return self._delete_older("function_runs_delete_expired", older_than, limit, now)
+
+    def _delete_older(self, query: str, older_than: timedelta, limit: int,
+                      now: datetime | None) -> int:
         with translated():
-            return self.conn.execute(QUERIES["function_runs_delete_expired"], {
+            return self.conn.execute(QUERIES[query], {
                 "now": now, "retention_seconds": older_than.total_seconds(),
                 "limit": limit}).rowcount
 

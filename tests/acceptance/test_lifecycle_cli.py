@@ -8,7 +8,10 @@ with exit 2, writing nothing."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from subprocess import Popen
 from typing import Any
 
 import pytest
@@ -63,26 +66,36 @@ def test_a_retention_setting_that_is_not_a_duration_is_exit_2(dsn: str, variable
     assert variable in r.stderr and "ISO 8601" in r.stderr
 
 
-def test_run_timeout_kills_the_child_and_the_job_is_retried(dsn: str, tmp_path: Path) -> None:
+@contextmanager
+def running_past_its_deadline(dsn: str, tmp_path: Path,
+                              max_attempts: int) -> Iterator[tuple[str, Popen[str], int]]:
+    """A job running in a worker (its child's pid written to a file) whose run deadline has
+    just passed: (job id, worker, child pid). The worker is killed on the way out if it is
+    still running."""
     pidfile = tmp_path / "pid"
     argv = {"argv": ["sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"]}
     # A long timeout: the worker's own local deadline stays far away, so what stops the
     # child here is the lifecycle pass rotating the fence.
     job_id = enqueue(dsn, "command:" + json.dumps(argv), "--timeout", "PT1H",
-                     "--max-attempts", "2")
+                     "--max-attempts", str(max_attempts))
     worker = spawn(dsn, "worker")
     try:
         child = read_pid(pidfile)
-        attempt = job(dsn, job_id)["attempt_id"]
         sql(dsn, "UPDATE jobs SET run_deadline_at = now() - interval '1 second' "
                  "WHERE job_id = %s", job_id)
-        out = lifecycle(dsn)
-        assert (out["timed_out_retried"], out["timed_out_failed"]) == (1, 0)
-        stdout, stderr = worker.communicate(timeout=15)
+        yield job_id, worker, child
     finally:
         if worker.poll() is None:
             worker.kill()
             worker.communicate()
+
+
+def test_run_timeout_kills_the_child_and_the_job_is_retried(dsn: str, tmp_path: Path) -> None:
+    with running_past_its_deadline(dsn, tmp_path, max_attempts=2) as (job_id, worker, child):
+        attempt = job(dsn, job_id)["attempt_id"]
+        out = lifecycle(dsn)
+        assert (out["timed_out_retried"], out["timed_out_failed"]) == (1, 0)
+        stdout, stderr = worker.communicate(timeout=15)
     assert worker.returncode == 1, stderr
     assert json.loads(stdout)["lost"] == 1
     wait_for(lambda: not alive(child), timeout=5)
@@ -94,21 +107,9 @@ def test_run_timeout_kills_the_child_and_the_job_is_retried(dsn: str, tmp_path: 
 
 
 def test_run_timeout_on_the_last_attempt_fails_the_job(dsn: str, tmp_path: Path) -> None:
-    pidfile = tmp_path / "pid"
-    argv = {"argv": ["sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"]}
-    job_id = enqueue(dsn, "command:" + json.dumps(argv), "--timeout", "PT1H",
-                     "--max-attempts", "1")
-    worker = spawn(dsn, "worker")
-    try:
-        child = read_pid(pidfile)
-        sql(dsn, "UPDATE jobs SET run_deadline_at = now() - interval '1 second' "
-                 "WHERE job_id = %s", job_id)
+    with running_past_its_deadline(dsn, tmp_path, max_attempts=1) as (job_id, worker, child):
         assert lifecycle(dsn)["timed_out_failed"] == 1
         worker.communicate(timeout=15)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.communicate()
     assert worker.returncode == 1
     wait_for(lambda: not alive(child), timeout=5)
     row = job(dsn, job_id)
