@@ -14,7 +14,7 @@ import socket
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, LiteralString
 from uuid import UUID
 
 from shared.db import Connection, translated
@@ -639,17 +639,18 @@ class FencedStore:
     def delete_old_events(self, *, older_than: timedelta, limit: int,
                           now: datetime | None = None) -> int:
         """Delete up to ``limit`` audit events older than ``older_than``, oldest first."""
-        return self._delete_older("events_delete_expired", older_than, limit, now)
+        return self._delete_older(QUERIES["events_delete_expired"], older_than, limit, now)
 
     def delete_old_function_runs(self, *, older_than: timedelta, limit: int,
                                  now: datetime | None = None) -> int:
         """Delete up to ``limit`` function-run records started before ``older_than``."""
-        return self._delete_older("function_runs_delete_expired", older_than, limit, now)
+        return self._delete_older(QUERIES["function_runs_delete_expired"], older_than, limit,
+                                  now)
 
-    def _delete_older(self, query: str, older_than: timedelta, limit: int,
+    def _delete_older(self, query: LiteralString, older_than: timedelta, limit: int,
                       now: datetime | None) -> int:
         with translated():
-            return self.conn.execute(QUERIES[query], {
+            return self.conn.execute(query, {
                 "now": now, "retention_seconds": older_than.total_seconds(),
                 "limit": limit}).rowcount
 
