@@ -64,13 +64,18 @@ CHECKS: dict[str, str] = {
         LEFT JOIN w ON w.job_id = o.job_id AND w.attempt_id = o.attempt_id
         WHERE w.job_id IS NULL OR o.created_at < w.claimed_at
            OR (w.ended_at IS NOT NULL AND o.updated_at > w.ended_at) LIMIT 5""",
-    "attempt_count never exceeds max_attempts, and counts the claims": """
-        SELECT j.job_id, j.attempt_count, j.max_attempts,
-            (SELECT count(*) FROM job_events e WHERE e.job_id = j.job_id
-               AND e.to_status = 'running' AND e.attempt_id IS NOT NULL) AS claims
-        FROM jobs j WHERE NOT j.is_parent AND (j.attempt_count > j.max_attempts
-            OR j.attempt_count <> (SELECT count(*) FROM job_events e WHERE e.job_id = j.job_id
-               AND e.to_status = 'running' AND e.attempt_id IS NOT NULL)) LIMIT 5""",
+    "attempt_count never exceeds max_attempts, and counts the claims not given back": """
+        WITH c AS (
+            SELECT j.job_id, j.attempt_count, j.max_attempts, j.interruptions,
+                (SELECT count(*) FROM job_events e WHERE e.job_id = j.job_id
+                   AND e.to_status = 'running' AND e.attempt_id IS NOT NULL) AS claims,
+                -- SIGTERM gives an attempt back (up to JOBFENCE_MAX_INTERRUPTIONS)
+                (SELECT count(*) FROM job_events e WHERE e.job_id = j.job_id
+                   AND e.from_status = 'running' AND e.to_status = 'pending'
+                   AND e.reason = 'worker received SIGTERM') AS given_back
+            FROM jobs j WHERE NOT j.is_parent)
+        SELECT * FROM c WHERE attempt_count > max_attempts
+            OR attempt_count <> claims - least(given_back, interruptions) LIMIT 5""",
     "never two active jobs on one resource": """
         WITH life AS (
             SELECT j.job_id, j.resource,

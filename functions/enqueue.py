@@ -13,7 +13,15 @@ from shared.errors import InvalidSpec, NotFound, Unavailable
 from shared.ids import uuid7
 from shared.objectstore import ObjectStore, ObjectStoreError, open_object_store, output_bucket
 from shared.settings import Settings
-from shared.spec import JobSpec, parse_action_arg, parse_spec_text, parse_specs, seconds
+from shared.limits import MAX_SPEC_BYTES
+from shared.spec import (
+    JobSpec,
+    decode_spec_bytes,
+    parse_action_arg,
+    parse_spec_text,
+    parse_specs,
+    seconds,
+)
 from shared.store import Enqueued, FencedStore, NewJob
 
 
@@ -60,7 +68,7 @@ def run_once(settings: Settings, store: FencedStore, specs: Sequence[JobSpec],
     try:
         return Report("enqueue", tuple(store.enqueue(jobs, children=children)))
     except ObjectStoreError as exc:
-        if "NoSuchBucket" in str(exc):
+        if exc.code == "NoSuchBucket":
             raise NotFound(f"cannot list inputs: {exc}") from None
         raise Unavailable(f"cannot list inputs: {exc}") from None
 
@@ -94,22 +102,23 @@ def specs_from_args(argv: list[str]) -> list[JobSpec]:
     if args.spec:
         if args.actions or any(v is not None for v in flags.values()) or args.label:
             raise InvalidSpec("give either --spec or ACTION arguments with flags, not both")
-        if args.spec == "-":
-            text, source = sys.stdin.read(), "stdin"
-        else:
-            try:
-                with open(args.spec, encoding="utf-8") as f:
-                    text, source = f.read(), args.spec
-            except OSError as exc:
-                raise InvalidSpec(f"cannot read spec {args.spec!r}: {exc.strerror}") from None
-        return parse_spec_text(text, source)
+        source = "stdin" if args.spec == "-" else args.spec
+        try:
+            if args.spec == "-":
+                data = sys.stdin.buffer.read(MAX_SPEC_BYTES + 1)
+            else:
+                with open(args.spec, "rb") as f:
+                    data = f.read(MAX_SPEC_BYTES + 1)
+        except OSError as exc:
+            raise InvalidSpec(f"cannot read spec {source!r}: {exc.strerror}") from None
+        return parse_spec_text(decode_spec_bytes(data, source), source)
     if not args.actions:
         raise InvalidSpec("nothing to enqueue: give ACTION arguments or --spec FILE")
     labels = {}
     for item in args.label:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise InvalidSpec(f"--label {item!r}: expected KEY=VALUE")
+            raise InvalidSpec(f"--label {item[:80]!r}: expected KEY=VALUE")
         labels[key] = value
     spec = {k: v for k, v in flags.items() if v is not None}
     spec["actions"] = [parse_action_arg(a) for a in args.actions]

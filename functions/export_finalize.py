@@ -2,8 +2,11 @@
 all terminal get their final status and output manifest on S3; waiting jobs whose
 dependencies have settled are released (or failed, naming the dependency).
 
-Both halves page through the database in id order, bounded batches; per-parent failures
-(an S3 error, say) are logged and counted and the pass goes on; the next run retries them.
+Both halves page through the database in id order, bounded batches; per-item failures (an
+S3 error on one parent's manifest, one batch of dependents the database refused) are
+logged and counted and the pass goes on — one bad parent never keeps the others, or the
+dependents, waiting. The next run retries them. Dependents beyond what a finishing worker
+releases inline (``SETTLE_BATCH``) are released here.
 """
 
 from __future__ import annotations
@@ -12,10 +15,9 @@ import sys
 from dataclasses import dataclass
 from uuid import UUID
 
-from shared.errors import JobfenceError
+from shared.errors import JobfenceError, StoreUnavailable
 from shared.finalize import ZERO, finalize_parent
 from shared.logs import get_logger
-from shared.objectstore import ObjectStoreError
 from shared.runner import Deps, run_pass
 from shared.settings import Settings
 
@@ -44,7 +46,9 @@ def run_once(settings: Settings, deps: Deps) -> Report:
             ready += 1
             try:
                 t = finalize_parent(store, lambda: deps.objects, settings.s3_bucket, parent_id)
-            except (ObjectStoreError, JobfenceError) as exc:
+            except StoreUnavailable:
+                raise  # the database itself is gone: the pass cannot go on
+            except JobfenceError as exc:
                 errors += 1
                 log.error("finalize_failed", job_id=str(parent_id), error=str(exc))
                 continue
@@ -62,8 +66,15 @@ def run_once(settings: Settings, deps: Deps) -> Report:
     while True:
         ids = store.waiting_page(after=after, limit=batch)
         if ids:
-            moved = store.resolve_waiting(ids)
-            moved += store.settle(moved)
+            try:
+                moved = store.resolve_waiting(ids)
+                moved += store.settle(moved)
+            except StoreUnavailable:
+                raise
+            except JobfenceError as exc:
+                errors += 1
+                log.error("dependents_batch_failed", first=str(ids[0]), error=str(exc))
+                moved = []
             released += sum(1 for t in moved if t.status in ("pending", "running"))
             dep_failed += sum(1 for t in moved if t.status in ("failed", "cancelled"))
         if len(ids) < batch:

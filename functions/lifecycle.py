@@ -168,7 +168,7 @@ class _Pass:
             try:
                 t = finalize_parent(self.store, lambda: self.deps.objects, self.bucket,
                                     parent_id)
-            except (ObjectStoreError, JobfenceError) as exc:
+            except JobfenceError as exc:
                 log.warning("inline_finalize_failed", job_id=str(parent_id), error=str(exc))
                 continue
             if t is not None:

@@ -15,6 +15,10 @@ from shared.store import ACTIVE, TERMINAL, FencedStore
 from shared.views import job_views, render_text
 
 
+MAX_WAIT_SECONDS = 366 * 86_400.0
+"""The longest `wait --timeout`: a year (and never NaN, which compares false with all)."""
+
+
 def _job_id(text: str):  # type: ignore[no-untyped-def]
     try:
         return parse_job_id(text)
@@ -160,8 +164,10 @@ def wait_main(argv: list[str]) -> int:
         p.add_argument("--interval", type=float, default=0.5, metavar="SECONDS")
         args = p.parse_args(argv)
         job_id = _job_id(args.job_id)
-        if args.timeout is not None and args.timeout < 0:
-            raise InvalidSpec("--timeout must not be negative")
+        if args.timeout is not None and not 0 <= args.timeout <= MAX_WAIT_SECONDS:
+            raise InvalidSpec(f"--timeout must be between 0 and {MAX_WAIT_SECONDS:g} seconds")
+        if not 0.01 <= args.interval <= 3600:
+            raise InvalidSpec("--interval must be between 0.01 and 3600 seconds")
         settings = cli.setup("wait")
         deadline = None if args.timeout is None else time.monotonic() + args.timeout
         tty = sys.stdout.isatty()

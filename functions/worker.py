@@ -5,6 +5,12 @@ state — fenced. Exit 0 when every claimed job succeeded (or there was nothing 
 
 A KEDA ScaledJob starts one worker pod per unit of ready work; each pod runs one job and
 exits, so a worker never lives longer than its job.
+
+The worker process is the reaper of everything its jobs start (``shared.proctree``): after
+each action, whatever the action left running — daemons included — is killed. A terminal
+write that the database refuses for a reason of its own (not its availability) is replaced
+by a fenced ``failed`` naming that reason: a job whose work finished is never left running
+for the sweeper to run again.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ from shared.db import connect
 from shared.errors import FenceLost, JobfenceError, StoreUnavailable
 from shared.finalize import finalize_parent
 from shared.logs import get_logger
-from shared.objectstore import ObjectStore, ObjectStoreError, open_object_store
+from shared.objectstore import ObjectStore, open_object_store
+from shared.proctree import become_subreaper, kill_descendants
 from shared.settings import Settings
 from shared.shutdown import on_termination
 from shared.store import ActionOutcome, Claim, FencedStore, RetryPolicy, Transition
@@ -41,6 +48,15 @@ T = TypeVar("T")
 # After SIGTERM the watcher has released the job; the main thread gets this long to come
 # back from the action before the process exits regardless.
 EXIT_GRACE_SECONDS = 2.0
+
+
+class WriteRefused(Exception):
+    """A fenced write failed for a reason of its own (a value the database would not take,
+    a constraint): retrying it cannot help."""
+
+    def __init__(self, cause: JobfenceError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class Outcome(StrEnum):
@@ -177,7 +193,10 @@ class Worker:
             dirs = AttemptDirs(Path(tempfile.gettempdir()) / f"jobfence-{claim.attempt_id}")
             try:
                 with guard:
-                    return self._run_actions(claim, guard, dirs)
+                    try:
+                        return self._run_actions(claim, guard, dirs)
+                    except WriteRefused as exc:
+                        return self._refused(claim, guard, exc)
             finally:
                 dirs.cleanup()
         finally:
@@ -186,7 +205,7 @@ class Worker:
 
     def _run_actions(self, claim: Claim, guard: AttemptGuard, dirs: AttemptDirs) -> Outcome:
         # A first attempt has nothing to resume; a retry skips what earlier ones finished.
-        done = self.store.succeeded_actions(claim.job_id) if claim.attempt_count > 1 else set()
+        done = self.store.succeeded_actions(claim.job_id) if claim.may_resume else set()
         todo = [i for i in range(len(claim.actions)) if i not in done]
         if done:
             log.info("resuming", job_id=str(claim.job_id), after_actions=sorted(done))
@@ -209,11 +228,16 @@ class Worker:
                                     action_index=index, dirs=dirs, stop=guard.stop,
                                     track_process=guard.track, untrack_process=guard.untrack,
                                     files=files, env=env)
-                result = action.run(ctx, spec.get("params", {}))
+                try:
+                    result = action.run(ctx, spec.get("params", {}))
+                finally:
+                    kill_descendants(reap_children=True)  # daemons and strays die with it
             except StopRequested:
                 return self._stopped(claim, guard, index, spec["name"], started)
             except FenceLost:
                 return self._lost(claim, guard)
+            except WriteRefused:
+                raise
             except Exception as exc:
                 if guard.stop.is_set():  # the child died because we killed it
                     return self._stopped(claim, guard, index, spec["name"], started)
@@ -249,9 +273,10 @@ class Worker:
                     job_id=claim.job_id, attempt_id=claim.attempt_id, outcome=outcome,
                     worker_id=self.settings.worker, lease_seconds=self.settings.lease_seconds)
                 combined = True
-            except StoreUnavailable as exc:
-                # Whether it committed is unknown: finish alone (fenced, so a repeat is
-                # harmless). A claim that did commit is reclaimed when its lease runs out.
+            except JobfenceError as exc:
+                # Unavailable: whether it committed is unknown; refused: nothing committed.
+                # Either way finish alone (fenced, so a repeat is harmless); a claim that did
+                # commit is reclaimed when its lease runs out.
                 log.warning("write_retry", error=str(exc))
         if not combined:
             t = self._write(guard, lambda s: s.finish(
@@ -303,8 +328,26 @@ class Worker:
             return
         try:
             finalize_parent(self.store, self.objects, self.settings.s3_bucket, claim.parent_id)
-        except (ObjectStoreError, JobfenceError) as exc:
+        except JobfenceError as exc:
             log.warning("inline_finalize_failed", job_id=str(claim.parent_id), error=str(exc))
+
+    def _refused(self, claim: Claim, guard: AttemptGuard, exc: WriteRefused) -> Outcome:
+        """A write of this attempt was refused: end the job ``failed`` with the reason,
+        under the fence, without what could not be stored."""
+        error = f"the attempt's result could not be stored: {exc}"
+        log.error("write_refused", job_id=str(claim.job_id), error=str(exc))
+        try:
+            t = self._write(guard, lambda s: s.finish(
+                job_id=claim.job_id, attempt_id=claim.attempt_id, succeeded=False,
+                reason=error, error=error))
+        except WriteRefused as again:
+            log.error("write_refused", job_id=str(claim.job_id), error=str(again),
+                      message="the job stays running until its lease runs out")
+            return Outcome.LOST
+        if t is None:
+            return self._lost(claim, guard)
+        self._finalize_parent(claim)
+        return Outcome.FAILED
 
     def _lost(self, claim: Claim, guard: AttemptGuard) -> Outcome:
         if guard.reason is None:  # a write found the fence gone before the heartbeat did
@@ -334,6 +377,8 @@ class Worker:
                     self._conn = self._connect()
                 except StoreUnavailable:
                     continue
+            except JobfenceError as exc:
+                raise WriteRefused(exc) from exc
 
     def _won_anyway(self, claim: Claim, status: str) -> bool:
         """After a retried terminal write matched nothing: had the first try committed?"""
@@ -358,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
             cli.error("--max-jobs must be at least 1")
             return 2
         settings = cli.setup("worker")
+        become_subreaper()  # this process runs nothing but jobs
         report = run_once(settings, args.max_jobs)
         cli.emit(report)
         return 0 if report.ok else 1

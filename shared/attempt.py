@@ -12,10 +12,14 @@ the worker process, ``GuardThreads``, and serve one attempt after another):
 * the worker got SIGTERM: ``sigterm``.
 
 Stopping means: set ``stop`` (actions wait on it), SIGKILL every process group the action
-registered, and from then on write nothing — except the SIGTERM and timeout paths, which
-give the job back with a fenced release. The local deadline is measured on the monotonic
-clock from *before* each successful heartbeat was sent, so it always falls before the
-database's own deadline; the database's ``visible_at > now()`` predicate backs it up.
+registered and every other descendant of the worker (``shared.proctree``), and from then
+on write nothing — except the SIGTERM and timeout paths, which give the job back with a
+fenced write. SIGTERM (an eviction, a drain) is not the job's fault: its attempt is given
+back (``FencedStore.interrupt``), up to ``JOBFENCE_MAX_INTERRUPTIONS`` times.
+
+The local deadline is measured on the monotonic clock from *before* each successful
+heartbeat was sent, so it always falls before the database's own deadline; the database's
+``visible_at > clock_timestamp()`` predicate backs it up.
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ from shared.actions.builtin import kill_group
 from shared.db import Connection, connect
 from shared.errors import StoreUnavailable
 from shared.logs import get_logger
-from shared.settings import Settings
-from shared.store import Claim, FencedStore, RetryPolicy, Transition
+from shared.proctree import kill_descendants
+from shared.settings import Settings, self_fence_margin
+from shared.store import Claim, FencedStore, Transition
 
 log = get_logger("jobfence.attempt")
 
@@ -44,12 +49,6 @@ class StopReason(StrEnum):
     LEASE_EXPIRED = "lease_expired"
     TIMED_OUT = "timed_out"
     SIGTERM = "sigterm"
-
-
-def self_fence_margin(lease_seconds: float) -> float:
-    """How long before the local lease deadline the worker gives up: enough to kill the
-    child and stop writing, small against the lease."""
-    return max(0.2, min(5.0, lease_seconds * 0.1))
 
 
 class SideChannel:
@@ -212,6 +211,7 @@ class AttemptGuard:
             pgids = list(self._pgids)
         for pgid in pgids:
             kill_group(pgid)
+        kill_descendants(reap_children=False)  # what left the groups (setsid, daemons)
         return True
 
     def release_on_sigterm(self) -> Transition | None:
@@ -220,10 +220,10 @@ class AttemptGuard:
         self.request_stop(StopReason.SIGTERM)
         claim = self.claim
         try:
-            t: Transition | None = self.side.call(lambda store: store.release(
+            t: Transition | None = self.side.call(lambda store: store.interrupt(
                 job_id=claim.job_id, attempt_id=claim.attempt_id,
-                reason="worker received SIGTERM", error="worker received SIGTERM",
-                retry=RetryPolicy(0.0, 0.0)))
+                reason="worker received SIGTERM",
+                max_interruptions=self.settings.max_interruptions))
         except StoreUnavailable as exc:
             log.error("sigterm_release_failed", job_id=str(claim.job_id), error=str(exc))
             return None

@@ -18,6 +18,7 @@ from shared import logs
 from shared.db import connect
 from shared.durations import format_duration
 from shared.errors import ExitCode, InvalidSpec, JobfenceError
+from shared.limits import Unstorable, check_text
 from shared.settings import Settings, load_settings
 from shared.store import FencedStore
 
@@ -50,15 +51,29 @@ def emit_lines(objs: Sequence[Any]) -> None:
 
 
 def error(message: str) -> None:
-    sys.stderr.write(f"jobfence: error: {message}\n")
+    """One line on stderr, whatever the message holds."""
+    line = " ".join(message.split()) if "\n" in message or "\r" in message else message
+    line = line.encode("utf-8", "backslashreplace").decode("utf-8")
+    sys.stderr.write(f"jobfence: error: {line}\n")
     sys.stderr.flush()
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports bad arguments as exit 2 with the contract's message form."""
+    """argparse that reports bad arguments as exit 2 with the contract's message form, and
+    refuses arguments that are not text PostgreSQL can hold (invalid UTF-8, NUL) before
+    anything else looks at them."""
 
     def error(self, message: str) -> Any:
         raise InvalidSpec(f"{self.prog}: {message}")
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: None = None) -> argparse.Namespace:
+        for i, arg in enumerate(sys.argv[1:] if args is None else args):
+            try:
+                check_text(arg, f"argument {i + 1}")
+            except Unstorable as exc:
+                raise InvalidSpec(f"{self.prog}: {exc}") from None
+        return super().parse_args(args, namespace)
 
 
 def run_command(name: str, body: Callable[[], int]) -> int:
@@ -73,6 +88,9 @@ def run_command(name: str, body: Callable[[], int]) -> int:
         return 130
     except BrokenPipeError:
         return int(ExitCode.OK)
+    except RecursionError:
+        error(f"{name}: the input is nested too deep")
+        return int(ExitCode.INVALID)
     except Exception as exc:
         logs.get_logger(name).exception("command_crashed", command=name)
         error(f"{name} failed unexpectedly: {type(exc).__name__}: {exc}")

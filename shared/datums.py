@@ -21,6 +21,7 @@ from uuid import UUID
 
 from shared.errors import ConfigError, FenceLost
 from shared.ids import uuid7
+from shared.limits import Unstorable, check_text
 from shared.logs import get_logger
 from shared.objectstore import ObjectStore, ObjectStoreError, attempt_prefix, parse_s3_url, s3_url
 from shared.store import FencedStore, NewJob
@@ -119,6 +120,11 @@ class AttemptFiles:
             raise ConfigError("the job wrote outputs but JOBFENCE_S3_BUCKET is not set")
         prefix = attempt_prefix(self.job_id, self.attempt_id)
         entries = [(p.relative_to(src).as_posix(), p) for p in files]
+        for rel, _ in entries:
+            try:
+                check_text(rel, "output file name")
+            except Unstorable as exc:
+                raise ObjectStoreError(f"{exc}: {rel.encode(errors='replace')!r}") from None
         urls = [(rel, s3_url(self.bucket, prefix + rel)) for rel, _ in entries]
         if not self._write(lambda s: s.register_outputs(
                 job_id=self.job_id, attempt_id=self.attempt_id, outputs=urls)):

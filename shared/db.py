@@ -14,10 +14,13 @@ from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 
 from shared.errors import (
+    ConfigError,
     Conflict,
     InvalidSpec,
     JobfenceError,
+    NotMigrated,
     ResourceBusy,
+    StoreError,
     StoreUnavailable,
 )
 from shared.queries import QUERIES
@@ -56,8 +59,16 @@ def connect(
             tcp_user_timeout=max(1000, int(connect_timeout * 1000)),
             options=options,
         )
+    except psycopg.ProgrammingError as exc:  # a connection string psycopg cannot use
+        raise ConfigError("JOBFENCE_DATABASE_URL is not a usable connection string: "
+                          f"{_first_line(exc)}") from exc
     except psycopg.Error as exc:
         raise translate(exc) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def translate(exc: BaseException) -> BaseException:
@@ -69,12 +80,17 @@ def translate(exc: BaseException) -> BaseException:
         if diag.constraint_name == "jobs_resource_active":
             return ResourceBusy(_key_value(diag.message_detail))
         return Conflict(f"conflicting write: {diag.message_primary}")
-    if isinstance(exc, pg_errors.CheckViolation | pg_errors.InvalidTextRepresentation
-                  | pg_errors.NumericValueOutOfRange | pg_errors.DatetimeFieldOverflow):
-        return InvalidSpec(f"rejected by the database: {exc.diag.message_primary}")
+    if isinstance(exc, pg_errors.UndefinedTable | pg_errors.UndefinedFunction
+                  | pg_errors.UndefinedColumn | pg_errors.InvalidSchemaName):
+        return NotMigrated("the database has no jobfence schema, or an older one than this "
+                           f"release needs ({_first_line(exc)}): run `jobfence migrate`")
+    if isinstance(exc, pg_errors.CheckViolation | psycopg.DataError):
+        # A value the database cannot hold (a NUL, an out-of-range number or timestamp...).
+        return InvalidSpec(f"rejected by the database: {_first_line(exc)}")
     if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return StoreUnavailable(f"database unavailable: {first}")
+        return StoreUnavailable(f"database unavailable: {_first_line(exc)}")
+    if isinstance(exc, psycopg.Error):
+        return StoreError(f"the database refused the operation: {_first_line(exc)}")
     return exc
 
 

@@ -11,6 +11,8 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, TypeAdapter, ValidationError
 
+from shared.limits import check_duration
+
 
 @lru_cache(maxsize=1)
 def _timedelta() -> TypeAdapter[timedelta]:
@@ -19,7 +21,8 @@ def _timedelta() -> TypeAdapter[timedelta]:
 
 
 def parse_duration(text: object) -> timedelta:
-    """A positive duration from an ISO 8601 string; ValueError saying what is wrong."""
+    """A positive duration of at most 100 years from an ISO 8601 string; ValueError saying
+    what is wrong."""
     if isinstance(text, timedelta):
         value = text
     else:
@@ -27,13 +30,13 @@ def parse_duration(text: object) -> timedelta:
             raise ValueError(f"{text!r} is not an ISO 8601 duration (e.g. PT90S, PT1H30M, P7D)")
         try:
             value = _timedelta().validate_python(text.strip().upper())
-        except ValidationError:
+        except (ValidationError, OverflowError):
             raise ValueError(
                 f"{text!r} is not an ISO 8601 duration (e.g. PT90S, PT1H30M, P7D)"
             ) from None
     if value <= timedelta(0):
         raise ValueError(f"duration {text!r} must be positive")
-    return value
+    return check_duration(value, text)
 
 
 def format_duration(value: timedelta) -> str:

@@ -82,6 +82,24 @@ class JobNotFound(NotFound):
         super().__init__(f"job {job_id} not found")
 
 
+class NotMigrated(ConfigError):
+    """The database holds no jobfence schema, or an older one than this release needs."""
+
+
+class StoreError(JobfenceError):
+    """The database refused a statement for a reason of its own (not the input, not its
+    availability): the operation failed."""
+
+
+class ObjectStoreError(JobfenceError):
+    """An object-store call failed after its retries. ``code`` is the store's error code
+    when it gave one (``NoSuchBucket``, ``AccessDenied``...)."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 class ClusterError(JobfenceError):
     """A cluster call failed after its retries, or a listing could not be completed: the
     pass that needed it changes nothing and fails (exit 1)."""

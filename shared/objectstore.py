@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Protocol
 from uuid import UUID
 
-from shared.errors import ConfigError, InvalidSpec
+from shared.errors import ConfigError, InvalidSpec, ObjectStoreError
 from shared.settings import Settings
+
+__all__ = ["DeleteFailure", "ObjectInfo", "ObjectStore", "ObjectStoreError"]
 
 PREFIX = "jobfence/"
 
@@ -52,10 +54,6 @@ class ObjectStore(Protocol):
     def delete_many(self, bucket: str, keys: Sequence[str]) -> list[DeleteFailure]:
         """Delete up to 1000 keys; the ones that could not be deleted, with why."""
         ...
-
-
-class ObjectStoreError(Exception):
-    """An object-store call failed after its retries."""
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:

@@ -11,39 +11,49 @@ import socket
 from datetime import timedelta
 from typing import Literal, Self
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.durations import Duration
 from shared.errors import ConfigError
+from shared.limits import Unstorable, check_text
+
+
+def self_fence_margin(lease_seconds: float) -> float:
+    """How long before the local lease deadline a worker gives up: enough to kill the child
+    and stop writing, small against the lease."""
+    return max(0.2, min(5.0, lease_seconds * 0.1))
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="JOBFENCE_", extra="ignore", frozen=True)
 
-    database_url: str = Field(min_length=1)
+    database_url: str = Field(min_length=1, repr=False)
     """PostgreSQL DSN (URL or key=value). Required: the database is the source of truth."""
 
-    connect_timeout_seconds: float = Field(default=5.0, gt=0)
+    connect_timeout_seconds: float = Field(default=5.0, gt=0, le=600)
     """How long to wait for a database connection before reporting it unavailable (exit 4).
     Short, because every function is a short-lived pod that the scheduler will run again."""
 
-    lease_seconds: float = Field(default=120.0, gt=0)
+    lease_seconds: float = Field(default=120.0, ge=1, le=86_400)
     """Claim lease. A worker that cannot renew it within this time stops its work; the
     sweeper reclaims the job once it has run out. Two minutes keeps a lost job's wait short
-    while tolerating a database failover (typically well under a minute)."""
+    while tolerating a database failover (typically well under a minute). At least a second:
+    a shorter lease leaves no time to renew before the worker must fence itself."""
 
     heartbeat_seconds: float | None = Field(default=None, gt=0)
     """Lease renewal period; default a quarter of the lease, so three renewals can fail
-    before the worker has to give up."""
+    before the worker has to give up. At most half of what is left of the lease once its
+    self-fencing margin is taken off, so that one renewal may fail without the worker
+    stopping its job."""
 
     max_attempts: int = Field(default=3, ge=1, le=1000)
     """Default attempts per job when a spec does not say."""
 
-    retry_base_seconds: float = Field(default=10.0, ge=0)
+    retry_base_seconds: float = Field(default=10.0, ge=0, le=86_400)
     """First retry delay; doubles per attempt, with jitter."""
 
-    retry_max_seconds: float = Field(default=3600.0, ge=0)
+    retry_max_seconds: float = Field(default=3600.0, ge=0, le=30 * 86_400)
     """Cap of the retry delay, so a job with many attempts still comes back within an hour."""
 
     batch_size: int = Field(default=500, ge=1, le=100_000)
@@ -79,19 +89,19 @@ class Settings(BaseSettings):
     worker_selector: str = "app.kubernetes.io/name=jobfence,app.kubernetes.io/component=worker"
     """Label selector of worker pods (manifests/ labels the ScaledJob's pod template so)."""
 
-    kube_qps: float = Field(default=20.0, gt=0)
+    kube_qps: float = Field(default=20.0, gt=0, le=10_000)
     """Client-side rate limit on Kubernetes API calls (bursts up to twice this): a pass over
     thousands of pods must not crowd out the control plane."""
 
     kube_page_size: int = Field(default=500, ge=1, le=5000)
     """Pods per list page (``limit``/``continue``): bounds a pass's memory."""
 
-    reconcile_grace_seconds: float = Field(default=15.0, ge=0)
+    reconcile_grace_seconds: float = Field(default=15.0, ge=0, le=86_400)
     """Claims younger than this at the start of the pod listing are not judged. The listing
     starts after that instant and a claim is made by a live pod, so the comparison is sound
     without it; the margin absorbs an API server answering from a slightly stale view."""
 
-    orphan_pod_grace_seconds: float = Field(default=180.0, ge=0)
+    orphan_pod_grace_seconds: float = Field(default=180.0, ge=0, le=30 * 86_400)
     """A running worker pod must hold no live claim for this long, seen by two passes at
     least this far apart, before orphan-cleanup deletes it. A healthy worker is without a
     claim only while it starts (seconds) and exits; a frozen one whose claim was reclaimed
@@ -101,7 +111,7 @@ class Settings(BaseSettings):
     """Finished worker pods kept for their logs (KEDA's own default history); older ones are
     deleted with their Jobs."""
 
-    orphan_object_grace_seconds: float = Field(default=3600.0, ge=0)
+    orphan_object_grace_seconds: float = Field(default=3600.0, ge=0, le=365 * 86_400)
     """S3 objects of fenced-out or failed attempts, or of deleted jobs, are deleted once
     they are older than this: long enough that no upload of a live attempt is in flight."""
 
@@ -136,12 +146,48 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Lowest level logged."""
 
+    max_interruptions: int = Field(default=10, ge=0, le=1000)
+    """SIGTERMs (an eviction, a node drain, a deploy) a job may take without spending an
+    attempt: the worker gives the job back at once and the attempt does not count. Past
+    this many, a SIGTERM counts as a failed attempt, so that a job that is always
+    interrupted still ends."""
+
+    @field_validator("database_url")
+    @classmethod
+    def _dsn(cls, value: str) -> str:
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            check_text(value, "value")
+            conninfo_to_dict(value)
+        except (Unstorable, Exception):
+            # Never echo the value: it may hold a password.
+            raise ValueError("is not a valid PostgreSQL connection string (a URL "
+                             "postgresql://USER@HOST/DB or key=value pairs)") from None
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text(cls, data: object) -> object:
+        """Settings come from the environment, which may hold bytes that are not UTF-8."""
+        if isinstance(data, dict):
+            for key, value in data.items():
+                if isinstance(value, str) and key != "database_url":
+                    check_text(value, f"JOBFENCE_{key.upper()}")
+        return data
+
     @model_validator(mode="after")
     def _defaults(self) -> Self:
         if self.heartbeat_seconds is None:
             object.__setattr__(self, "heartbeat_seconds", self.lease_seconds / 4)
-        elif self.heartbeat_seconds >= self.lease_seconds:
-            raise ValueError("heartbeat_seconds must be shorter than lease_seconds")
+        else:
+            most = (self.lease_seconds - self_fence_margin(self.lease_seconds)) / 2
+            if self.heartbeat_seconds > most:
+                raise ValueError(
+                    f"JOBFENCE_HEARTBEAT_SECONDS must be at most {most:g} with a "
+                    f"JOBFENCE_LEASE_SECONDS of {self.lease_seconds:g} (half of the lease "
+                    "minus its self-fencing margin), so that a renewal may fail once before "
+                    "the worker stops")
         if self.worker_id is None:
             object.__setattr__(self, "worker_id", default_worker_id(self.cluster))
         return self
@@ -175,9 +221,9 @@ def load_settings(**overrides: object) -> Settings:
         problems = []
         for err in exc.errors():
             field = ".".join(str(p) for p in err["loc"]) or "settings"
-            env = f"JOBFENCE_{field.upper()}"
+            env = f"JOBFENCE_{field.upper()} " if field != "settings" else ""
             required = err["type"] == "missing" or (
                 field == "database_url" and err["type"] == "string_too_short")
             msg = "is required" if required else err["msg"].removeprefix("Value error, ")
-            problems.append(f"{env} {msg}")
+            problems.append(f"{env}{msg}")
         raise ConfigError("; ".join(problems)) from None

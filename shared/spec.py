@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from shared.actions import get_action
 from shared.durations import Duration
 from shared.errors import InvalidSpec
+from shared.limits import MAX_SPEC_BYTES, Unstorable, check_structure
 
 MAX_SPECS_PER_CALL = 100_000
 
@@ -59,7 +60,17 @@ class JobSpec(BaseModel):
     timeout: Duration | None = None
     expires_in: Duration | None = None
     inputs: InputsSpec | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict, max_length=64)
+
+    @field_validator("labels")
+    @classmethod
+    def _label_sizes(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key, value in labels.items():
+            if not 1 <= len(key) <= 253:
+                raise ValueError(f"label key {key[:40]!r} must be 1 to 253 characters")
+            if len(value) > 1000:
+                raise ValueError(f"label {key!r}: the value is longer than 1000 characters")
+        return labels
 
     @field_validator("inputs", mode="before")
     @classmethod
@@ -108,7 +119,15 @@ def _describe(exc: ValidationError, where: str) -> str:
 
 
 def parse_specs(data: object) -> list[JobSpec]:
-    """One spec or a list of them, each validated; InvalidSpec names the first bad one."""
+    """One spec or a list of them, each validated; InvalidSpec names the first bad one.
+
+    The whole input is walked first (``shared.limits.check_structure``): nothing that JSON or
+    PostgreSQL cannot hold, nothing nested too deep, nothing that expands past the node
+    budget, reaches the model or the canonical JSON of a spec."""
+    try:
+        check_structure(data)
+    except Unstorable as exc:
+        raise InvalidSpec(str(exc)) from None
     items: Sequence[object] = data if isinstance(data, list) else [data]
     if not items:
         raise InvalidSpec("the spec list is empty")
@@ -129,22 +148,53 @@ def parse_specs(data: object) -> list[JobSpec]:
     return specs
 
 
+def _yaml_loader() -> type:
+    """PyYAML's safe loader without the implicit timestamp type: an unquoted
+    ``2026-01-01T00:00:00Z`` stays the text a JSON spec would carry. Aliases are allowed
+    (they are handy for repeated params) and counted by ``check_structure``."""
+    import yaml
+
+    class SpecLoader(yaml.SafeLoader):
+        pass
+
+    SpecLoader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers
+                if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    return SpecLoader
+
+
+def decode_spec_bytes(data: bytes, source: str = "spec") -> str:
+    """Spec text from bytes: at most ``MAX_SPEC_BYTES``, UTF-8."""
+    if len(data) > MAX_SPEC_BYTES:
+        raise InvalidSpec(f"{source}: larger than {MAX_SPEC_BYTES // (1024 * 1024)} MiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidSpec(f"{source}: not UTF-8 text (byte {exc.start})") from None
+
+
 def parse_spec_text(text: str, source: str = "spec") -> list[JobSpec]:
     """Specs from JSON, or YAML when the text is not JSON."""
+    if len(text) > MAX_SPEC_BYTES:
+        raise InvalidSpec(f"{source}: larger than {MAX_SPEC_BYTES // (1024 * 1024)} MiB")
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as json_exc:
+    except RecursionError:
+        raise InvalidSpec(f"{source}: nested too deep") from None
+    except ValueError as json_exc:  # JSONDecodeError, or an integer of too many digits
+        where = (f"{json_exc.msg} at line {json_exc.lineno}"
+                 if isinstance(json_exc, json.JSONDecodeError) else str(json_exc))
         try:
             import yaml
 
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a safe loader
+        except RecursionError:
+            raise InvalidSpec(f"{source}: nested too deep") from None
         except Exception:
-            raise InvalidSpec(
-                f"{source}: not valid JSON ({json_exc.msg} at line {json_exc.lineno}) "
-                "nor YAML") from None
+            raise InvalidSpec(f"{source}: not valid JSON ({where}) nor YAML") from None
         if isinstance(data, str | int | float) or data is None:
-            raise InvalidSpec(f"{source}: not valid JSON ({json_exc.msg} "
-                              f"at line {json_exc.lineno})") from None
+            raise InvalidSpec(f"{source}: not valid JSON ({where})") from None
     return parse_specs(data)
 
 
@@ -152,13 +202,16 @@ def parse_action_arg(arg: str) -> dict[str, Any]:
     """``NAME`` or ``NAME:JSON_PARAMS`` from the command line."""
     name, sep, raw = arg.partition(":")
     if not name:
-        raise InvalidSpec(f"action {arg!r}: missing name")
+        raise InvalidSpec(f"action {arg[:80]!r}: missing name")
     if not sep:
         return {"name": name, "params": {}}
     try:
         params = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise InvalidSpec(f"action {name!r}: params are not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise InvalidSpec(f"action {name[:80]!r}: params are nested too deep") from None
+    except ValueError as exc:
+        why = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise InvalidSpec(f"action {name[:80]!r}: params are not valid JSON ({why})") from None
     if not isinstance(params, dict):
-        raise InvalidSpec(f"action {name!r}: params must be a JSON object")
+        raise InvalidSpec(f"action {name[:80]!r}: params must be a JSON object")
     return {"name": name, "params": params}

@@ -3,19 +3,32 @@ after a claim is predicated on the claim's ``attempt_id`` and reports whether it
 
 Callers never write SQL; they call these verbs with keyword arguments for ids and fences.
 A verb that makes jobs terminal also settles what waited on them (``settle``), after its
-own commit: whoever commits last sees every other commit, so no dependent is left waiting
-by a race between two finishing jobs.
+own commit — a terminal write asks for its dependents in the same round trip, as a second
+transaction after the first one's Sync. An enqueue with ``after`` never locks the jobs it
+waits on (a running one keeps renewing its lease); it re-reads them after its own commit.
+Each side reads after its own commit, so whichever commits last sees the other: no
+dependent is left waiting by a race between an enqueue and a finish. (An enqueue inside an
+application's transaction cannot read after that commit; ``export-finalize`` resolves what
+it leaves waiting, at its next pass.)
+
+Settling is bounded: a terminal write releases at most ``SETTLE_BATCH`` dependents inline;
+a job with more leaves the rest to ``export-finalize``, which pages through them.
+
+What a job produces (results, error texts) is made storable on the way in
+(``shared.limits``): a job's output is never the reason its terminal write fails.
 """
 
 from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, LiteralString
 from uuid import UUID
+
+from psycopg.pq import TransactionStatus
 
 from shared.db import Connection, translated
 from shared.errors import (
@@ -25,10 +38,18 @@ from shared.errors import (
     JobAlreadyTerminal,
     JobNotFound,
 )
+from shared.limits import MAX_DETAIL_CHARS, storable_json, storable_text
 from shared.queries import QUERIES
 
 ACTIVE = ("waiting", "pending", "running")
 TERMINAL = ("succeeded", "failed", "cancelled")
+
+SETTLE_BATCH = 1000
+"""Dependents a verb releases inline after making jobs terminal; export-finalize pages
+through the rest."""
+
+RESOLVE_BATCH = 5000
+"""Waiting jobs resolved per statement (linear in the batch: see migration 0007)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +127,13 @@ class Claim:
     parent_id: UUID | None
     lease_expires_at: datetime
     run_deadline_at: datetime | None
+    interruptions: int = 0
+    """SIGTERMs this job took on earlier claims (their attempts were given back)."""
+
+    @property
+    def may_resume(self) -> bool:
+        """Whether an earlier claim may have finished some actions."""
+        return self.attempt_count > 1 or self.interruptions > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,12 +149,14 @@ class ActionOutcome:
     error_detail: str | None = None
 
     def params(self, prefix: str = "") -> dict[str, Any]:
-        """Query parameters; ``prefix="action_"`` where they sit beside the job's own."""
-        return {"action_index": self.index, f"{prefix}name": self.name,
+        """Query parameters, made storable; ``prefix="action_"`` where they sit beside the
+        job's own."""
+        return {"action_index": self.index, f"{prefix}name": storable_text(self.name, 200),
                 f"{prefix}status": "succeeded" if self.succeeded else "failed",
                 f"{prefix}started_at": self.started_at,
-                f"{prefix}result": json.dumps(self.result) if self.result is not None else None,
-                f"{prefix}error": self.error, f"{prefix}error_detail": self.error_detail}
+                f"{prefix}result": storable_json(self.result),
+                f"{prefix}error": storable_text(self.error),
+                f"{prefix}error_detail": storable_text(self.error_detail, MAX_DETAIL_CHARS)}
 
 
 NO_OUTCOME = {"action_index": None, "action_name": None, "action_status": None,
@@ -141,8 +171,6 @@ class Transition:
     job_id: UUID
     status: str
     parent_id: UUID | None = None
-    dependents: bool = True
-    """Whether jobs may wait on this one (when unknown: True, so settle looks)."""
 
     @property
     def terminal(self) -> bool:
@@ -177,8 +205,18 @@ class RetentionCandidate:
 
 
 def _transitions(rows: Iterable[dict[str, Any]]) -> list[Transition]:
-    return [Transition(r["job_id"], r["status"], r.get("parent_id"),
-                       r.get("has_dependents", True)) for r in rows]
+    return [Transition(r["job_id"], r["status"], r.get("parent_id")) for r in rows]
+
+
+def _texts(**values: str | None) -> dict[str, str | None]:
+    """Reasons and errors made storable (error_detail gets the longer cap)."""
+    return {k: storable_text(v, MAX_DETAIL_CHARS if k == "error_detail" else 2000)
+            for k, v in values.items()}
+
+
+def _chunks(items: Sequence[UUID], size: int) -> Iterator[Sequence[UUID]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]
 
 
 class FencedStore:
@@ -199,18 +237,24 @@ class FencedStore:
         active job (the unique index decides, race-free); a repeated idempotency key returns
         the existing job when the spec is the same and raises ``IdempotencyConflict`` when
         it is not; an ``after`` id that does not exist raises ``JobNotFound``.
+
+        Inside a transaction the caller owns, everything is written in it (as savepoint) and
+        the caller's commit makes it visible; otherwise in a transaction of its own.
         """
+        owned = self.conn.info.transaction_status == TransactionStatus.IDLE
+        after = sorted({d for job in jobs for d in job.after}, key=str)
         with translated(), self.conn.transaction():
             lock = self.conn.execute(QUERIES["control_drain_lock"]).fetchone()
             if lock and lock["draining"]:
                 raise Drained("drain mode is on: enqueue is refused until `drain off`")
-            after = sorted({d for job in jobs for d in job.after}, key=str)
+            finished = False
             if after:
-                found = {r["job_id"] for r in self.conn.execute(
-                    QUERIES["dependency_mark"], {"job_ids": after})}
+                found = {r["job_id"]: r["status"] for r in self.conn.execute(
+                    QUERIES["dependency_status"], {"job_ids": after})}
                 missing = [d for d in after if d not in found]
                 if missing:
                     raise JobNotFound(missing[0])
+                finished = any(status in TERMINAL for status in found.values())
             inserted = {r["job_id"] for r in self.conn.execute(
                 QUERIES["job_insert_many"],
                 {"jobs": json.dumps([job.row() for job in jobs])})}
@@ -223,14 +267,25 @@ class FencedStore:
             if deps:
                 self.conn.execute(QUERIES["dependency_insert_many"],
                                   {"deps": json.dumps(deps)})
-        waiting = [j.job_id for j in jobs if j.job_id in inserted and j.after]
-        if waiting:
-            # A dependency may have finished before this commit; its own settle could not
-            # see these rows. Resolve them now that they are visible.
-            settled = {t.job_id: t.status for t in self.resolve_waiting(waiting)}
+            waiting = [j.job_id for j in jobs if j.job_id in inserted and j.after]
+            settled: dict[UUID, str] = {}
+            if waiting and finished:  # some dependency had already finished
+                settled = {t.job_id: t.status for t in self.resolve_waiting(waiting)}
+        if waiting and owned:
+            # A dependency may have finished after the check above: its own settle could
+            # not see these rows. Read again, after this commit.
+            still = [j for j in waiting if settled.get(j, "waiting") == "waiting"]
+            if still and any(r["status"] in TERMINAL for r in self._dependency_status(after)):
+                settled |= {t.job_id: t.status for t in self.resolve_waiting(still)}
+        if settled:
             results = [Enqueued(r.job_id, settled.get(r.job_id, r.status), r.created,
                                 r.children) for r in results]
         return results
+
+    def _dependency_status(self, job_ids: Sequence[UUID]) -> list[dict[str, Any]]:
+        with translated():
+            return self.conn.execute(QUERIES["dependency_status"],
+                                     {"job_ids": list(job_ids)}).fetchall()
 
     def _insert_children(self, parent: Enqueued, job: NewJob,
                          children: ChildBatches) -> Enqueued:
@@ -299,19 +354,29 @@ class FencedStore:
                outcome: ActionOutcome | None = None, reason: str | None = None,
                error: str | None = None, error_detail: str | None = None) -> Transition | None:
         """Fenced terminal write, with the last action's outcome in the same statement;
-        None when the fence is lost (nothing written)."""
+        None when the fence is lost (nothing written). Its dependents are asked for in the
+        same round trip, after its commit, and settled."""
         status = "succeeded" if succeeded else "failed"
         with translated():
-            row = self.conn.execute(QUERIES["attempt_finish"], {
-                "job_id": job_id, "attempt_id": attempt_id, "status": status,
-                "reason": reason or status, "error": error, "error_detail": error_detail,
-                **(outcome.params("action_") if outcome else NO_OUTCOME),
-            }).fetchone()
+            with self.conn.pipeline() as pipeline:
+                fin = self.conn.execute(QUERIES["attempt_finish"], {
+                    "job_id": job_id, "attempt_id": attempt_id, "status": status,
+                    **_texts(reason=reason or status, error=error, error_detail=error_detail),
+                    **(outcome.params("action_") if outcome else NO_OUTCOME)})
+                pipeline.sync()  # the terminal write commits here
+                deps = self._dependents_after(job_id)
+            row = fin.fetchone()
         if row is None:
             return None
         done = _transitions([row])
-        self.settle(done)
+        self._settle_found(done, [r["job_id"] for r in deps])
         return done[0]
+
+    def _dependents_after(self, job_id: UUID) -> Any:
+        """The dependents query for a job just written, queued in a pipeline after a Sync:
+        it runs after that commit (see the module's docstring)."""
+        return self.conn.execute(QUERIES["dependency_dependents"],
+                                 {"job_ids": [job_id], "limit": SETTLE_BATCH})
 
     def finish_and_claim(self, *, job_id: UUID, attempt_id: UUID,
                          outcome: ActionOutcome | None, worker_id: str,
@@ -322,19 +387,22 @@ class FencedStore:
         The transition is None when the fence was lost; the claim None when nothing is
         ready (or draining)."""
         with translated():
-            with self.conn.pipeline():  # one implicit transaction: no Sync in between
+            with self.conn.pipeline() as pipeline:
+                # One implicit transaction up to the Sync: finish and claim commit together.
                 fin = self.conn.execute(QUERIES["attempt_finish"], {
                     "job_id": job_id, "attempt_id": attempt_id, "status": "succeeded",
                     "reason": "succeeded", "error": None, "error_detail": None,
                     **(outcome.params("action_") if outcome else NO_OUTCOME)})
                 nxt = self.conn.execute(QUERIES["job_claim"], {
                     "worker_id": worker_id, "lease_seconds": lease_seconds, "limit": 1})
+                pipeline.sync()
+                deps = self._dependents_after(job_id)
             row, claimed = fin.fetchone(), nxt.fetchone()
         claim = Claim(**claimed) if claimed else None
         if row is None:
             return None, claim
         done = _transitions([row])
-        self.settle(done)
+        self._settle_found(done, [r["job_id"] for r in deps])
         return done[0], claim
 
     def release(self, *, job_id: UUID, attempt_id: UUID, reason: str,
@@ -345,9 +413,25 @@ class FencedStore:
         is lost."""
         with translated():
             row = self.conn.execute(QUERIES["attempt_release"], {
-                "job_id": job_id, "attempt_id": attempt_id, "reason": reason,
-                "error": error, "error_detail": error_detail, **retry.params(),
+                "job_id": job_id, "attempt_id": attempt_id, **retry.params(),
+                **_texts(reason=reason, error=error, error_detail=error_detail),
                 **(outcome.params("action_") if outcome else NO_OUTCOME),
+            }).fetchone()
+        if row is None:
+            return None
+        done = _transitions([row])
+        self.settle(done)
+        return done[0]
+
+    def interrupt(self, *, job_id: UUID, attempt_id: UUID, reason: str,
+                  max_interruptions: int) -> Transition | None:
+        """Fenced give-back after SIGTERM: pending at once, the attempt not counted while
+        the job has taken fewer than ``max_interruptions``; else as ``release``. None when
+        the fence is lost."""
+        with translated():
+            row = self.conn.execute(QUERIES["attempt_interrupt"], {
+                "job_id": job_id, "attempt_id": attempt_id,
+                "reason": storable_text(reason), "max_interruptions": max_interruptions,
             }).fetchone()
         if row is None:
             return None
@@ -656,39 +740,56 @@ class FencedStore:
 
     # -- settling what waited on finished jobs ---------------------------------------------
 
-    def settle(self, transitions: Sequence[Transition]) -> list[Transition]:
-        """Resolve jobs waiting on the jobs that just became terminal, transitively.
+    def settle(self, transitions: Sequence[Transition],
+               budget: int = SETTLE_BATCH) -> list[Transition]:
+        """Resolve jobs waiting on the jobs that just became terminal, transitively, at
+        most ``budget`` of them; export-finalize resolves the rest at its next pass.
 
         Returns every further transition it made. Runs after the commit of the transitions
         it is given, each resolution in its own statement.
         """
         made: list[Transition] = []
-        frontier = [t.job_id for t in transitions if t.terminal and t.dependents]
-        while frontier:
+        frontier = [t.job_id for t in transitions if t.terminal]
+        while frontier and budget > 0:
             with translated():
                 dependents = [r["job_id"] for r in self.conn.execute(
-                    QUERIES["dependency_dependents"], {"job_ids": frontier})]
+                    QUERIES["dependency_dependents"],
+                    {"job_ids": frontier, "limit": budget})]
+            budget -= len(dependents)
             resolved = self.resolve_waiting(dependents) if dependents else []
             made.extend(resolved)
             frontier = [t.job_id for t in resolved if t.terminal]
         return made
 
+    def _settle_found(self, done: Sequence[Transition], dependents: Sequence[UUID]) -> None:
+        """Settle after a terminal write whose first page of dependents came back with it."""
+        if not dependents:
+            return
+        resolved = self.resolve_waiting(dependents)
+        self.settle([t for t in resolved if t.terminal], SETTLE_BATCH - len(dependents))
+
     def resolve_waiting(self, job_ids: Sequence[UUID]) -> list[Transition]:
         """Resolve these waiting jobs if their dependencies allow (pending, a parent
-        running with its children released, or failed naming the dependency)."""
-        with translated(), self.conn.transaction():
-            rows = self.conn.execute(QUERIES["waiting_resolve"],
-                                     {"job_ids": list(job_ids)}).fetchall()
-            started = [r["job_id"] for r in rows if r["is_parent"] and r["status"] == "running"]
-            failed = [r["job_id"] for r in rows if r["is_parent"] and r["status"] == "failed"]
-            children: list[dict[str, Any]] = []
-            if started:
-                children += self.conn.execute(QUERIES["children_release"],
-                                              {"parent_ids": started}).fetchall()
-            if failed:
-                children += self.conn.execute(QUERIES["children_cancel_with_parent"],
-                                              {"parent_ids": failed}).fetchall()
-        return _transitions([*rows, *children])
+        running with its children released, or failed naming the dependency), in batches
+        of ``RESOLVE_BATCH``, each its own transaction unless the caller's is open."""
+        out: list[Transition] = []
+        for batch in _chunks(list(job_ids), RESOLVE_BATCH):
+            with translated(), self.conn.transaction():
+                rows = self.conn.execute(QUERIES["waiting_resolve"],
+                                         {"job_ids": list(batch)}).fetchall()
+                started = [r["job_id"] for r in rows
+                           if r["is_parent"] and r["status"] == "running"]
+                failed = [r["job_id"] for r in rows
+                          if r["is_parent"] and r["status"] == "failed"]
+                children: list[dict[str, Any]] = []
+                if started:
+                    children += self.conn.execute(QUERIES["children_release"],
+                                                  {"parent_ids": started}).fetchall()
+                if failed:
+                    children += self.conn.execute(QUERIES["children_cancel_with_parent"],
+                                                  {"parent_ids": failed}).fetchall()
+            out += _transitions([*rows, *children])
+        return out
 
     # -- outputs of an attempt -------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import IO, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from shared.actions import Action, ActionContext, StopRequested
 from shared.durations import Duration
@@ -44,8 +44,8 @@ def _validated(model: type[BaseModel], name: str, params: Mapping[str, Any]) -> 
         return model.model_validate(params).model_dump(mode="json", exclude_none=True)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'params'}: {e['msg']}" for e in exc.errors()
-        )
+            f"{'.'.join(str(p) for p in e['loc']) or 'params'}: "
+            f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
         raise InvalidSpec(f"action {name!r}: {problems}") from None
 
 
@@ -69,11 +69,46 @@ class SleepAction:
         return {"slept_seconds": seconds}
 
 
+MAX_ARG_BYTES = 128 * 1024
+"""Linux's limit on one argument or environment string (MAX_ARG_STRLEN)."""
+MAX_EXEC_BYTES = 1024 * 1024
+"""argv and env together: well under the kernel's ARG_MAX beside the worker's environment."""
+
+
 class CommandParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    argv: list[str] = Field(min_length=1)
-    env: dict[str, str] = Field(default_factory=dict)
+    argv: list[str] = Field(min_length=1, max_length=10_000)
+    env: dict[str, str] = Field(default_factory=dict, max_length=1000)
     timeout: Duration | None = None
+
+    @field_validator("argv")
+    @classmethod
+    def _argv(cls, argv: list[str]) -> list[str]:
+        if not argv[0]:
+            raise ValueError("the program (argv[0]) must not be empty")
+        for i, arg in enumerate(argv):
+            if len(arg.encode()) > MAX_ARG_BYTES:
+                raise ValueError(f"argv[{i}] is longer than {MAX_ARG_BYTES} bytes")
+        return argv
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            if not name or "=" in name:
+                raise ValueError(f"{name!r} is not an environment variable name "
+                                 "(non-empty, without '=')")
+            if len(name.encode()) + len(value.encode()) + 1 > MAX_ARG_BYTES:
+                raise ValueError(f"{name}: longer than {MAX_ARG_BYTES} bytes")
+        return env
+
+    @model_validator(mode="after")
+    def _size(self) -> CommandParams:
+        total = sum(len(a.encode()) + 1 for a in self.argv) + sum(
+            len(k.encode()) + len(v.encode()) + 2 for k, v in self.env.items())
+        if total > MAX_EXEC_BYTES:
+            raise ValueError(f"argv and env together are longer than {MAX_EXEC_BYTES} bytes")
+        return self
 
 
 class _Tail:

@@ -1,6 +1,8 @@
 """S3 through boto3. Throttling and transient errors are retried by botocore's adaptive
-retry mode (exponential backoff with a client-side rate limiter); what still fails is
-raised as ObjectStoreError."""
+retry mode (exponential backoff with a client-side rate limiter); whatever still fails —
+botocore's errors, boto3's own transfer errors (``S3UploadFailedError`` wraps the service's
+answer), a local file that cannot be read or written — is raised as ObjectStoreError with
+the service's error code when there is one, so every caller can count it and go on."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+from boto3.exceptions import Boto3Error
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -73,5 +76,15 @@ class S3ObjectStore:
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         try:
             return getattr(self.client, method)(*args, **kwargs)
-        except (BotoCoreError, ClientError) as exc:
-            raise ObjectStoreError(f"s3 {method} failed: {exc}") from exc
+        except (BotoCoreError, ClientError, Boto3Error, OSError) as exc:
+            raise ObjectStoreError(f"s3 {method} failed: {exc}", code=_code(exc)) from exc
+
+
+def _code(exc: BaseException | None) -> str | None:
+    """The service's error code, also when a transfer error wraps the ClientError."""
+    while exc is not None:
+        if isinstance(exc, ClientError):
+            code = exc.response.get("Error", {}).get("Code")
+            return str(code) if code else None
+        exc = exc.__cause__ or exc.__context__
+    return None

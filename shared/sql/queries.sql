@@ -1,7 +1,10 @@
 -- Named queries of the fenced store, parsed once by shared.queries.
 -- A block starts with `-- name --`, then a one-line description, then the statement.
 -- Every write after a claim carries the fence: `attempt_id = %(attempt_id)s`, a live lease
--- (`visible_at > now()`), and RETURNING, so the caller learns whether it still held it.
+-- (`visible_at > clock_timestamp()`), and RETURNING, so the caller learns whether it still
+-- held it. The lease is checked against the clock when the row is checked — after any lock
+-- wait, since a row lock makes PostgreSQL re-check the row — not against `now()`, the
+-- transaction's start: a write that waited on a lock past its lease matches nothing.
 
 -- control_drain_get --
 -- Whether drain mode is on, and since when.
@@ -46,11 +49,10 @@ RETURNING job_id;
 SELECT job_id, idempotency_key, spec_hash, status
 FROM jobs WHERE idempotency_key = ANY(%(keys)s::text[]);
 
--- dependency_mark --
--- Mark the jobs that new jobs will wait on (see migration 0006); the ones that exist.
-UPDATE jobs SET has_dependents = true
-WHERE job_id = ANY(%(job_ids)s::uuid[])
-RETURNING job_id;
+-- dependency_status --
+-- The jobs that new jobs will wait on, with their status: a plain read, never a lock, so
+-- that an enqueue never holds up a running dependency's heartbeats.
+SELECT job_id, status FROM jobs WHERE job_id = ANY(%(job_ids)s::uuid[]);
 
 -- dependency_insert_many --
 -- Record `after` dependencies of new jobs.
@@ -84,7 +86,7 @@ UPDATE jobs j SET
 FROM candidate c
 WHERE j.job_id = c.job_id AND j.attempt_count < j.max_attempts
 RETURNING j.job_id, j.attempt_id, j.attempt_count, j.max_attempts, j.actions, j.inputs,
-    j.parent_id, j.visible_at AS lease_expires_at, j.run_deadline_at;
+    j.parent_id, j.visible_at AS lease_expires_at, j.run_deadline_at, j.interruptions;
 
 -- attempt_heartbeat --
 -- Renew the lease of a live attempt. No row back: the fence is lost (cancelled, reclaimed,
@@ -93,7 +95,7 @@ UPDATE jobs SET
     visible_at = now() + make_interval(secs => %(lease_seconds)s),
     heartbeat_at = now()
 WHERE job_id = %(job_id)s AND attempt_id = %(attempt_id)s
-  AND status = 'running' AND visible_at > now()
+  AND status = 'running' AND visible_at > clock_timestamp()
 RETURNING visible_at AS lease_expires_at;
 
 -- attempt_action_record --
@@ -103,7 +105,7 @@ RETURNING visible_at AS lease_expires_at;
 WITH fence AS (
     SELECT job_id, attempt_id FROM jobs
     WHERE job_id = %(job_id)s AND attempt_id = %(attempt_id)s
-      AND status = 'running' AND visible_at > now()
+      AND status = 'running' AND visible_at > clock_timestamp()
     FOR SHARE
 )
 INSERT INTO job_action_results (
@@ -131,8 +133,8 @@ WITH written AS (
         error = %(error)s,
         error_detail = %(error_detail)s
     WHERE job_id = %(job_id)s AND attempt_id = %(attempt_id)s
-      AND status = 'running' AND visible_at > now()
-    RETURNING job_id, status, parent_id, has_dependents
+      AND status = 'running' AND visible_at > clock_timestamp()
+    RETURNING job_id, status, parent_id
 ), recorded AS (
     INSERT INTO job_action_results (
         job_id, attempt_id, action_index, name, status, started_at, result, error, error_detail
@@ -145,7 +147,7 @@ WITH written AS (
         status = excluded.status, result = excluded.result, error = excluded.error,
         error_detail = excluded.error_detail, finished_at = excluded.finished_at
 )
-SELECT job_id, status, parent_id, has_dependents FROM written;
+SELECT job_id, status, parent_id FROM written;
 
 -- attempt_release --
 -- The holder gives the job back — pending after a delay while attempts remain, else
@@ -165,8 +167,8 @@ WITH written AS (
         error = %(error)s,
         error_detail = %(error_detail)s
     WHERE j.job_id = %(job_id)s AND j.attempt_id = %(attempt_id)s
-      AND j.status = 'running' AND j.visible_at > now()
-    RETURNING j.job_id, j.status, j.parent_id, j.has_dependents
+      AND j.status = 'running' AND j.visible_at > clock_timestamp()
+    RETURNING j.job_id, j.status, j.parent_id
 ), recorded AS (
     INSERT INTO job_action_results (
         job_id, attempt_id, action_index, name, status, started_at, result, error, error_detail
@@ -179,7 +181,33 @@ WITH written AS (
         status = excluded.status, result = excluded.result, error = excluded.error,
         error_detail = excluded.error_detail, finished_at = excluded.finished_at
 )
-SELECT job_id, status, parent_id, has_dependents FROM written;
+SELECT job_id, status, parent_id FROM written;
+
+-- attempt_interrupt --
+-- The holder gives the job back after SIGTERM (an eviction, a node drain: not the job's
+-- fault): pending at once, and the attempt does not count — up to %(max_interruptions)s
+-- interruptions; past them it counts as a failed attempt, so a job that is always
+-- interrupted still ends. Fenced like every other write.
+UPDATE jobs j SET
+    status = CASE WHEN j.interruptions < %(max_interruptions)s
+                    OR j.attempt_count < j.max_attempts THEN 'pending' ELSE 'failed' END,
+    attempt_count = CASE WHEN j.interruptions < %(max_interruptions)s
+                         THEN j.attempt_count - 1 ELSE j.attempt_count END,
+    interruptions = j.interruptions + 1,
+    attempt_id = CASE WHEN j.interruptions < %(max_interruptions)s
+                        OR j.attempt_count < j.max_attempts THEN NULL ELSE j.attempt_id END,
+    visible_at = now(),
+    finished_at = CASE WHEN j.interruptions >= %(max_interruptions)s
+                        AND j.attempt_count >= j.max_attempts THEN now() END,
+    retain_until = CASE WHEN j.interruptions >= %(max_interruptions)s
+                         AND j.attempt_count >= j.max_attempts THEN now() + j.ttl END,
+    claimed_by = NULL,
+    run_deadline_at = NULL,
+    reason = %(reason)s,
+    error = %(reason)s
+WHERE j.job_id = %(job_id)s AND j.attempt_id = %(attempt_id)s
+  AND j.status = 'running' AND j.visible_at > clock_timestamp()
+RETURNING j.job_id, j.status, j.parent_id;
 
 -- job_cancel_children --
 -- Cancel a parent's unfinished children (fences rotated). Runs before job_cancel, in the same
@@ -230,10 +258,13 @@ FROM jobfence_reclaim(
     %(base_seconds)s, %(cap_seconds)s) AS r;
 
 -- dependency_dependents --
--- Waiting jobs that depend on any of these jobs.
+-- Up to %(limit)s waiting jobs that depend on any of these jobs (an index probe per job:
+-- most jobs have none).
 SELECT DISTINCT dep.job_id
 FROM job_dependencies dep JOIN jobs j ON j.job_id = dep.job_id
-WHERE dep.depends_on = ANY(%(job_ids)s::uuid[]) AND j.status = 'waiting';
+WHERE dep.depends_on = ANY(%(job_ids)s::uuid[]) AND j.status = 'waiting'
+ORDER BY dep.job_id
+LIMIT %(limit)s;
 
 -- waiting_resolve --
 -- Resolve waiting jobs whose dependencies allow it: pending (a parent: running) once every
@@ -283,7 +314,7 @@ RETURNING job_id, status, parent_id;
 WITH fence AS (
     SELECT job_id, attempt_id FROM jobs
     WHERE job_id = %(job_id)s AND attempt_id = %(attempt_id)s
-      AND status = 'running' AND visible_at > now()
+      AND status = 'running' AND visible_at > clock_timestamp()
     FOR SHARE
 )
 INSERT INTO job_outputs (job_id, attempt_id, path, url, status)
@@ -298,7 +329,7 @@ RETURNING path;
 WITH fence AS (
     SELECT job_id, attempt_id FROM jobs
     WHERE job_id = %(job_id)s AND attempt_id = %(attempt_id)s
-      AND status = 'running' AND visible_at > now()
+      AND status = 'running' AND visible_at > clock_timestamp()
     FOR SHARE
 )
 UPDATE job_outputs o SET
@@ -510,7 +541,7 @@ WHERE run_id IN (
 SELECT job_id, status, actions, resource, priority, max_attempts, attempt_count, visible_at,
     attempt_id, claimed_by, claimed_at, heartbeat_at, run_deadline_at, parent_id, is_parent,
     inputs, labels, ttl, timeout, expires_at, idempotency_key, reason, error, error_detail,
-    manifest, created_at, started_at, finished_at,
+    manifest, created_at, started_at, finished_at, interruptions,
     ARRAY(SELECT depends_on FROM job_dependencies d WHERE d.job_id = jobs.job_id) AS after
 FROM jobs WHERE job_id = %(job_id)s;
 
@@ -519,7 +550,7 @@ FROM jobs WHERE job_id = %(job_id)s;
 SELECT job_id, status, actions, resource, priority, max_attempts, attempt_count, visible_at,
     attempt_id, claimed_by, claimed_at, heartbeat_at, run_deadline_at, parent_id, is_parent,
     inputs, labels, ttl, timeout, expires_at, idempotency_key, reason, error, error_detail,
-    manifest, created_at, started_at, finished_at,
+    manifest, created_at, started_at, finished_at, interruptions,
     ARRAY(SELECT depends_on FROM job_dependencies d WHERE d.job_id = jobs.job_id) AS after
 FROM jobs
 WHERE (%(status)s::text IS NULL OR status = %(status)s)

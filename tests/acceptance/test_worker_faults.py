@@ -79,10 +79,13 @@ def test_sigterm_releases_at_once_kills_child_and_another_worker_finishes(
     r = run_cli(dsn, "worker", **FAST)
     assert r.returncode == 0, r.stderr
     row = job(dsn, job_id)
-    assert row["status"] == "succeeded" and row["attempt_count"] == 2
+    # A SIGTERM (an eviction, a drain) is not the job's fault: its attempt was given back.
+    assert row["status"] == "succeeded" and row["attempt_count"] == 1
+    assert row["interruptions"] == 1
 
 
-def test_sigterm_on_last_attempt_fails_the_job(dsn: str, tmp_path: Path) -> None:
+def test_sigterm_on_last_attempt_gives_the_attempt_back(dsn: str, tmp_path: Path) -> None:
+    """The README's promise: a job survives eviction, even on its last attempt."""
     job_id = enqueue(dsn, "command:" + long_then_quick(tmp_path), "--max-attempts", "1")
     worker = spawn(dsn, "worker", JOBFENCE_LEASE_SECONDS="60")
     read_pid(tmp_path / "pid")
@@ -90,7 +93,26 @@ def test_sigterm_on_last_attempt_fails_the_job(dsn: str, tmp_path: Path) -> None
     worker.communicate(timeout=10)
     assert worker.returncode == 1
     row = job(dsn, job_id)
+    assert row["status"] == "pending" and row["attempt_count"] == 0
+    assert row["reason"] == "worker received SIGTERM"
+    r = run_cli(dsn, "worker", **FAST)
+    assert r.returncode == 0, r.stderr
+    assert job(dsn, job_id)["status"] == "succeeded"
+
+
+def test_sigterm_past_the_interruption_budget_counts_as_an_attempt(
+        dsn: str, tmp_path: Path) -> None:
+    """A job that is always interrupted still ends: past JOBFENCE_MAX_INTERRUPTIONS a
+    SIGTERM spends the attempt, and on the last one the job fails."""
+    job_id = enqueue(dsn, "command:" + long_then_quick(tmp_path), "--max-attempts", "1")
+    worker = spawn(dsn, "worker", JOBFENCE_LEASE_SECONDS="60", JOBFENCE_MAX_INTERRUPTIONS="0")
+    read_pid(tmp_path / "pid")
+    worker.send_signal(signal.SIGTERM)
+    worker.communicate(timeout=10)
+    assert worker.returncode == 1
+    row = job(dsn, job_id)
     assert row["status"] == "failed" and row["error"] == "worker received SIGTERM"
+    assert row["interruptions"] == 1
 
 
 def test_sigkill_mid_action_reclaimed_by_one_sweeper_pass(dsn: str, tmp_path: Path) -> None:

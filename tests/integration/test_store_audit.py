@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from shared.errors import Drained, IdempotencyConflict, JobNotFound
+from shared.errors import Drained, IdempotencyConflict, JobNotFound, StoreError
 from shared.ids import uuid7
 from shared.store import FencedStore
 from tests.factories import enqueue_one, new_job
@@ -39,9 +39,10 @@ def test_transition_rolls_back_when_its_event_fails(store: FencedStore) -> None:
         CREATE TRIGGER refuse_event BEFORE INSERT ON job_events
             FOR EACH ROW EXECUTE FUNCTION refuse_event();
     """)
-    with pytest.raises(psycopg.errors.RaiseException):
+    with pytest.raises(StoreError, match="audit write refused") as raised:
         store.claim(worker_id="w", lease_seconds=30)
-    with pytest.raises(psycopg.errors.RaiseException):
+    assert isinstance(raised.value.__cause__, psycopg.errors.RaiseException)
+    with pytest.raises(StoreError, match="audit write refused"):
         store.enqueue([new_job()])
     store.conn.execute("DROP TRIGGER refuse_event ON job_events")
     row = store.get(job_id)

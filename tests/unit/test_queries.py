@@ -43,11 +43,16 @@ def test_parser_rejects_duplicates_and_empty_blocks() -> None:
 
 
 def test_fenced_writes_carry_the_fence() -> None:
-    for name in ("attempt_heartbeat", "attempt_action_record", "attempt_finish",
-                 "attempt_release"):
+    """Every write after a claim names the attempt and checks the lease against the clock
+    of the moment the row is checked (``now()`` is the transaction's start: a write that
+    waited on a lock past its lease would still match)."""
+    names = [n for n in QUERIES if n.startswith("attempt_")]
+    assert len(names) >= 7
+    for name in names:
         sql = QUERIES[name]
         assert "attempt_id = %(attempt_id)s" in sql, name
-        assert "visible_at > now()" in sql, name
+        assert "visible_at > clock_timestamp()" in sql, name
+        assert "visible_at > now()" not in sql, name
         assert "RETURNING" in sql, name
 
 

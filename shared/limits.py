@@ -1,0 +1,156 @@
+"""What the database and the operating system can hold, checked before anything is written,
+and what a job produces made storable before its terminal write.
+
+Two directions:
+
+* **Input** (specs, flags, settings) is *refused* when it cannot be stored or run: a string
+  with a NUL (PostgreSQL's ``text`` and ``jsonb`` cannot hold one), a lone surrogate (not
+  UTF-8), a non-finite number (not JSON), a structure nested deeper than ``MAX_DEPTH`` or
+  larger than ``MAX_NODES`` once expanded (a YAML alias bomb is small on disk and enormous in
+  memory), a duration longer than ``MAX_DURATION`` (``now() + interval`` overflows
+  PostgreSQL's timestamps long before Python's ``timedelta`` does).
+* **Output** (an action's result, an error text, a command's output tail) is *made
+  storable*: NULs and lone surrogates replaced, lengths capped. A job's own output must
+  never be the reason its terminal write fails — the command would run again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+MAX_DURATION = timedelta(days=36_500)
+"""100 years: the longest ``ttl``, ``timeout``, ``expires_in`` or ``delay``. Anything longer
+is a mistake, and PostgreSQL's timestamps end in the year 294276."""
+
+MAX_DEPTH = 32
+"""Nesting of a spec (objects and lists within each other), params included."""
+
+MAX_NODES = 1_000_000
+"""Values in one call's specs once aliases are expanded (a list of 100k small specs fits)."""
+
+MAX_SPEC_BYTES = 64 * 1024 * 1024
+"""Size of the spec text one call reads (file or stdin)."""
+
+MAX_ERROR_CHARS = 2000
+"""``error`` and ``reason`` of a job: one readable paragraph."""
+
+MAX_DETAIL_CHARS = 64 * 1024
+"""``error_detail``: a traceback or a stderr tail."""
+
+MAX_RESULT_BYTES = 256 * 1024
+"""An action's JSON result; a larger one is replaced by a note saying so."""
+
+REPLACEMENT = "\ufffd"
+
+
+class Unstorable(ValueError):
+    """A value that cannot be stored or run; the message says where and why."""
+
+
+# -- input: refuse ---------------------------------------------------------------------------
+
+
+def check_text(value: str, where: str) -> str:
+    """``value`` if PostgreSQL and the OS can hold it; Unstorable otherwise."""
+    if "\x00" in value:
+        raise Unstorable(f"{where}: contains a NUL character, which cannot be stored")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Unstorable(f"{where}: is not valid UTF-8 text") from None
+    return value
+
+
+def check_structure(data: object, where: str = "spec", *, max_depth: int = MAX_DEPTH,
+                    max_nodes: int = MAX_NODES) -> None:
+    """Refuse what JSON and PostgreSQL cannot hold, before anything expands it.
+
+    Iterative, and every visit counts against ``max_nodes`` — a value reached twice (a YAML
+    alias) counts twice, exactly as it would cost when serialized — so a bomb is refused
+    after ``max_nodes`` steps, whatever its expanded size."""
+    budget = max_nodes
+    stack: list[tuple[object, int, str]] = [(data, 0, where)]
+    while stack:
+        value, depth, path = stack.pop()
+        budget -= 1
+        if budget < 0:
+            raise Unstorable(f"{where}: more than {max_nodes:,} values once expanded "
+                             "(YAML aliases count each time they are used)")
+        if depth > max_depth:
+            raise Unstorable(f"{path}: nested more than {max_depth} levels deep")
+        if isinstance(value, str):
+            check_text(value, path)
+        elif isinstance(value, bool | int) or value is None:
+            continue
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise Unstorable(f"{path}: {value} is not a JSON number")
+        elif isinstance(value, Mapping):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise Unstorable(f"{path}: key {key!r} is not a string")
+                check_text(key, f"{path}: key")
+                stack.append((item, depth + 1, f"{path}.{key}"))
+        elif isinstance(value, list | tuple):
+            stack.extend((item, depth + 1, f"{path}[{i}]") for i, item in enumerate(value))
+        else:
+            raise Unstorable(f"{path}: a {type(value).__name__} is not a JSON value")
+
+
+def check_duration(value: timedelta, text: object) -> timedelta:
+    if value > MAX_DURATION:
+        raise Unstorable(f"duration {text!r} is longer than the limit of 100 years (P36500D)")
+    return value
+
+
+# -- output: make storable -----------------------------------------------------------------
+
+
+def storable_text(value: str | None, limit: int = MAX_ERROR_CHARS) -> str | None:
+    """``value`` with NULs and lone surrogates replaced and its length capped (the head is
+    kept, marked as cut)."""
+    if value is None:
+        return None
+    if "\x00" in value:
+        value = value.replace("\x00", REPLACEMENT)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        value = value.encode("utf-8", "replace").decode("utf-8")
+    if len(value) > limit:
+        value = value[: max(0, limit - 12)] + " …(truncated)"
+    return value
+
+
+def storable_json(value: Any, *, max_bytes: int = MAX_RESULT_BYTES) -> str | None:
+    """An action's result as JSON that ``jsonb`` accepts: strings made storable, non-finite
+    numbers and unknown types turned into text, nesting capped; a result larger than
+    ``max_bytes`` replaced by a note."""
+    if value is None:
+        return None
+    text = json.dumps(_clean(value, 0), separators=(",", ":"), allow_nan=False)
+    if len(text) > max_bytes:
+        text = json.dumps({"truncated": True,
+                           "note": f"the result was {len(text):,} bytes; at most "
+                                   f"{max_bytes:,} are stored"})
+    return text
+
+
+def _clean(value: Any, depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        return "…(nested too deep)"
+    if isinstance(value, str):
+        return storable_text(value, MAX_RESULT_BYTES)
+    if isinstance(value, bool | int) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, Mapping):
+        return {storable_text(str(k), 1000): _clean(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v, depth + 1) for v in value]
+    return storable_text(str(value), MAX_ERROR_CHARS)

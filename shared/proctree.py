@@ -1,0 +1,112 @@
+"""A job's whole process tree ends with its job.
+
+Killing a command's process group misses what left it: a descendant that called
+``setsid()`` (a daemon, ``nohup … &`` under some shells) has its own session and group, and
+once its parent exits it is re-parented — normally to PID 1, beyond reach. A worker process
+marks itself a *child subreaper* (``PR_SET_CHILD_SUBREAPER``, Linux): orphaned descendants
+are re-parented to the worker instead, so every process a job started stays a descendant
+of its worker, and ``kill_descendants`` can end all of them after each action (success,
+failure, cancel, fence loss, SIGTERM) and reap them.
+
+Only a process that runs nothing but jobs may do this: the worker's entry point turns it
+on, and ``kill_descendants`` does nothing unless it was turned on (a test runner calling
+the worker in-process has descendants of its own). On Kubernetes the pod's lifetime bounds
+the tree too: the container's init (tini) kills what is left when the worker exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+class _State:
+    enabled = False
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants; False where unsupported."""
+    if sys.platform != "linux":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            return False
+    except (AttributeError, OSError):
+        return False
+    _State.enabled = True
+    return True
+
+
+def descendants(root: int, proc: Path = Path("/proc")) -> list[int]:
+    """Every live process below ``root`` (children first-level first), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone while we looked
+        # comm (field 2) may hold spaces and parentheses: split after the last ')'.
+        fields = stat[stat.rfind(")") + 2:].split()
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: list[int] = []
+    frontier = [root]
+    while frontier:
+        nxt = [c for p in frontier for c in children.get(p, ())]
+        found += nxt
+        frontier = nxt
+    return found
+
+
+def kill_descendants(*, reap_children: bool, timeout: float = 2.0) -> int:
+    """SIGKILL every descendant of this process; how many were killed. With
+    ``reap_children``, also collect the ones that were re-parented to it — only from the
+    thread that owns the action, once its ``Popen`` has waited: reaping a child a ``Popen``
+    still waits for would hide its exit status. A no-op unless ``become_subreaper``
+    succeeded."""
+    if not _State.enabled:
+        return 0
+    me = os.getpid()
+    killed = 0
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = descendants(me)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+        if reap_children:
+            reap()
+        if not [p for p in descendants(me) if not _zombie(p)] or time.monotonic() > deadline:
+            if reap_children:
+                reap()
+            return killed
+        time.sleep(0.01)
+
+
+def reap() -> None:
+    """Collect every exited child (re-parented orphans leave zombies otherwise)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2:].split()[0] in ("Z", "X")
