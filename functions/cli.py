@@ -53,12 +53,16 @@ def dispatch(argv: Sequence[str] | None = None) -> tuple[Command, list[str]] | i
     """The command's function (its module imported) and its arguments, or the exit code
     when there is nothing to run (help, an unknown command)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help", "help"):
+    if not args:
+        sys.stderr.write(f"jobfence: error: a command is required\n\n{usage()}\n")
+        return 2
+    if args[0] in ("-h", "--help", "help"):
         print(usage())
-        return 0 if args else 2
+        return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
-        sys.stderr.write(f"jobfence: error: unknown command {name!r}\n\n{usage()}\n")
+        shown = name.encode("utf-8", "backslashreplace").decode("utf-8")[:80]
+        sys.stderr.write(f"jobfence: error: unknown command {shown!r}\n\n{usage()}\n")
         return 2
     return resolve(name), rest
 

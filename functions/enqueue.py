@@ -11,9 +11,9 @@ from shared import cli
 from shared.datums import child_batches
 from shared.errors import InvalidSpec, NotFound, Unavailable
 from shared.ids import uuid7
+from shared.limits import MAX_SPEC_BYTES
 from shared.objectstore import ObjectStore, ObjectStoreError, open_object_store, output_bucket
 from shared.settings import Settings
-from shared.limits import MAX_SPEC_BYTES
 from shared.spec import (
     JobSpec,
     decode_spec_bytes,

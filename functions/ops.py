@@ -14,7 +14,6 @@ from shared.migrations import migrate
 from shared.store import ACTIVE, TERMINAL, FencedStore
 from shared.views import job_views, render_text
 
-
 MAX_WAIT_SECONDS = 366 * 86_400.0
 """The longest `wait --timeout`: a year (and never NaN, which compares false with all)."""
 

@@ -108,9 +108,10 @@ def test_resource_is_free_again_once_the_holder_is_terminal(store: FencedStore) 
 
 def test_enqueue_after_racing_the_dependencys_finish_never_leaves_it_waiting(
         dsn: str, store: FencedStore) -> None:
-    """The dependents flag (migration 0006) replaces a lookup after every terminal write:
-    whichever of the enqueue and the terminal write locks the dependency's row second sees
-    the other, so the new job never stays waiting on a finished dependency."""
+    """Neither side locks the other: the terminal write asks for its dependents after its
+    commit (in the same round trip), the enqueue reads its dependencies again after its
+    commit, so whichever commits second sees the other and the new job never stays waiting
+    on a finished dependency — in every order the two can take."""
     a_conn, b_conn = connect(dsn), connect(dsn)
     try:
         for i in range(40):
