@@ -32,6 +32,7 @@ BENCHMARKS = {
     "retention": "bench.bench_retention",
     "listing": "bench.bench_listing",
     "enqueue": "bench.bench_enqueue",
+    "dependents": "bench.bench_dependents",
 }
 
 OUT = REPO / "docs" / "BENCHMARKS.md"

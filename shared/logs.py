@@ -11,6 +11,17 @@ from typing import Any
 
 import structlog
 
+class _Stderr:
+    """Whatever ``sys.stderr`` is when a line is written: loggers are cached on first use,
+    and a caller (a test runner, an application) may replace the stream later."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
            "error": logging.ERROR}
 
@@ -31,7 +42,7 @@ def configure(fmt: str = "json", level: str = "info", **context: Any) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
     structlog.contextvars.clear_contextvars()

@@ -369,7 +369,7 @@ class FencedStore:
         if row is None:
             return None
         done = _transitions([row])
-        self._settle_found(done, [r["job_id"] for r in deps])
+        self._settle_found(done, list(dict.fromkeys(r["job_id"] for r in deps)))
         return done[0]
 
     def _dependents_after(self, job_id: UUID) -> Any:
@@ -402,7 +402,7 @@ class FencedStore:
         if row is None:
             return None, claim
         done = _transitions([row])
-        self._settle_found(done, [r["job_id"] for r in deps])
+        self._settle_found(done, list(dict.fromkeys(r["job_id"] for r in deps)))
         return done[0], claim
 
     def release(self, *, job_id: UUID, attempt_id: UUID, reason: str,
@@ -752,9 +752,9 @@ class FencedStore:
         frontier = [t.job_id for t in transitions if t.terminal]
         while frontier and budget > 0:
             with translated():
-                dependents = [r["job_id"] for r in self.conn.execute(
+                dependents = list(dict.fromkeys(r["job_id"] for r in self.conn.execute(
                     QUERIES["dependency_dependents"],
-                    {"job_ids": frontier, "limit": budget})]
+                    {"job_ids": frontier, "limit": budget})))
             budget -= len(dependents)
             resolved = self.resolve_waiting(dependents) if dependents else []
             made.extend(resolved)

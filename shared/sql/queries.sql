@@ -258,29 +258,39 @@ FROM jobfence_reclaim(
     %(base_seconds)s, %(cap_seconds)s) AS r;
 
 -- dependency_dependents --
--- Up to %(limit)s waiting jobs that depend on any of these jobs (an index probe per job:
--- most jobs have none).
-SELECT DISTINCT dep.job_id
-FROM job_dependencies dep JOIN jobs j ON j.job_id = dep.job_id
-WHERE dep.depends_on = ANY(%(job_ids)s::uuid[]) AND j.status = 'waiting'
-ORDER BY dep.job_id
+-- Up to %(limit)s waiting jobs that depend on any of these jobs: an index probe per job
+-- (most jobs have none), then one per dependency row until the limit (a job waiting on two
+-- of them may come twice).
+SELECT dep.job_id
+FROM job_dependencies dep
+WHERE dep.depends_on = ANY(%(job_ids)s::uuid[])
+  AND (SELECT j.status FROM jobs j WHERE j.job_id = dep.job_id) = 'waiting'
 LIMIT %(limit)s;
 
 -- waiting_resolve --
 -- Resolve waiting jobs whose dependencies allow it: pending (a parent: running) once every
 -- dependency succeeded; failed, naming the dependency, as soon as one failed, was cancelled
--- or is gone. Jobs with a dependency still active stay waiting.
+-- or is gone. Jobs with a dependency still active stay waiting. Written as index probes per
+-- given job and per dependency (LATERAL and a scalar subquery), so that a batch costs the
+-- same however many jobs wait in the table: a hash join over the whole table per batch made
+-- paging through 100k dependents quadratic.
 WITH verdict AS (
-    SELECT dep.job_id,
-        count(*) FILTER (WHERE d.status IN ('waiting', 'pending', 'running')) AS active,
-        min(CASE
-            WHEN d.job_id IS NULL THEN 'dependency ' || dep.depends_on || ' missing'
-            WHEN d.status IN ('failed', 'cancelled')
-                THEN 'dependency ' || dep.depends_on || ' ' || d.status
-        END) AS failure
-    FROM job_dependencies dep LEFT JOIN jobs d ON d.job_id = dep.depends_on
-    WHERE dep.job_id = ANY(%(job_ids)s::uuid[])
-    GROUP BY dep.job_id
+    SELECT ids.job_id, v.active, v.failure
+    FROM unnest(%(job_ids)s::uuid[]) AS ids (job_id)
+    CROSS JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE s.status IN ('waiting', 'pending', 'running')) AS active,
+            min(CASE
+                WHEN s.status IS NULL THEN 'dependency ' || dep.depends_on || ' missing'
+                WHEN s.status IN ('failed', 'cancelled')
+                    THEN 'dependency ' || dep.depends_on || ' ' || s.status
+            END) AS failure,
+            count(*) AS deps
+        FROM job_dependencies dep
+        CROSS JOIN LATERAL (SELECT (SELECT d.status FROM jobs d
+                                    WHERE d.job_id = dep.depends_on) AS status) s
+        WHERE dep.job_id = ids.job_id
+    ) v
+    WHERE v.deps > 0
 )
 UPDATE jobs j SET
     status = CASE WHEN v.failure IS NOT NULL THEN 'failed'
