@@ -11,6 +11,7 @@ from typing import Any
 
 import structlog
 
+
 class _Stderr:
     """Whatever ``sys.stderr`` is when a line is written: loggers are cached on first use,
     and a caller (a test runner, an application) may replace the stream later."""

@@ -292,3 +292,28 @@ def test_a_lease_too_short_to_renew_is_refused_at_start(
     job_id = enqueue(dsn, SLEEP0)
     assert message in refused(dsn, "worker", **env)
     assert job(dsn, job_id)["status"] == "pending" and job(dsn, job_id)["attempt_count"] == 0
+
+
+def test_a_next_claim_that_fails_never_undoes_the_finish_it_rode_on(dsn: str) -> None:
+    """A draining worker's terminal write and its next claim share a transaction. If the
+    claim is refused (here: a trigger refuses to start one job), the finish is written
+    alone: the job that ran is succeeded once, never rolled back to running."""
+    first = enqueue(dsn, SLEEP0, "--priority", "10")
+    poisoned = enqueue(dsn, SLEEP0)
+    with connect(dsn) as conn:
+        conn.execute(f"""
+            CREATE FUNCTION refuse_start() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.job_id = '{poisoned}' AND NEW.status = 'running' THEN
+                    RAISE EXCEPTION 'this one cannot start';
+                END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER refuse_start BEFORE UPDATE ON jobs
+                FOR EACH ROW EXECUTE FUNCTION refuse_start();""")
+    r = run_cli(dsn, "worker", "--max-jobs", "2", **FAST)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "this one cannot start" in r.stderr
+    row = job(dsn, first)
+    assert row["status"] == "succeeded" and row["attempt_count"] == 1
+    assert job(dsn, poisoned)["status"] == "pending"
