@@ -32,12 +32,14 @@ venv: $(STAMP) ## create the virtualenv and install jobfence with its test extra
 
 postgres-check: $(STAMP) ## make sure a PostgreSQL server can be had for the tests
 	@if [ -z "$$JOBFENCE_TEST_DATABASE_URL" ]; then \
-	  $(PY) -c 'from shared.embedded_pg import find_bindir; print("PostgreSQL binaries:", find_bindir())'; \
+	  $(PY) -c 'from devtools.embedded_pg import find_bindir; print("PostgreSQL binaries:", find_bindir())'; \
 	fi
 
-lint: $(STAMP) ## ruff and mypy over shared/ and functions/ (ruff also over tests/, bench/, demo/)
-	$(VENV)/bin/ruff check shared functions tests bench demo
+lint: $(STAMP) ## ruff, mypy and the import-linter contracts (the layers in docs/DEVELOPERS.md)
+	$(VENV)/bin/ruff check shared functions devtools tests bench demo
+	@$(PY) -m devtools.linktree >/dev/null  # jobfence as installed, for mypy and lint-imports
 	$(VENV)/bin/mypy
+	PYTHONPATH=build/src $(VENV)/bin/lint-imports
 
 test: lint postgres-check ## lint, type-check, and run every test on a real PostgreSQL
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -45,7 +45,7 @@ def run(bench: Bench) -> Section:
                    "queue with nothing to do. Bytecode is cached, as in the image (pip "
                    "compiles it at install time), and each command runs once before the "
                    "timed runs.")
-    s.notes.append("What the time goes to (`python -X importtime -m functions.cli sweeper`, "
+    s.notes.append("What the time goes to (`python -X importtime -m jobfence.functions.cli sweeper`, "
                    "self time by package): psycopg and asyncio (the baseline itself, ~95 ms), "
                    "pydantic, pydantic-core and pydantic-settings for the settings (~45 ms), "
                    "jobfence's own modules (~13 ms), structlog (~7 ms); the database work of a "

@@ -11,7 +11,7 @@ import subprocess
 import time
 
 from bench.common import JOBFENCE, REPO, Bench, Section
-from shared.db import connect
+from devtools.sqlconn import connect
 
 SLEEP = {"actions": [{"name": "sleep", "params": {"seconds": 0}}]}
 

@@ -9,12 +9,12 @@ import time
 from collections.abc import Callable
 
 from bench.common import Bench, Section
-from functions import sweeper
-from shared.db import Connection, connect
-from shared.queries import QUERIES
-from shared.runner import Deps
-from shared.settings import Settings
-from shared.store import FencedStore
+from devtools.sqlconn import connect
+from jobfence.db import Connection
+from jobfence.functions import sweeper
+from jobfence.runner import Deps
+from jobfence.settings import Settings
+from jobfence.store import Store
 
 PENDING = 500
 EXPIRED = 200
@@ -58,16 +58,16 @@ class Probe:
 
     def __init__(self, dsn: str) -> None:
         self.conn = connect(dsn)
-        self.store = FencedStore(self.conn)
+        self.store = Store(self.conn)
         self.settings = Settings(database_url=dsn, retry_base_seconds=0)
 
     def keda(self) -> float:
-        return timed(lambda: self.conn.execute(QUERIES["queue_keda_count"]).fetchone(), 50)
+        return timed(Store(self.conn).queues.scaler_value, 50)
 
     def claim(self) -> float:
         def rolled_back() -> None:
             with self.conn.transaction(force_rollback=True):
-                self.store.claim(worker_id="bench", lease_seconds=60)
+                self.store.attempts.claim(worker_id="bench", lease_seconds=60)
 
         return timed(rolled_back, 20)
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import sys
 
-from bench.common import JOBFENCE, Bench, Section, moto_server, peak_rss_mb
+from bench.common import JOBFENCE, Bench, Section, peak_rss_mb
+from devtools.s3 import moto_server
 
 BUCKET = "bench-inputs"
 

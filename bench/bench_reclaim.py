@@ -14,7 +14,7 @@ import subprocess
 import time
 
 from bench.common import JOBFENCE, REPO, Bench, Section
-from shared.db import connect
+from devtools.sqlconn import connect
 
 LEASE = 10
 

@@ -12,8 +12,8 @@ import tempfile
 from pathlib import Path
 
 from bench.common import JOBFENCE, Bench, Section, peak_rss_mb
-from shared.db import connect
-from tests.kube_api import kube_api, pod_object
+from devtools.kube_api import kube_api, pod_object
+from devtools.sqlconn import connect
 
 NAMESPACE = "jobs"
 DEAD = 50

@@ -22,9 +22,9 @@ import threading
 import time
 from typing import Any
 
-import psycopg
-
-from bench.common import JOBFENCE, Bench, Section, moto_server, peak_rss_mb
+from bench.common import JOBFENCE, Bench, Section, peak_rss_mb
+from devtools import sqlconn
+from devtools.s3 import moto_server
 
 BUCKET = "bench-retention"
 CHILDREN_PER_PARENT = 100
@@ -79,7 +79,7 @@ def fill(dsn: str, n: int) -> list[str]:
     """Fill the database; the S3 keys the jobs own (outputs and manifests)."""
     params = {"n": n, "parents": max(1, n // 10_000), "children": CHILDREN_PER_PARENT,
               "outputs": n // 100, "bucket": BUCKET}
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with sqlconn.connect(dsn) as conn:
         for statement in FILL:
             conn.execute(statement, {k: v for k, v in params.items()
                                      if f"%({k})s" in statement} or None)
@@ -114,7 +114,7 @@ def count_objects(endpoint: str) -> int:
 
 
 def count_jobs(dsn: str) -> int:
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with sqlconn.connect(dsn) as conn:
         row = conn.execute("SELECT count(*) FROM jobs").fetchone()
     assert row is not None
     return int(row[0])
@@ -138,7 +138,7 @@ class XactSampler:
         self._thread.join()
 
     def _run(self) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
+        with sqlconn.connect(self.dsn) as conn:
             while not self._stop.wait(self.interval):
                 row = conn.execute(
                     "SELECT max(extract(epoch FROM clock_timestamp() - xact_start)) "
@@ -153,7 +153,7 @@ def bare_delete_loop(dsn: str) -> tuple[float, float]:
     transaction, no S3 and no paging by due date. (seconds, longest transaction)."""
     longest = 0.0
     started = time.perf_counter()
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with sqlconn.connect(dsn) as conn:
         for query in BARE_DELETES:
             while True:
                 t0 = time.perf_counter()

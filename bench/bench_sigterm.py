@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from bench.common import JOBFENCE, REPO, Bench, Section, median, p95
-from shared.db import connect
+from devtools.sqlconn import connect
 
 SEED_SECONDS = 2.0
 TARGET_SECONDS = 0.5

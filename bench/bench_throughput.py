@@ -19,8 +19,8 @@ import sys
 from typing import Any
 
 from bench.common import JOBFENCE, REPO, Bench, Section, create_database
-from shared.db import connect
-from shared.embedded_pg import EmbeddedPostgres
+from devtools.embedded_pg import EmbeddedPostgres
+from devtools.sqlconn import connect
 
 PROCESSES = (1, 2, 4)
 

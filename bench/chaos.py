@@ -31,22 +31,21 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench.chaos_checks import Verdict, check_database, check_manifests
+from devtools.embedded_pg import EmbeddedPostgres
+from devtools.platform import LocalPlatform, Proc
+from devtools.s3 import moto_server
+from devtools.sqlconn import connect
+from jobfence.adapters.s3 import S3ObjectStore
+from jobfence.errors import JobfenceError, ResourceBusy, StoreUnavailable
+from jobfence.functions.cli import COMMANDS
+from jobfence.functions.enqueue import run_once as enqueue
+from jobfence.settings import Settings
+from jobfence.spec import parse_specs
+from jobfence.store import ACTIVE, Store
+from jobfence.store.migrations import migrate
 
-from bench.chaos_checks import Verdict, check_database, check_manifests  # noqa: E402
-from bench.common import moto_server  # noqa: E402
-from demo.platform import LocalPlatform, Proc  # noqa: E402
-from functions.cli import COMMANDS  # noqa: E402
-from functions.enqueue import run_once as enqueue  # noqa: E402
-from shared.adapters.s3 import S3ObjectStore  # noqa: E402
-from shared.db import connect  # noqa: E402
-from shared.embedded_pg import EmbeddedPostgres  # noqa: E402
-from shared.errors import JobfenceError, ResourceBusy, StoreUnavailable  # noqa: E402
-from shared.migrations import migrate  # noqa: E402
-from shared.settings import Settings  # noqa: E402
-from shared.spec import parse_specs  # noqa: E402
-from shared.store import ACTIVE, FencedStore  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 LEASE = 3.0
 BUCKET = "chaos"
@@ -58,7 +57,7 @@ SCHEDULE = {"sweeper": 1.0, "reconciliation": 1.5, "export-finalize": 1.0, "life
 def chaos_env(dsn: str, s3: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBFENCE_")}
     env.update({
-        "JOBFENCE_DATABASE_URL": dsn, "PYTHONPATH": str(REPO),
+        "JOBFENCE_DATABASE_URL": dsn,
         "JOBFENCE_LEASE_SECONDS": str(LEASE), "JOBFENCE_HEARTBEAT_SECONDS": "0.4",
         "JOBFENCE_RETRY_BASE_SECONDS": "0.2", "JOBFENCE_RETRY_MAX_SECONDS": "2",
         "JOBFENCE_CONNECT_TIMEOUT_SECONDS": "2", "JOBFENCE_RECONCILE_GRACE_SECONDS": "0",
@@ -132,7 +131,7 @@ class Feeder(threading.Thread):
             try:
                 if conn is None or conn.closed:
                     conn = connect(self.settings.database_url, application_name="chaos-feeder")
-                report = enqueue(self.settings, FencedStore(conn), parse_specs(spec),
+                report = enqueue(self.settings, Store(conn), parse_specs(spec),
                                  objects=lambda: self.objects)
             except ResourceBusy:
                 self.counts["enqueue refused: resource busy"] += 1
@@ -242,7 +241,7 @@ class Injector(threading.Thread):
                                "'running') AND parent_id IS NULL ORDER BY random() "
                                "LIMIT 1").fetchone()
             if row:
-                FencedStore(conn).cancel(job_id=row["job_id"], reason="cancelled by chaos")
+                Store(conn).jobs.cancel(job_id=row["job_id"], reason="cancelled by chaos")
                 self.faults["cancel a job (operator)"] += 1
                 return True
         return False

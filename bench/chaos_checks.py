@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.db import Connection
-from shared.objectstore import ObjectStore, parse_s3_url
+from jobfence.db import Connection
+from jobfence.objectstore import ObjectStore, parse_s3_url
 
 # Each claim's fence window: from its claim event to the next event of the job (the
 # transition that ended the claim: a terminal write, a release, or a rotation).

@@ -9,7 +9,6 @@ Every figure is reported beside a reference measured in the same run on the same
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import statistics
 import subprocess
@@ -23,12 +22,12 @@ from typing import Any
 
 import psycopg
 
-from shared.db import connect
-from shared.embedded_pg import EmbeddedPostgres
-from shared.migrations import migrate
+from devtools.embedded_pg import EmbeddedPostgres
+from devtools.sqlconn import connect
+from jobfence.store.migrations import migrate
 
 REPO = Path(__file__).resolve().parent.parent
-JOBFENCE = [sys.executable, "-m", "functions.cli"]
+JOBFENCE = [sys.executable, "-m", "jobfence.functions.cli"]
 
 
 @dataclass
@@ -87,7 +86,8 @@ class Bench:
         (installed packages have theirs from pip)."""
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("JOBFENCE_") and k != "PYTHONDONTWRITEBYTECODE"}
-        env.update({"JOBFENCE_DATABASE_URL": dsn, "PYTHONPATH": str(REPO),
+        env.pop("PYTHONPATH", None)
+        env.update({"JOBFENCE_DATABASE_URL": dsn,
                     "JOBFENCE_LOG_LEVEL": "warning", **extra})
         return env
 
@@ -96,22 +96,6 @@ class Bench:
 def postgres(**settings: str) -> Iterator[EmbeddedPostgres]:
     with EmbeddedPostgres(settings=settings or None) as pg:
         yield pg
-
-
-@contextlib.contextmanager
-def moto_server() -> Iterator[str]:
-    """moto's S3 on 127.0.0.1 (never 0.0.0.0), in this process."""
-    from moto.server import ThreadedMotoServer
-
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{server._server.server_port}"
-    finally:
-        server.stop()
 
 
 def peak_rss_mb(cmd: Sequence[str], env: dict[str, str], input: bytes | None = None,

@@ -11,6 +11,7 @@ summary table, and cleans up after itself.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -24,13 +25,13 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from devtools.platform import JOBFENCE, LocalPlatform, Proc
+from devtools.s3 import moto_server
+from devtools.sqlconn import connect
+from jobfence.functions.cli import COMMANDS
+from jobfence.store import Store
 
-from demo.platform import JOBFENCE, LocalPlatform, Proc  # noqa: E402
-from functions.cli import COMMANDS  # noqa: E402
-from shared.db import connect  # noqa: E402
-from shared.store import FencedStore  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 TTY = sys.stdout.isatty()
 BOLD, DIM, RED, GREEN, YELLOW, RESET = (
@@ -55,9 +56,9 @@ class Demo:
         self.dsn, self.work = dsn, work
         self.env = {**os.environ, **DEMO_ENV, "JOBFENCE_DATABASE_URL": dsn,
                     "JOBFENCE_S3_ENDPOINT_URL": s3, "JOBFENCE_S3_BUCKET": BUCKET,
-                    "PYTHONPATH": str(REPO)}
+                    }
         self.conn = connect(dsn)
-        self.store = FencedStore(self.conn)
+        self.store = Store(self.conn)
         self.t0 = time.monotonic()
 
     def step(self, title: str) -> None:
@@ -86,9 +87,9 @@ class Demo:
         return str(json.loads(self.cli("enqueue", *args, show=False))["job_id"])
 
     def job(self, job_id: str) -> dict[str, Any]:
-        row = self.store.get(UUID(job_id))
+        row = self.store.jobs.get(UUID(job_id))
         assert row is not None
-        return row
+        return dataclasses.asdict(row)
 
     def taken_back(self, job_id: str) -> str:
         """Why the job's first claim was taken away, from the audit trail (the row's own
@@ -133,7 +134,7 @@ def story(d: Demo, platform: LocalPlatform) -> int:
     d.cli("migrate", show=False)
 
     d.step(f"2. {DATUMS} input files on S3 (moto, 127.0.0.1), then enqueue a realistic mix")
-    from shared.adapters.s3 import S3ObjectStore
+    from jobfence.adapters.s3 import S3ObjectStore
 
     s3 = S3ObjectStore(endpoint_url=d.env["JOBFENCE_S3_ENDPOINT_URL"])
     s3.client.create_bucket(Bucket=BUCKET)
@@ -166,7 +167,7 @@ def story(d: Demo, platform: LocalPlatform) -> int:
     platform.start()
     d.wait_until("db.orders and db.users to be claimed", lambda: all(
         d.job(j)["status"] == "running" for j in (orders, users)))
-    d.say(f"KEDA stand-in: value of the ScaledJob query = {d.store.scaler_value()} "
+    d.say(f"KEDA stand-in: value of the ScaledJob query = {d.store.queues.scaler_value()} "
           f"(ready + claimed), {len(platform.live_workers())} workers running")
     time.sleep(1.0)
     killed = worker_of(platform, d.job(orders)["claimed_by"])
@@ -209,7 +210,7 @@ def story(d: Demo, platform: LocalPlatform) -> int:
     d.wait_until("db.users to be finished by another worker",
                  lambda: d.job(users)["status"] == "succeeded", timeout=60)
     d.say("a new worker ran db.users again and finished it")
-    late = d.store.finish(job_id=UUID(users), attempt_id=paused_attempt, succeeded=True)
+    late = d.store.attempts.finish(job_id=UUID(users), attempt_id=paused_attempt, succeeded=True)
     d.say(f"the 'succeeded' it would have written, replayed by hand with its old attempt_id: "
           f"{GREEN}{'matched no row' if late is None else 'ACCEPTED?!'}{RESET} — the fence")
 
@@ -241,16 +242,16 @@ def summary(d: Demo, platform: LocalPlatform, rows: list[tuple[str, str, str]]) 
     ok = True
     for what, job_id, note in rows:
         j = d.job(job_id)
-        evs = d.store.events(UUID(job_id))
-        claims = [e["reason"].removeprefix("claimed by ").split(":")[-1] for e in evs
-                  if e["to_status"] == "running" and e["reason"].startswith("claimed by")]
-        terminal = [e for e in evs if e["to_status"] in ("succeeded", "failed", "cancelled")]
+        evs = d.store.jobs.events(UUID(job_id))
+        claims = [(e.reason or "").removeprefix("claimed by ").split(":")[-1] for e in evs
+                  if e.to_status == "running" and (e.reason or "").startswith("claimed by")]
+        terminal = [e for e in evs if e.to_status in ("succeeded", "failed", "cancelled")]
         ok &= j["status"] == "succeeded" and len(terminal) == 1
         colour = GREEN if j["status"] == "succeeded" else RED
         chain = " → ".join(f"pid {c}" for c in claims) if claims else "(its children)"
         attempts = "—" if j["is_parent"] else f"{j['attempt_count']}/{j['max_attempts']}"
         print(f"   {what:<22}{colour}{j['status']:<11}{RESET}{attempts:<10}{chain:<44}{note}")
-    children = d.store.children_counts(UUID(rows[-1][1]))
+    children = d.store.jobs.children_counts(UUID(rows[-1][1]))
     print(f"\n   children of the datum job: {children}")
     running = d.conn.execute("SELECT count(*) AS n FROM jobs WHERE status = 'running' "
                              "AND NOT is_parent").fetchone()
@@ -260,17 +261,17 @@ def summary(d: Demo, platform: LocalPlatform, rows: list[tuple[str, str, str]]) 
     ok &= running is not None and running["n"] == 0 and twice is not None and twice["n"] == 0
     print(f"\n   {'FUNCTION':<18}{'RUNS':<7}{'LAST':<11}WHAT IT DID (totals)")
     totals: dict[str, dict[str, float]] = {}
-    for t in d.store.function_totals():
-        totals.setdefault(t["function"], {})[t["item"]] = float(t["total"])
+    for t in d.store.runs.function_totals():
+        totals.setdefault(t.function, {})[t.item] = float(t.total)
     interesting = ("reclaimed", "missing_pods_detected", "status_drift_detected",
                    "parents_succeeded", "dependents_released", "orphaned_objects_deleted",
                    "finished_pods_deleted", "retention_jobs_deleted", "expired_cancelled")
-    for s in d.store.function_status():
-        name = s["function"]
+    for s in d.store.runs.function_status():
+        name = s.function
         counts = ", ".join(f"{k} {v:g}" for k, v in totals.get(name, {}).items()
                            if k in interesting and v)
         runs = sum(v for k, v in totals.get(name, {}).items() if k.startswith("run:"))
-        print(f"   {name:<18}{runs:<7g}{s['last_status']:<11}{counts or '—'}")
+        print(f"   {name:<18}{runs:<7g}{s.last_status:<11}{counts or '—'}")
     exits = ", ".join(f"{k}: {v}" for k, v in sorted(platform.exits.items()) if "worker" in k)
     print(f"\n   workers started by the KEDA stand-in: {platform.workers_started} ({exits})")
     print(f"   jobs still running: {running['n'] if running else '?'}; "
@@ -286,13 +287,11 @@ def main() -> int:
     with ExitStack() as stack:
         dsn = os.environ.get("JOBFENCE_DATABASE_URL")
         if not dsn:
-            from shared.embedded_pg import EmbeddedPostgres
+            from devtools.embedded_pg import EmbeddedPostgres
 
             pg = stack.enter_context(EmbeddedPostgres())
             dsn = pg.dsn
             print(f"embedded PostgreSQL on 127.0.0.1:{pg.port} (deleted at exit)")
-        from bench.common import moto_server
-
         s3 = stack.enter_context(moto_server())
         print(f"moto S3 server on {s3} (in memory, gone at exit)")
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="jobfence-demo-")))

@@ -9,26 +9,26 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn, cast
 
-# name -> (module:function, one line of help)
+# name -> (module in jobfence.functions:function, one line of help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "enqueue": ("functions.enqueue:main", "validate and insert job(s), print their ids"),
-    "worker": ("functions.worker:main", "claim and run jobs under lease, heartbeat and fence"),
-    "sweeper": ("functions.sweeper:main", "expired leases: rotate fence, retry or fail"),
-    "reconciliation": ("functions.reconciliation:main",
+    "enqueue": ("enqueue:main", "validate and insert job(s), print their ids"),
+    "worker": ("worker:main", "claim and run jobs under lease, heartbeat and fence"),
+    "sweeper": ("sweeper:main", "expired leases: rotate fence, retry or fail"),
+    "reconciliation": ("reconciliation:main",
                        "claims whose worker pod is gone or dead: rotate fence, retry or fail"),
-    "orphan-cleanup": ("functions.orphan_cleanup:main",
+    "orphan-cleanup": ("orphan_cleanup:main",
                        "delete worker pods and S3 objects that nothing owns"),
-    "lifecycle": ("functions.lifecycle:main",
+    "lifecycle": ("lifecycle:main",
                   "run timeouts, pending expiry, retention of finished jobs and history"),
-    "export-finalize": ("functions.export_finalize:main",
+    "export-finalize": ("export_finalize:main",
                         "finalize parents whose children are done; release dependents"),
-    "migrate": ("functions.ops:migrate_main", "apply database migrations"),
-    "status": ("functions.ops:status_main", "show one job"),
-    "list": ("functions.ops:list_main", "list jobs"),
-    "wait": ("functions.ops:wait_main", "block until a job is terminal"),
-    "cancel": ("functions.ops:cancel_main", "cancel a job (and a parent's children)"),
-    "drain": ("functions.ops:drain_main", "drain mode on|off|status"),
-    "metrics": ("functions.ops:metrics_main", "print metrics in the Prometheus text format"),
+    "migrate": ("ops:migrate_main", "apply database migrations"),
+    "status": ("ops:status_main", "show one job"),
+    "list": ("ops:list_main", "list jobs"),
+    "wait": ("ops:wait_main", "block until a job is terminal"),
+    "cancel": ("ops:cancel_main", "cancel a job (and a parent's children)"),
+    "drain": ("ops:drain_main", "drain mode on|off|status"),
+    "metrics": ("ops:metrics_main", "print metrics in the Prometheus text format"),
 }
 
 
@@ -43,7 +43,8 @@ def usage() -> str:
 def resolve(name: str) -> Callable[[list[str]], int]:
     target, _ = COMMANDS[name]
     module, _, func = target.partition(":")
-    return cast(Callable[[list[str]], int], getattr(importlib.import_module(module), func))
+    loaded = importlib.import_module(f"jobfence.functions.{module}")
+    return cast(Callable[[list[str]], int], getattr(loaded, func))
 
 
 Command = Callable[[list[str]], int]
@@ -76,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run() -> NoReturn:
-    """The process's entry (the ``jobfence`` script, ``python -m functions.cli``): ``main``
+    """The process's entry (the ``jobfence`` script, ``python -m jobfence.functions.cli``): ``main``
     with the garbage collector set for a short-lived process. No collection runs while the
     command's modules load (start-up allocates much and frees little); what they built is
     then frozen out of every later collection; and everything is frozen before exit, so

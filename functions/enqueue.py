@@ -7,14 +7,14 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from shared import cli
-from shared.datums import child_batches
-from shared.errors import InvalidSpec, NotFound, Unavailable
-from shared.ids import uuid7
-from shared.limits import MAX_SPEC_BYTES
-from shared.objectstore import ObjectStore, ObjectStoreError, open_object_store, output_bucket
-from shared.settings import Settings
-from shared.spec import (
+from jobfence import cli
+from jobfence.datums import child_batches
+from jobfence.errors import InvalidSpec, NotFound, Unavailable
+from jobfence.ids import uuid7
+from jobfence.limits import MAX_SPEC_BYTES
+from jobfence.objectstore import ObjectStore, ObjectStoreError, output_bucket
+from jobfence.settings import Settings
+from jobfence.spec import (
     JobSpec,
     decode_spec_bytes,
     parse_action_arg,
@@ -22,7 +22,8 @@ from shared.spec import (
     parse_specs,
     seconds,
 )
-from shared.store import Enqueued, FencedStore, NewJob
+from jobfence.store import Enqueued, NewJob, Store
+from jobfence.wiring import open_object_store
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,13 +52,13 @@ def to_new_job(spec: JobSpec, settings: Settings) -> NewJob:
     )
 
 
-def run_once(settings: Settings, store: FencedStore, specs: Sequence[JobSpec],
+def run_once(settings: Settings, store: Store, specs: Sequence[JobSpec],
              objects: Callable[[], ObjectStore] | None = None) -> Report:
     """Insert the jobs; a spec with S3 ``inputs`` becomes a parent with one child per
     datum, listed and inserted in the same transaction."""
     jobs = [to_new_job(spec, settings) for spec in specs]
     if not any(job.is_parent for job in jobs):
-        return Report("enqueue", tuple(store.enqueue(jobs)))
+        return Report("enqueue", tuple(store.jobs.enqueue(jobs)))
     output_bucket(settings)  # outputs and the manifest need a bucket: say so before listing
     opened = objects or (lambda: open_object_store(settings))
 
@@ -66,7 +67,7 @@ def run_once(settings: Settings, store: FencedStore, specs: Sequence[JobSpec],
         return child_batches(inputs["url"], inputs["per_datum"], opened())(parent)
 
     try:
-        return Report("enqueue", tuple(store.enqueue(jobs, children=children)))
+        return Report("enqueue", tuple(store.jobs.enqueue(jobs, children=children)))
     except ObjectStoreError as exc:
         if exc.code == "NoSuchBucket":
             raise NotFound(f"cannot list inputs: {exc}") from None

@@ -15,11 +15,11 @@ import sys
 from dataclasses import dataclass
 from uuid import UUID
 
-from shared.errors import JobfenceError, StoreUnavailable
-from shared.finalize import ZERO, finalize_parent
-from shared.logs import get_logger
-from shared.runner import Deps, run_pass
-from shared.settings import Settings
+from jobfence.errors import JobfenceError, StoreUnavailable
+from jobfence.finalize import ZERO, finalize_parent
+from jobfence.logs import get_logger
+from jobfence.runner import Deps, run_pass
+from jobfence.settings import Settings
 
 log = get_logger("jobfence.export_finalize")
 
@@ -41,7 +41,7 @@ def run_once(settings: Settings, deps: Deps) -> Report:
     ready = ok = failed = raced = errors = 0
     after: UUID = ZERO
     while True:
-        ids = store.parents_ready(after=after, limit=batch)
+        ids = store.parents.ready(after=after, limit=batch)
         for parent_id in ids:
             ready += 1
             try:
@@ -64,11 +64,11 @@ def run_once(settings: Settings, deps: Deps) -> Report:
     released = dep_failed = 0
     after = ZERO
     while True:
-        ids = store.waiting_page(after=after, limit=batch)
+        ids = store.dependencies.waiting_page(after=after, limit=batch)
         if ids:
             try:
-                moved = store.resolve_waiting(ids)
-                moved += store.settle(moved)
+                moved = store.dependencies.resolve(ids)
+                moved += store.dependencies.settle(moved)
             except StoreUnavailable:
                 raise
             except JobfenceError as exc:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import sys
 import time
 
-from shared import cli, metrics
-from shared.db import connect
-from shared.errors import ExitCode, InvalidSpec, JobNotFound, WaitTimeout
-from shared.ids import parse_job_id
-from shared.migrations import migrate
-from shared.store import ACTIVE, TERMINAL, FencedStore
-from shared.views import job_views, render_text
+from jobfence import cli, metrics
+from jobfence.db import connect
+from jobfence.errors import ExitCode, InvalidSpec, JobNotFound, WaitTimeout
+from jobfence.ids import parse_job_id
+from jobfence.store import ACTIVE, TERMINAL, JobRow, Store
+from jobfence.store.migrations import migrate
+from jobfence.views import job_views, render_text
 
 MAX_WAIT_SECONDS = 366 * 86_400.0
 """The longest `wait --timeout`: a year (and never NaN, which compares false with all)."""
@@ -33,11 +33,14 @@ def migrate_main(argv: list[str]) -> int:
         conn = connect(settings.database_url, application_name="jobfence-migrate",
                        connect_timeout=settings.connect_timeout_seconds)
         try:
-            report = migrate(conn)
+            report = migrate(conn, settings.schema_name)
         finally:
             conn.close()
-        cli.emit({"function": "migrate", "applied": list(report.applied),
-                  "version": report.current})
+        out: dict[str, object] = {"function": "migrate", "schema": settings.schema_name,
+                                  "applied": list(report.applied), "version": report.current}
+        if report.relocated_from:
+            out["moved_from_schema"] = report.relocated_from
+        cli.emit(out)
         return 0
 
     return cli.run_command("migrate", body)
@@ -53,19 +56,19 @@ def status_main(argv: list[str]) -> int:
         job_id = _job_id(args.job_id)
         settings = cli.setup("status")
         with cli.open_store(settings, "status") as store:
-            row = store.get(job_id)
+            row = store.jobs.get(job_id)
             if row is None:
                 raise JobNotFound(job_id)
             view = job_views(store, [row])[0]
             if args.events:
-                view["events"] = store.events(job_id)
+                view["events"] = store.jobs.events(job_id)
         if args.output == "json":
             cli.emit(view)
         else:
             print(render_text(view))
             for e in view.get("events", []):
-                print(f"    {e['at']:%H:%M:%S.%f} {e['from_status'] or '-':>9} -> "
-                      f"{e['to_status']:<9} {e['reason'] or ''}")
+                print(f"    {e.at:%H:%M:%S.%f} {e.from_status or '-':>9} -> "
+                      f"{e.to_status:<9} {e.reason or ''}")
         return 0
 
     return cli.run_command("status", body)
@@ -85,7 +88,7 @@ def list_main(argv: list[str]) -> int:
         parent = _job_id(args.parent) if args.parent else None
         settings = cli.setup("list")
         with cli.open_store(settings, "list") as store:
-            views = job_views(store, store.list_jobs(status=args.status, resource=args.resource,
+            views = job_views(store, store.jobs.page(status=args.status, resource=args.resource,
                                                 parent_id=parent, limit=args.limit))
         if args.output == "json":
             cli.emit(views)
@@ -111,7 +114,7 @@ def cancel_main(argv: list[str]) -> int:
         job_id = _job_id(args.job_id)
         settings = cli.setup("cancel")
         with cli.open_store(settings, "cancel") as store:
-            done = store.cancel(job_id=job_id, reason=args.reason)
+            done = store.jobs.cancel(job_id=job_id, reason=args.reason)
         cli.emit({"job_id": job_id, "status": "cancelled",
                   "children_cancelled": sum(1 for t in done if t.job_id != job_id
                                             and t.status == "cancelled")})
@@ -130,11 +133,12 @@ def drain_main(argv: list[str]) -> int:
         settings = cli.setup("drain")
         with cli.open_store(settings, "drain") as store:
             if args.mode != "status":
-                store.set_drain(on=args.mode == "on", reason=args.reason)
-            state = store.drain_status()
-        cli.emit({"draining": state["draining"], "since": state["drain_changed_at"],
-                  "reason": state["drain_reason"], "running": state["running"],
-                  "scaler_value": state["scaler_value"]})
+                store.control.set_drain(on=args.mode == "on", reason=args.reason)
+            state = store.control.drain_status()
+            running = store.control.running_count()
+            scaler = store.queues.scaler_value()
+        cli.emit({"draining": state.draining, "since": state.drain_changed_at,
+                  "reason": state.drain_reason, "running": running, "scaler_value": scaler})
         return 0
 
     return cli.run_command("drain", body)
@@ -172,32 +176,32 @@ def wait_main(argv: list[str]) -> int:
         tty = sys.stdout.isatty()
         with cli.open_store(settings, "wait") as store:
             while True:
-                row = store.get(job_id)
+                row = store.jobs.get(job_id)
                 if row is None:
                     raise JobNotFound(job_id)
                 if tty:
                     _progress(store, row)
-                if row["status"] in TERMINAL:
+                if row.status in TERMINAL:
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     if tty:
                         sys.stdout.write("\n")
-                    raise WaitTimeout(f"job {job_id} still {row['status']} after "
+                    raise WaitTimeout(f"job {job_id} still {row.status} after "
                                       f"{args.timeout:g}s")
                 time.sleep(args.interval if deadline is None
                            else max(0.0, min(args.interval, deadline - time.monotonic())))
         if tty:
             sys.stdout.write("\n")
-        cli.emit({"job_id": job_id, "status": row["status"], "error": row["error"]})
-        return int(ExitCode.OK if row["status"] == "succeeded" else ExitCode.FAILED)
+        cli.emit({"job_id": job_id, "status": row.status, "error": row.error})
+        return int(ExitCode.OK if row.status == "succeeded" else ExitCode.FAILED)
 
     return cli.run_command("wait", body)
 
 
-def _progress(store: FencedStore, row: dict) -> None:  # type: ignore[type-arg]
+def _progress(store: Store, row: JobRow) -> None:
     """A one-line progress bar: children done / total for a parent, actions otherwise."""
-    if row["is_parent"]:
-        counts = store.children_counts(row["job_id"])
+    if row.is_parent:
+        counts = store.jobs.children_counts(row.job_id)
         total = sum(counts.values())
         done = sum(n for s, n in counts.items() if s in TERMINAL)
         label = "children"
@@ -209,5 +213,5 @@ def _progress(store: FencedStore, row: dict) -> None:  # type: ignore[type-arg]
     width = 30
     filled = int(width * done / total) if total else width
     bar = "#" * filled + "-" * (width - filled)
-    sys.stdout.write(f"\r[{bar}] {done}/{total} {label}  {row['status']:<9}")
+    sys.stdout.write(f"\r[{bar}] {done}/{total} {label}  {row.status:<9}")
     sys.stdout.flush()

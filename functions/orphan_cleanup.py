@@ -24,13 +24,13 @@ from datetime import datetime, timedelta
 from itertools import islice
 from uuid import UUID
 
-from shared.cluster import Cluster
-from shared.errors import ClusterError
-from shared.logs import get_logger
-from shared.objectstore import PREFIX, ObjectInfo, ObjectStore, ObjectStoreError
-from shared.runner import Deps, run_pass
-from shared.settings import Settings
-from shared.store import FencedStore
+from jobfence.cluster import Cluster
+from jobfence.errors import ClusterError
+from jobfence.logs import get_logger
+from jobfence.objectstore import PREFIX, ObjectInfo, ObjectStore, ObjectStoreError
+from jobfence.runner import Deps, run_pass
+from jobfence.settings import Settings
+from jobfence.store import Store
 
 log = get_logger("jobfence.orphan_cleanup")
 
@@ -88,7 +88,7 @@ def _pages(objects: Iterator[ObjectInfo]) -> Iterator[list[ObjectInfo]]:
         yield page
 
 
-def clean_objects(store: FencedStore, objects: ObjectStore, bucket: str, *,
+def clean_objects(store: Store, objects: ObjectStore, bucket: str, *,
                   cutoff: datetime, c: Report) -> None:
     for n, page in enumerate(_pages(objects.iter_objects(bucket, PREFIX))):
         if n >= MAX_OBJECT_PAGES:
@@ -97,7 +97,7 @@ def clean_objects(store: FencedStore, objects: ObjectStore, bucket: str, *,
         c.objects_scanned += len(page)
         owned = [(obj, owner_of(obj.key)) for obj in page]
         c.objects_unrecognized += sum(1 for _, o in owned if o is None)
-        verdicts = store.object_owners(sorted({o for _, o in owned if o is not None},
+        verdicts = store.pods.object_owners(sorted({o for _, o in owned if o is not None},
                                               key=str))
         doomed = [obj.key for obj, o in owned
                   if o is not None and verdicts.get(o) in ("garbage", "gone")
@@ -126,53 +126,53 @@ def _delete(cluster: Cluster, name: str, job_name: str | None, grace: int) -> bo
 
 def clean_pods(settings: Settings, deps: Deps, cluster: Cluster, c: Report) -> None:
     store = deps.store
-    listed_at = store.snapshot_begin(deps.now)
+    listed_at = store.pods.snapshot_begin(deps.now)
     for pods in cluster.worker_pod_pages():  # ClusterError: nothing changed yet
-        store.snapshot_add([p.row() for p in pods])
+        store.pods.snapshot_add([p.row() for p in pods])
         c.pods_listed += len(pods)
     confirm_before = listed_at - timedelta(seconds=settings.orphan_pod_grace_seconds)
     after = ""
-    while rows := store.unclaimed_pods(listed_at=listed_at,
-                                       grace_seconds=settings.reconcile_grace_seconds,
-                                       after=after, limit=PODS_PER_PAGE):
-        after = rows[-1]["name"]
-        for suspect in store.note_suspects(pods=rows, listed_at=listed_at):
-            if suspect["first_seen"] > confirm_before:
+    while rows := store.pods.unclaimed_pods(listed_at=listed_at,
+                                            grace_seconds=settings.reconcile_grace_seconds,
+                                            after=after, limit=PODS_PER_PAGE):
+        after = rows[-1].name
+        for suspect in store.pods.note_suspects(pods=rows, listed_at=listed_at):
+            if suspect.first_seen > confirm_before:
                 c.orphan_suspects += 1
                 continue
-            name = suspect["name"]
-            if not store.confirm_suspect(name):
+            name = suspect.name
+            if not store.pods.confirm_suspect(name):
                 continue  # it claimed work since the listing: not an orphan
             c.orphaned_pods_detected += 1
-            log.error("orphaned_pod_detected", pod=name, job_name=suspect["job_name"],
-                      first_seen=suspect["first_seen"].isoformat(), severity="BUG_INDICATOR",
+            log.error("orphaned_pod_detected", pod=name, job_name=suspect.job_name,
+                      first_seen=suspect.first_seen.isoformat(), severity="BUG_INDICATOR",
                       message="a worker pod held no live claim for the whole grace period")
             try:
-                _delete(cluster, name, suspect["job_name"], ORPHAN_POD_GRACE_SECONDS)
+                _delete(cluster, name, suspect.job_name, ORPHAN_POD_GRACE_SECONDS)
             except ClusterError as exc:
                 c.orphaned_pods_cleanup_failures += 1
                 log.error("orphaned_pod_cleanup_failed", pod=name, error=str(exc))
                 continue
             c.orphaned_pods_cleaned += 1
             log.info("orphaned_pod_deleted", pod=name)
-    store.forget_suspects(listed_at=listed_at)
+    store.pods.forget_suspects(listed_at=listed_at)
     after = ""
-    while rows := store.finished_pods_beyond_history(keep=settings.finished_pod_history,
-                                                     after=after, limit=PODS_PER_PAGE):
-        after = rows[-1]["name"]
+    while rows := store.pods.finished_pods_beyond_history(
+            keep=settings.finished_pod_history, after=after, limit=PODS_PER_PAGE):
+        after = rows[-1].name
         for pod in rows:
             try:
-                if _delete(cluster, pod["name"], pod["job_name"], 0):
+                if _delete(cluster, pod.name, pod.job_name, 0):
                     c.finished_pods_deleted += 1
             except ClusterError as exc:
                 c.finished_pods_cleanup_failures += 1
-                log.error("finished_pod_cleanup_failed", pod=pod["name"], error=str(exc))
+                log.error("finished_pod_cleanup_failed", pod=pod.name, error=str(exc))
 
 
 def run_once(settings: Settings, deps: Deps) -> Report:
     c = Report("orphan-cleanup", settings.cluster)
     if settings.s3_bucket:
-        now = deps.store.now(deps.now)
+        now = deps.store.pods.now(deps.now)
         cutoff = now - timedelta(seconds=settings.orphan_object_grace_seconds)
         try:
             clean_objects(deps.store, deps.objects, settings.s3_bucket, cutoff=cutoff, c=c)

@@ -15,11 +15,11 @@ import sys
 from dataclasses import dataclass
 from datetime import datetime
 
-from shared.cluster import Cluster
-from shared.logs import get_logger
-from shared.runner import Deps, run_pass
-from shared.settings import Settings
-from shared.store import RetryPolicy
+from jobfence.cluster import Cluster
+from jobfence.logs import get_logger
+from jobfence.runner import Deps, run_pass
+from jobfence.settings import Settings
+from jobfence.store import RetryPolicy
 
 log = get_logger("jobfence.reconciliation")
 
@@ -44,10 +44,10 @@ class Report:
 def snapshot(deps: Deps, cluster: Cluster) -> tuple[datetime, int, int]:
     """List the worker pods into the store's snapshot: (listed_at, pods, pages). Raises
     ClusterError, leaving nothing changed, if the listing cannot be completed."""
-    listed_at = deps.store.snapshot_begin(deps.now)
+    listed_at = deps.store.pods.snapshot_begin(deps.now)
     pods = pages = 0
     for page in cluster.worker_pod_pages():
-        deps.store.snapshot_add([p.row() for p in page])
+        deps.store.pods.snapshot_add([p.row() for p in page])
         pods += len(page)
         pages += 1
     return listed_at, pods, pages
@@ -63,7 +63,7 @@ def run_once(settings: Settings, deps: Deps) -> Report:
     retry = RetryPolicy(settings.retry_base_seconds, settings.retry_max_seconds)
     missing = drift = retried = failed = 0
     for _ in range(MAX_BATCHES):
-        done = deps.store.reclaim_dead_claims(
+        done = deps.store.pods.reclaim_dead_claims(
             claimer_pattern=cluster.claimer_pattern, listed_at=listed_at,
             grace_seconds=settings.reconcile_grace_seconds, retry=retry,
             batch_size=settings.batch_size)
@@ -76,7 +76,7 @@ def run_once(settings: Settings, deps: Deps) -> Report:
                         job_id=str(t.job_id), job_status=t.status)
         if len(done) < settings.batch_size:
             break
-    unverifiable = deps.store.unverifiable_claims(claimer_pattern=cluster.claimer_pattern)
+    unverifiable = deps.store.pods.unverifiable_claims(claimer_pattern=cluster.claimer_pattern)
     if unverifiable:
         log.info("unverifiable_claims", count=unverifiable,
                  message="claims by workers outside the cluster are left to the sweeper")

@@ -12,9 +12,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from shared.runner import Deps, run_pass
-from shared.settings import Settings
-from shared.store import RetryPolicy
+from jobfence.runner import Deps, run_pass
+from jobfence.settings import Settings
+from jobfence.store import RetryPolicy
 
 MAX_BATCHES = 200
 
@@ -32,7 +32,7 @@ def run_once(settings: Settings, deps: Deps) -> Report:
     retry = RetryPolicy(settings.retry_base_seconds, settings.retry_max_seconds)
     retried = failed = batches = 0
     while batches < MAX_BATCHES:
-        done = deps.store.reclaim_expired(retry=retry, batch_size=settings.batch_size)
+        done = deps.store.maintenance.reclaim_expired(retry=retry, batch_size=settings.batch_size)
         batches += 1
         retried += sum(1 for t in done if t.status == "pending")
         failed += sum(1 for t in done if t.status == "failed")

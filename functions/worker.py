@@ -6,7 +6,7 @@ state — fenced. Exit 0 when every claimed job succeeded (or there was nothing 
 A KEDA ScaledJob starts one worker pod per unit of ready work; each pod runs one job and
 exits, so a worker never lives longer than its job.
 
-The worker process is the reaper of everything its jobs start (``shared.proctree``): after
+The worker process is the reaper of everything its jobs start (``jobfence.proctree``): after
 each action, whatever the action left running — daemons included — is killed. A terminal
 write that the database refuses for a reason of its own (not its availability) is replaced
 by a fenced ``failed`` naming that reason: a job whose work finished is never left running
@@ -25,22 +25,23 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from shared import cli
-from shared.actions import ActionContext, AttemptDirs, StopRequested, get_action
-from shared.actions.builtin import ActionFailed
-from shared.attempt import AttemptGuard, GuardThreads, SideChannel, StopReason
-from shared.datums import AttemptFiles
-from shared.db import connect
-from shared.errors import FenceLost, JobfenceError, StoreUnavailable
-from shared.finalize import finalize_parent
-from shared.logs import get_logger
-from shared.objectstore import ObjectStore, open_object_store
-from shared.proctree import become_subreaper, kill_descendants
-from shared.settings import Settings
-from shared.shutdown import on_termination
-from shared.store import ActionOutcome, Claim, FencedStore, RetryPolicy, Transition
+from jobfence import cli
+from jobfence.actions import ActionContext, AttemptDirs, StopRequested, get_action
+from jobfence.actions.builtin import ActionFailed
+from jobfence.attempt import AttemptGuard, GuardThreads, SideChannel, StopReason
+from jobfence.datums import AttemptFiles
+from jobfence.db import Connection, connect
+from jobfence.errors import FenceLost, JobfenceError, StoreUnavailable
+from jobfence.finalize import finalize_parent
+from jobfence.logs import get_logger
+from jobfence.objectstore import ObjectStore
+from jobfence.proctree import become_subreaper, kill_descendants
+from jobfence.settings import Settings
+from jobfence.shutdown import on_termination
+from jobfence.store import ActionOutcome, Claim, RetryPolicy, Store, Transition
+from jobfence.wiring import open_object_store
 
 log = get_logger("jobfence.worker")
 T = TypeVar("T")
@@ -121,13 +122,11 @@ class Worker:
             self._objects = open_object_store(self.settings)
         return self._objects
 
-    def _connect(self) -> Any:
-        return connect(self.settings.database_url, application_name="jobfence-worker",
+    def _connect(self) -> Connection:
+        conn = connect(self.settings.database_url, application_name="jobfence-worker",
                        connect_timeout=self.settings.connect_timeout_seconds)
-
-    @property
-    def store(self) -> FencedStore:
-        return FencedStore(self._conn)
+        self.store = Store(conn, self.settings.schema_name)
+        return conn
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -139,7 +138,7 @@ class Worker:
                     if pending is None:
                         if terminated.is_set():
                             break
-                        claims = self.store.claim(worker_id=self.settings.worker,
+                        claims = self.store.attempts.claim(worker_id=self.settings.worker,
                                                   lease_seconds=self.settings.lease_seconds)
                         if not claims:
                             log.info("nothing_to_claim")
@@ -205,7 +204,7 @@ class Worker:
 
     def _run_actions(self, claim: Claim, guard: AttemptGuard, dirs: AttemptDirs) -> Outcome:
         # A first attempt has nothing to resume; a retry skips what earlier ones finished.
-        done = self.store.succeeded_actions(claim.job_id) if claim.may_resume else set()
+        done = self.store.attempts.succeeded_actions(claim.job_id) if claim.may_resume else set()
         todo = [i for i in range(len(claim.actions)) if i not in done]
         if done:
             log.info("resuming", job_id=str(claim.job_id), after_actions=sorted(done))
@@ -259,7 +258,7 @@ class Worker:
         raise AssertionError("unreachable: the last action finishes the job")
 
     def _record(self, claim: Claim, guard: AttemptGuard, outcome: ActionOutcome) -> bool:
-        return bool(self._write(guard, lambda s: s.record_action(
+        return bool(self._write(guard, lambda s: s.attempts.record_action(
             job_id=claim.job_id, attempt_id=claim.attempt_id, outcome=outcome)))
 
     def _finish(self, claim: Claim, guard: AttemptGuard,
@@ -269,7 +268,7 @@ class Worker:
         if self._want_next and not self._terminating and guard.lease_live() \
                 and not guard.stop.is_set():
             try:
-                t, self._next = self.store.finish_and_claim(
+                t, self._next = self.store.attempts.finish_and_claim(
                     job_id=claim.job_id, attempt_id=claim.attempt_id, outcome=outcome,
                     worker_id=self.settings.worker, lease_seconds=self.settings.lease_seconds)
                 combined = True
@@ -279,7 +278,7 @@ class Worker:
                 # commit is reclaimed when its lease runs out.
                 log.warning("write_retry", error=str(exc))
         if not combined:
-            t = self._write(guard, lambda s: s.finish(
+            t = self._write(guard, lambda s: s.attempts.finish(
                 job_id=claim.job_id, attempt_id=claim.attempt_id, succeeded=True,
                 outcome=outcome))
         if t is None and not self._won_anyway(claim, "succeeded"):
@@ -292,7 +291,7 @@ class Worker:
         log.warning("action_failed", job_id=str(claim.job_id), index=outcome.index,
                     action=outcome.name, error=outcome.error)
         reason = f"action {outcome.index + 1} ({outcome.name}) failed: {outcome.error}"
-        t = self._write(guard, lambda s: s.release(
+        t = self._write(guard, lambda s: s.attempts.release(
             job_id=claim.job_id, attempt_id=claim.attempt_id, reason=reason[:2000],
             retry=self.retry, outcome=outcome, error=outcome.error,
             error_detail=outcome.error_detail))
@@ -306,7 +305,7 @@ class Worker:
         if reason is StopReason.TIMED_OUT:
             error = "timed out"
             outcome = ActionOutcome(index, name, False, started, error=error)
-            t = self._write(guard, lambda s: s.release(
+            t = self._write(guard, lambda s: s.attempts.release(
                 job_id=claim.job_id, attempt_id=claim.attempt_id, reason="timed out",
                 retry=self.retry, outcome=outcome, error=error), even_if_stopped=True)
             return self._released(claim, guard, t)
@@ -337,7 +336,7 @@ class Worker:
         error = f"the attempt's result could not be stored: {exc}"
         log.error("write_refused", job_id=str(claim.job_id), error=str(exc))
         try:
-            t = self._write(guard, lambda s: s.finish(
+            t = self._write(guard, lambda s: s.attempts.finish(
                 job_id=claim.job_id, attempt_id=claim.attempt_id, succeeded=False,
                 reason=error, error=error))
         except WriteRefused as again:
@@ -359,7 +358,7 @@ class Worker:
 
     # -- fenced writes that survive a dropped connection -----------------------------------
 
-    def _write(self, guard: AttemptGuard, fn: Callable[[FencedStore], T],
+    def _write(self, guard: AttemptGuard, fn: Callable[[Store], T],
                even_if_stopped: bool = False) -> T | None:
         """Run a fenced write while the lease is valid, reconnecting if the connection
         dropped. None when this attempt may not (or can no longer) write."""
@@ -383,10 +382,10 @@ class Worker:
     def _won_anyway(self, claim: Claim, status: str) -> bool:
         """After a retried terminal write matched nothing: had the first try committed?"""
         try:
-            now = self.store.fence(claim.job_id)
+            now = self.store.attempts.fence(claim.job_id)
         except StoreUnavailable:
             return False
-        return bool(now and now["status"] == status and now["attempt_id"] == claim.attempt_id)
+        return bool(now and now.status == status and now.attempt_id == claim.attempt_id)
 
 
 def run_once(settings: Settings, max_jobs: int = 1) -> Report:

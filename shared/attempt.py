@@ -12,10 +12,10 @@ the worker process, ``GuardThreads``, and serve one attempt after another):
 * the worker got SIGTERM: ``sigterm``.
 
 Stopping means: set ``stop`` (actions wait on it), SIGKILL every process group the action
-registered and every other descendant of the worker (``shared.proctree``), and from then
+registered and every other descendant of the worker (``jobfence.proctree``), and from then
 on write nothing — except the SIGTERM and timeout paths, which give the job back with a
 fenced write. SIGTERM (an eviction, a drain) is not the job's fault: its attempt is given
-back (``FencedStore.interrupt``), up to ``JOBFENCE_MAX_INTERRUPTIONS`` times.
+back (``Store.interrupt``), up to ``JOBFENCE_MAX_INTERRUPTIONS`` times.
 
 The local deadline is measured on the monotonic clock from *before* each successful
 heartbeat was sent, so it always falls before the database's own deadline; the database's
@@ -31,17 +31,18 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from enum import StrEnum
-from typing import Any
+from typing import TypeVar
 
-from shared.actions.builtin import kill_group
-from shared.db import Connection, connect
-from shared.errors import StoreUnavailable
-from shared.logs import get_logger
-from shared.proctree import kill_descendants
-from shared.settings import Settings, self_fence_margin
-from shared.store import Claim, FencedStore, Transition
+from jobfence.actions.builtin import kill_group
+from jobfence.db import Connection, connect
+from jobfence.errors import StoreUnavailable
+from jobfence.logs import get_logger
+from jobfence.proctree import kill_descendants
+from jobfence.settings import Settings, self_fence_margin
+from jobfence.store import Claim, Store, Transition
 
 log = get_logger("jobfence.attempt")
+T = TypeVar("T")
 
 
 class StopReason(StrEnum):
@@ -59,8 +60,9 @@ class SideChannel:
         self.settings = settings
         self.lock = threading.Lock()
         self._conn: Connection | None = None
+        self._store_of_conn: Store | None = None
 
-    def _store(self) -> FencedStore:
+    def _store(self) -> Store:
         if self._conn is None or self._conn.closed or self._conn.broken:
             # Short statement timeout: a heartbeat must never block past the deadline.
             timeout_ms = int(max(0.2, min(self.settings.heartbeat, 5.0)) * 1000)
@@ -69,9 +71,11 @@ class SideChannel:
                                  connect_timeout=min(self.settings.connect_timeout_seconds,
                                                      self.settings.heartbeat),
                                  statement_timeout_ms=timeout_ms)
-        return FencedStore(self._conn)
+            self._store_of_conn = Store(self._conn, self.settings.schema_name)
+        assert self._store_of_conn is not None
+        return self._store_of_conn
 
-    def call(self, fn: Callable[[FencedStore], Any]) -> Any:
+    def call(self, fn: Callable[[Store], T]) -> T:
         with self.lock:
             try:
                 return fn(self._store())
@@ -220,7 +224,7 @@ class AttemptGuard:
         self.request_stop(StopReason.SIGTERM)
         claim = self.claim
         try:
-            t: Transition | None = self.side.call(lambda store: store.interrupt(
+            t: Transition | None = self.side.call(lambda store: store.attempts.interrupt(
                 job_id=claim.job_id, attempt_id=claim.attempt_id,
                 reason="worker received SIGTERM",
                 max_interruptions=self.settings.max_interruptions))
@@ -242,7 +246,7 @@ class AttemptGuard:
                 return  # e.g. resumed after SIGSTOP: too late to renew, write nothing
             sent = self.clock()
             try:
-                renewed = self.side.call(lambda store: store.heartbeat(
+                renewed = self.side.call(lambda store: store.attempts.heartbeat(
                     job_id=claim.job_id, attempt_id=claim.attempt_id, lease_seconds=lease))
             except StoreUnavailable as exc:
                 # Keep trying while the lease lasts; the watchdog self-fences if it runs out.
@@ -261,13 +265,13 @@ class AttemptGuard:
     def _log_fence_lost(self) -> None:
         claim = self.claim
         try:
-            now = self.side.call(lambda store: store.fence(claim.job_id))
+            now = self.side.call(lambda store: store.attempts.fence(claim.job_id))
         except StoreUnavailable:
             now = None
         log.warning("writeback_stale_attempt", job_id=str(claim.job_id),
                     attempt_id=str(claim.attempt_id),
-                    job_status=now["status"] if now else None,
-                    why=now["reason"] if now else None,
+                    job_status=now.status if now else None,
+                    why=now.reason if now else None,
                     message="the fence was rotated: this attempt stops and writes nothing")
 
     def _deadline_passed(self) -> bool:

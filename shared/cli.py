@@ -14,13 +14,13 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from shared import logs
-from shared.db import connect
-from shared.durations import format_duration
-from shared.errors import ExitCode, InvalidSpec, JobfenceError
-from shared.limits import Unstorable, check_text
-from shared.settings import Settings, load_settings
-from shared.store import FencedStore
+from jobfence import logs
+from jobfence.db import connect
+from jobfence.durations import format_duration
+from jobfence.errors import ExitCode, InvalidSpec, JobfenceError
+from jobfence.limits import Unstorable, check_text
+from jobfence.settings import Settings, load_settings
+from jobfence.store import Store
 
 
 def to_jsonable(value: Any) -> Any:
@@ -105,10 +105,10 @@ def setup(name: str, **overrides: object) -> Settings:
 
 
 @contextmanager
-def open_store(settings: Settings, name: str) -> Iterator[FencedStore]:
+def open_store(settings: Settings, name: str) -> Iterator[Store]:
     conn = connect(settings.database_url, application_name=f"jobfence-{name}",
                    connect_timeout=settings.connect_timeout_seconds)
     try:
-        yield FencedStore(conn)
+        yield Store(conn, settings.schema_name)
     finally:
         conn.close()

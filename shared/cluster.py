@@ -1,7 +1,7 @@
 """The cluster port: only what reconciliation and orphan-cleanup call, with three
-implementations — the Kubernetes API (``shared.adapters.kube``), worker processes on this
-machine (``shared.adapters.local_cluster``, for the demo) and an in-memory fake
-(``shared.adapters.memory_cluster``, for unit tests).
+implementations — the Kubernetes API (``jobfence.adapters.kube``), worker processes on this
+machine (``jobfence.adapters.local_cluster``, for the demo) and an in-memory fake
+(``devtools.memory_cluster``, for unit tests).
 
 The database is the source of truth; the cluster is compared against it. Listing is page
 by page, so a pass never holds every pod at once; a listing that fails part-way raises
@@ -16,16 +16,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from shared.errors import ClusterError
-from shared.settings import Settings
+from jobfence.errors import ClusterError
 
-__all__ = ["Cluster", "ClusterError", "Pod", "open_cluster"]
+__all__ = ["Cluster", "ClusterError", "Pod"]
 
-# Phases after which a pod's process is gone for good.
-FINISHED_PHASES = ("Succeeded", "Failed")
-# Phases in which a pod cannot be doing a live claim's work (Unknown: its node stopped
-# reporting; rotating the fence is safe either way, the worker self-fences).
-DEAD_PHASES = ("Succeeded", "Failed", "Unknown")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,19 +77,3 @@ POD_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 
 def local_claimer_pattern(host: str) -> str:
     return "^local:" + re.escape(host) + ":[0-9]+$"
-
-
-def open_cluster(settings: Settings) -> Cluster | None:
-    """The adapter for ``JOBFENCE_CLUSTER``; None for ``none``. The Kubernetes client is
-    imported here, on first use only."""
-    if settings.cluster == "kubernetes":
-        from shared.adapters.kube import KubernetesCluster
-
-        return KubernetesCluster(namespace=settings.namespace,
-                                 selector=settings.worker_selector,
-                                 qps=settings.kube_qps, page_size=settings.kube_page_size)
-    if settings.cluster == "local":
-        from shared.adapters.local_cluster import LocalCluster
-
-        return LocalCluster()
-    return None

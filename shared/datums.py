@@ -19,12 +19,12 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from uuid import UUID
 
-from shared.errors import ConfigError, FenceLost
-from shared.ids import uuid7
-from shared.limits import Unstorable, check_text
-from shared.logs import get_logger
-from shared.objectstore import ObjectStore, ObjectStoreError, attempt_prefix, parse_s3_url, s3_url
-from shared.store import FencedStore, NewJob
+from jobfence.errors import ConfigError, FenceLost
+from jobfence.ids import uuid7
+from jobfence.limits import Unstorable, check_text
+from jobfence.logs import get_logger
+from jobfence.objectstore import ObjectStore, ObjectStoreError, attempt_prefix, parse_s3_url, s3_url
+from jobfence.store import NewJob, Store
 
 log = get_logger("jobfence.datums")
 
@@ -42,7 +42,7 @@ def input_base(prefix: str) -> str:
 
 def child_batches(url: str, per_datum: int, objects: ObjectStore,
                   batch_size: int = CHILD_BATCH) -> Callable[[NewJob], Iterator[list[NewJob]]]:
-    """For ``FencedStore.enqueue``: the children of a parent, from the S3 listing of
+    """For ``Store.enqueue``: the children of a parent, from the S3 listing of
     ``url``, ``batch_size`` children at a time."""
     bucket, prefix = parse_s3_url(url)
     base = input_base(prefix)
@@ -77,7 +77,7 @@ def _child(parent: NewJob, bucket: str, base: str, keys: list[str]) -> NewJob:
     )
 
 
-FencedWrite = Callable[[Callable[[FencedStore], bool]], "bool | None"]
+FencedWrite = Callable[[Callable[[Store], bool]], "bool | None"]
 
 
 class AttemptFiles:
@@ -126,7 +126,7 @@ class AttemptFiles:
             except Unstorable as exc:
                 raise ObjectStoreError(f"{exc}: {rel.encode(errors='replace')!r}") from None
         urls = [(rel, s3_url(self.bucket, prefix + rel)) for rel, _ in entries]
-        if not self._write(lambda s: s.register_outputs(
+        if not self._write(lambda s: s.attempts.register_outputs(
                 job_id=self.job_id, attempt_id=self.attempt_id, outputs=urls)):
             raise FenceLost(self.job_id, self.attempt_id, ": outputs not registered")
         store, bucket = self._objects(), self.bucket
@@ -142,7 +142,7 @@ class AttemptFiles:
 
         with ThreadPoolExecutor(TRANSFER_THREADS) as pool:
             results = list(pool.map(upload, entries))
-        if not self._write(lambda s: s.confirm_outputs(
+        if not self._write(lambda s: s.attempts.confirm_outputs(
                 job_id=self.job_id, attempt_id=self.attempt_id, outputs=results)):
             raise FenceLost(self.job_id, self.attempt_id, ": outputs not confirmed")
         failed = [r for r in results if r["status"] == "error"]

@@ -1,19 +1,31 @@
-"""Database connections, the one place psycopg errors become jobfence errors, and the
-advisory locks that make every periodic function safe to run twice at once.
+"""The database module: the one place that imports psycopg. Connections, named SQL rendered
+for the installation's schema, and the one helper that runs a statement — every psycopg
+error becomes a jobfence error there, and nowhere else.
+
+Named SQL lives in ``.sql`` files beside the code that runs it (``store/<noun>.sql``): a
+block starts with ``-- name --``, then a description, then one statement. ``{schema}`` in a
+statement is the installation's schema (``JOBFENCE_SCHEMA``), filled in once per schema as
+a quoted identifier (psycopg's ``sql.Identifier``) — never from input, never per call.
 """
 
 from __future__ import annotations
 
+import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from functools import cache
+from importlib import resources
+from typing import Any, LiteralString, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg.rows import dict_row
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
+from psycopg.rows import class_row, dict_row
 
-from shared.errors import (
+from jobfence.errors import (
     ConfigError,
     Conflict,
     InvalidSpec,
@@ -23,13 +35,32 @@ from shared.errors import (
     StoreError,
     StoreUnavailable,
 )
-from shared.queries import QUERIES
 
 # All jobfence advisory locks share this first key, so they never collide with an
 # application's own advisory locks in the same database.
 LOCK_NAMESPACE = 0x6A66  # "jf"
 
 Connection = psycopg.Connection[dict[str, Any]]
+Cursor = psycopg.Cursor[Any]
+T = TypeVar("T")
+
+_HEADER = re.compile(r"^-- ([a-z][a-z0-9_]*) --$", re.MULTILINE)
+SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")
+"""A schema jobfence may use: a plain lower-case identifier, short enough that the role
+names derived from it (``<schema>_maintainer``) stay within PostgreSQL's 63 bytes."""
+
+
+# -- connections ---------------------------------------------------------------------------
+
+
+def check_dsn(dsn: str) -> None:
+    """Raise ValueError if psycopg cannot parse ``dsn`` (the message never repeats it: it may
+    hold a password)."""
+    try:
+        conninfo_to_dict(dsn)
+    except Exception:
+        raise ValueError("is not a valid PostgreSQL connection string (a URL "
+                         "postgresql://USER@HOST/DB or key=value pairs)") from None
 
 
 def connect(
@@ -64,6 +95,14 @@ def connect(
                           f"{_first_line(exc)}") from exc
     except psycopg.Error as exc:
         raise translate(exc) from exc
+
+
+def in_transaction(conn: Connection) -> bool:
+    """Whether the caller has a transaction open on ``conn``."""
+    return conn.info.transaction_status != TransactionStatus.IDLE
+
+
+# -- errors ----------------------------------------------------------------------------------
 
 
 def _first_line(exc: BaseException) -> str:
@@ -110,31 +149,104 @@ def translated() -> Iterator[None]:
         raise translate(exc) from exc
 
 
-def lock_key(name: str) -> int:
-    """A stable 32-bit advisory-lock key for a lock name (e.g. a function's name)."""
-    return zlib.crc32(name.encode()) & 0x7FFFFFFF
+# -- named SQL -------------------------------------------------------------------------------
 
 
-def _lock_params(name: str) -> dict[str, int]:
-    return {"namespace": LOCK_NAMESPACE, "key": lock_key(name)}
+class Queries(Mapping[str, LiteralString]):
+    """Read-only name → statement mapping of one ``.sql`` file, rendered for a schema; an
+    unknown name raises ``KeyError`` naming the file."""
+
+    def __init__(self, text: str, *, schema: str = "jobfence", source: str = "sql") -> None:
+        if not SCHEMA_NAME.match(schema):
+            raise ConfigError(f"schema {schema!r} is not a plain lower-case identifier")
+        self.source = source
+        self._queries: dict[str, LiteralString] = {}
+        parts = _HEADER.split(text)
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            if name in self._queries:
+                raise ValueError(f"{source}: query {name!r} is defined twice")
+            lines = [ln for ln in body.strip().splitlines() if not ln.startswith("--")]
+            statement = "\n".join(lines).strip().rstrip(";")
+            if not statement:
+                raise ValueError(f"{source}: query {name!r} is empty")
+            # The text comes from our own package file, the schema is a checked identifier.
+            rendered = sql.SQL(statement).format(schema=sql.Identifier(schema)).as_string(None)
+            self._queries[name] = rendered
+
+    def __getitem__(self, name: str) -> LiteralString:
+        try:
+            return self._queries[name]
+        except KeyError:
+            raise KeyError(f"no query named {name!r} in {self.source}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._queries)
+
+    def __len__(self) -> int:
+        return len(self._queries)
 
 
-def try_advisory_lock(conn: Connection, name: str) -> bool:
-    """Take the session-level lock ``name`` if free; False if another session holds it."""
-    row = conn.execute(QUERIES["lock_try"], _lock_params(name)).fetchone()
-    return bool(row and row["ok"])
+@cache
+def queries(package: str, filename: str, schema: str) -> Queries:
+    """The named statements of ``package/filename`` for ``schema``, parsed once."""
+    text = resources.files(package).joinpath(filename).read_text("utf-8")
+    return Queries(text, schema=schema, source=filename)
 
 
-def advisory_unlock(conn: Connection, name: str) -> None:
-    conn.execute(QUERIES["lock_release"], _lock_params(name))
+# -- running statements ------------------------------------------------------------------------
+
+
+def execute(conn: Connection, query: LiteralString | sql.SQL | sql.Composed,
+            params: Mapping[str, Any] | None = None, *, row: type[T] | None = None) -> Cursor:
+    """Run one statement; psycopg errors come out as jobfence errors. With ``row``, rows
+    come back as that dataclass (its fields named like the statement's columns)."""
+    with translated():
+        if row is None:
+            return conn.execute(query, params)
+        cur: Cursor = conn.cursor(row_factory=class_row(row))
+        return cur.execute(query, params)
 
 
 @contextmanager
-def advisory_lock(conn: Connection, name: str) -> Iterator[None]:
-    """Hold the session-level lock ``name`` for the block, waiting for it if needed."""
-    conn.execute(QUERIES["lock_wait"], _lock_params(name))
-    try:
+def transaction(conn: Connection) -> Iterator[None]:
+    """A transaction (a savepoint inside the caller's); errors translated."""
+    with translated(), conn.transaction():
         yield
-    finally:
-        if not conn.closed:
-            advisory_unlock(conn, name)
+
+
+@contextmanager
+def pipeline(conn: Connection) -> Iterator[Callable[[], None]]:
+    """Pipeline mode: statements go out together and their results come back together, in
+    one round trip. Statements share one implicit transaction up to each call of the
+    yielded ``sync`` (which commits them), so a statement after ``sync`` runs after that
+    commit."""
+    with translated(), conn.pipeline() as p:
+        yield p.sync
+
+
+def lock_params(name: str) -> dict[str, int]:
+    """Advisory-lock keys for a lock name (e.g. a function's name)."""
+    return {"namespace": LOCK_NAMESPACE, "key": zlib.crc32(name.encode()) & 0x7FFFFFFF}
+
+
+# -- schema administration (migrate only) ------------------------------------------------------
+
+
+def relation_exists(conn: Connection, schema: str, name: str) -> bool:
+    row = execute(conn, "SELECT to_regclass(%(name)s) IS NOT NULL AS found",
+                  {"name": sql.Identifier(schema, name).as_string(None)}).fetchone()
+    return bool(row and row["found"])
+
+
+def move_objects(conn: Connection, *, source: str, target: str, tables: Sequence[str],
+                 functions: Sequence[tuple[str, LiteralString]]) -> None:
+    """Move named tables (their indexes, constraints, triggers and owned sequences go with
+    them) and functions (name, argument types — this package's own constants) from one
+    schema to another, in the caller's transaction."""
+    for table in tables:
+        if relation_exists(conn, source, table):
+            execute(conn, sql.SQL("ALTER TABLE {} SET SCHEMA {}").format(
+                sql.Identifier(source, table), sql.Identifier(target)))
+    for name, args in functions:
+        execute(conn, sql.SQL("ALTER FUNCTION {}({}) SET SCHEMA {}").format(
+            sql.Identifier(source, name), sql.SQL(args), sql.Identifier(target)))

@@ -11,7 +11,7 @@ from typing import Annotated
 
 from pydantic import BeforeValidator, TypeAdapter, ValidationError
 
-from shared.limits import check_duration
+from jobfence.limits import check_duration
 
 
 @lru_cache(maxsize=1)

@@ -1,6 +1,6 @@
 """Typed errors, and the one table that maps them to the CLI's exit codes (CONTRACT.md).
 
-psycopg errors are translated in one place, ``shared.db.translate``; nothing else needs to
+psycopg errors are translated in one place, ``jobfence.db.translate``; nothing else needs to
 know what a ``UniqueViolation`` on a given index means.
 """
 
@@ -116,10 +116,3 @@ class FenceLost(JobfenceError):
         self.job_id = job_id
         self.attempt_id = attempt_id
         super().__init__(f"attempt {attempt_id} of job {job_id} lost its fence{why}")
-
-
-def exit_code_for(exc: BaseException) -> ExitCode:
-    """The contract's exit code for an error (anything unexpected is a failure)."""
-    if isinstance(exc, JobfenceError):
-        return exc.exit_code
-    return ExitCode.FAILED

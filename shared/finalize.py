@@ -17,12 +17,12 @@ import json
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 from uuid import UUID
 
-from shared.logs import get_logger
-from shared.objectstore import ObjectStore, manifest_key, s3_url
-from shared.store import FencedStore, Transition
+from jobfence.logs import get_logger
+from jobfence.objectstore import ObjectStore, manifest_key, s3_url
+from jobfence.store import JobRow, Store, Transition
 
 log = get_logger("jobfence.finalize")
 
@@ -30,18 +30,18 @@ PAGE = 1000
 ZERO = UUID(int=0)
 
 
-def finalize_parent(store: FencedStore, objects: Callable[[], ObjectStore], bucket: str | None,
+def finalize_parent(store: Store, objects: Callable[[], ObjectStore], bucket: str | None,
                     parent_id: UUID) -> Transition | None:
     """Finalize ``parent_id`` if it is running and all its children are terminal.
 
     Returns the parent's transition when this call made it terminal, None otherwise (a
     child is still active, it is not a running parent, or another finalizer won)."""
-    parent = store.get(parent_id)
-    if parent is None or not parent["is_parent"] or parent["status"] != "running":
+    parent = store.jobs.get(parent_id)
+    if parent is None or not parent.is_parent or parent.status != "running":
         return None
-    if store.has_active_children(parent_id):
+    if store.parents.has_active_children(parent_id):
         return None
-    counts = store.children_counts(parent_id)
+    counts = store.jobs.children_counts(parent_id)
     total = sum(counts.values())
     ok = counts.get("succeeded", 0)
     succeeded = ok == total
@@ -57,11 +57,11 @@ def finalize_parent(store: FencedStore, objects: Callable[[], ObjectStore], buck
                     reason="JOBFENCE_S3_BUCKET is not set")
     error = None
     if not succeeded:
-        firsts = "; ".join(f"{e['job_id']}: {e['status']}: {e['error']}"
-                           for e in store.first_errors(parent_id))
+        firsts = "; ".join(f"{e.job_id}: {e.status}: {e.error}"
+                           for e in store.parents.first_errors(parent_id))
         error = f"{total - ok} of {total} children did not succeed ({firsts})"
     reason = f"{ok}/{total} children succeeded"
-    t = store.finalize_parent(job_id=parent_id, succeeded=succeeded, manifest=manifest,
+    t = store.parents.finalize(job_id=parent_id, succeeded=succeeded, manifest=manifest,
                               reason=reason, error=error)
     if t is not None:
         log.info("parent_finalized", job_id=str(parent_id), status=t.status, children=total,
@@ -69,27 +69,27 @@ def finalize_parent(store: FencedStore, objects: Callable[[], ObjectStore], buck
     return t
 
 
-def _write_manifest(f: IO[str], store: FencedStore, parent: dict[str, Any],
+def _write_manifest(f: IO[str], store: Store, parent: JobRow,
                     counts: dict[str, int]) -> None:
     total = sum(counts.values())
-    inputs = parent["inputs"].get("url") if isinstance(parent["inputs"], dict) else None
-    head = {"job_id": str(parent["job_id"]),
+    inputs = parent.inputs.get("url") if isinstance(parent.inputs, dict) else None
+    head = {"job_id": str(parent.job_id),
             "status": "succeeded" if counts.get("succeeded", 0) == total else "failed",
             "inputs": inputs,
             "children": {"total": total, **dict(sorted(counts.items()))}}
     f.write(json.dumps(head)[:-1] + ', "items": [')
     after, first = ZERO, True
     while True:
-        page = store.children_page(parent_id=parent["job_id"], after=after, limit=PAGE)
+        page = store.parents.children_page(parent_id=parent.job_id, after=after, limit=PAGE)
         for child in page:
-            item = {"job_id": str(child["job_id"]), "status": child["status"],
-                    "attempt_id": str(child["attempt_id"]) if child["attempt_id"] else None,
-                    "inputs": [s3_url(child["inputs"]["bucket"], k)
-                               for k in child["inputs"]["keys"]] if child["inputs"] else [],
-                    "outputs": list(child["outputs"]), "error": child["error"]}
+            item = {"job_id": str(child.job_id), "status": child.status,
+                    "attempt_id": str(child.attempt_id) if child.attempt_id else None,
+                    "inputs": [s3_url(child.inputs["bucket"], k)
+                               for k in child.inputs["keys"]] if child.inputs else [],
+                    "outputs": list(child.outputs), "error": child.error}
             f.write(("" if first else ", ") + json.dumps(item))
             first = False
         if len(page) < PAGE:
             break
-        after = page[-1]["job_id"]
+        after = page[-1].job_id
     f.write("]}\n")

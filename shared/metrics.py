@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from shared.logs import get_logger
-from shared.settings import Settings
-from shared.store import FencedStore
+from jobfence.logs import get_logger
+from jobfence.settings import Settings
+from jobfence.store import Store
 
 log = get_logger("jobfence.metrics")
 
@@ -29,7 +29,7 @@ class StoreCollector:
     or every function's when ``function`` is None; none with ``runs=False``) and the queue
     gauges (unless ``queue=False``)."""
 
-    def __init__(self, store: FencedStore, *, function: str | None = None, runs: bool = True,
+    def __init__(self, store: Store, *, function: str | None = None, runs: bool = True,
                  queue: bool = True) -> None:
         self.store = store
         self.function = function
@@ -50,11 +50,11 @@ class StoreCollector:
             items = CounterMetricFamily(
                 "jobfence_function_items", "What a periodic function counted, summed over "
                 "its runs (e.g. item=orphaned_pods_detected).", labels=["function", "item"])
-            for row in self.store.function_totals(only):
-                if row["item"].startswith("run:"):
-                    runs.add_metric([row["function"], row["item"][4:]], float(row["total"]))
+            for total in self.store.runs.function_totals(only):
+                if total.item.startswith("run:"):
+                    runs.add_metric([total.function, total.item[4:]], float(total.total))
                 else:
-                    items.add_metric([row["function"], row["item"]], float(row["total"]))
+                    items.add_metric([total.function, total.item], float(total.total))
             success = GaugeMetricFamily(
                 "jobfence_function_last_success_timestamp_seconds",
                 "When the function last finished a run successfully (Unix time).",
@@ -62,25 +62,26 @@ class StoreCollector:
             duration = GaugeMetricFamily(
                 "jobfence_function_last_duration_seconds",
                 "How long the function's last run took.", labels=["function"])
-            for row in self.store.function_status(only):
-                if row["last_success_at"] is not None:
-                    success.add_metric([row["function"]], row["last_success_at"].timestamp())
-                if row["last_duration_seconds"] is not None:
-                    duration.add_metric([row["function"]], row["last_duration_seconds"])
+            for status in self.store.runs.function_status(only):
+                if status.last_success_at is not None:
+                    success.add_metric([status.function], status.last_success_at.timestamp())
+                if status.last_duration_seconds is not None:
+                    duration.add_metric([status.function], status.last_duration_seconds)
             yield from (runs, items, success, duration)
         if self.queue:
-            q = self.store.queue_gauges()
+            q = self.store.queues.gauges()
             jobs = GaugeMetricFamily("jobfence_jobs", "Active jobs by status.",
                                      labels=["status"])
-            for status in ("waiting", "pending", "running"):
-                jobs.add_metric([status], float(q[status]))
+            for state, n in (("waiting", q.waiting), ("pending", q.pending),
+                             ("running", q.running)):
+                jobs.add_metric([state], float(n))
             yield jobs
             yield GaugeMetricFamily(
                 "jobfence_queue_oldest_ready_age_seconds",
                 "How long the oldest claimable job has been waiting for a worker.",
-                value=float(q["oldest_ready_age_seconds"]))
+                value=float(q.oldest_ready_age_seconds))
             yield GaugeMetricFamily("jobfence_draining", "1 while drain mode is on.",
-                                    value=1.0 if q["draining"] else 0.0)
+                                    value=1.0 if q.draining else 0.0)
 
 
 def _registry(collector: StoreCollector) -> Any:
@@ -91,7 +92,7 @@ def _registry(collector: StoreCollector) -> Any:
     return registry
 
 
-def exposition(store: FencedStore) -> str:
+def exposition(store: Store) -> str:
     """Every function's metrics and the queue's, in the Prometheus text format."""
     from prometheus_client import generate_latest
 
@@ -99,7 +100,7 @@ def exposition(store: FencedStore) -> str:
     return text
 
 
-def push(settings: Settings, store: FencedStore, function: str) -> bool:
+def push(settings: Settings, store: Store, function: str) -> bool:
     """Push the function's metrics and the queue's to the Pushgateway, if one is set.
     A failed push is logged, never fatal: the run itself is recorded in the database."""
     if not settings.pushgateway_url:

@@ -1,5 +1,5 @@
 """The object-store port: only what the functions call, with S3 (boto3) behind it in
-``shared.adapters.s3`` and an in-memory fake in ``shared.adapters.memory_objects``.
+``jobfence.adapters.s3`` and an in-memory fake in ``devtools.memory_objects``.
 
 Layout under the bucket (CONTRACT.md): outputs of an attempt live under
 ``jobfence/JOB_ID/ATTEMPT_ID/…`` so a fenced-out attempt can never overwrite the winner's,
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Protocol
 from uuid import UUID
 
-from shared.errors import ConfigError, InvalidSpec, ObjectStoreError
-from shared.settings import Settings
+from jobfence.errors import ConfigError, InvalidSpec, ObjectStoreError
+from jobfence.settings import Settings
 
 __all__ = ["DeleteFailure", "ObjectInfo", "ObjectStore", "ObjectStoreError"]
 
@@ -86,12 +86,3 @@ def output_bucket(settings: Settings) -> str:
     if not settings.s3_bucket:
         raise ConfigError("JOBFENCE_S3_BUCKET is required for S3 inputs, outputs and manifests")
     return settings.s3_bucket
-
-
-def open_object_store(settings: Settings) -> ObjectStore:
-    """The S3 adapter for these settings (boto3 is imported here, on first use only)."""
-    from shared.adapters.s3 import S3ObjectStore
-
-    return S3ObjectStore(endpoint_url=settings.s3_endpoint_url, region=settings.s3_region,
-                         access_key_id=settings.s3_access_key_id,
-                         secret_access_key=settings.s3_secret_access_key)

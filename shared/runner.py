@@ -16,14 +16,14 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from shared import cli, metrics
-from shared.cluster import Cluster, open_cluster
-from shared.db import try_advisory_lock
-from shared.errors import ClusterError, JobfenceError
-from shared.logs import get_logger
-from shared.objectstore import ObjectStore, open_object_store
-from shared.settings import Settings
-from shared.store import FencedStore
+from jobfence import cli, metrics
+from jobfence.cluster import Cluster
+from jobfence.errors import ClusterError, JobfenceError
+from jobfence.logs import get_logger
+from jobfence.objectstore import ObjectStore
+from jobfence.settings import Settings
+from jobfence.store import Store
+from jobfence.wiring import open_cluster, open_object_store
 
 
 class Report(Protocol):
@@ -38,7 +38,7 @@ class Deps:
     """What a pass talks to. Adapters for the cluster and the object store are built on
     first use, so a pass that needs neither never imports their clients; tests pass fakes."""
 
-    store: FencedStore
+    store: Store
     settings: Settings
     object_store: ObjectStore | None = None
     cluster_port: Cluster | None = None
@@ -100,13 +100,13 @@ def run_pass(name: str, argv: list[str] | None, run_once: RunOnce, description: 
         with cli.open_store(settings, name) as store:
             deps = Deps(store, settings)
             trigger = detect_trigger(settings, deps)
-            if not try_advisory_lock(store.conn, name):
-                store.run_started(function=name, trigger=trigger, skipped=True)
+            if not store.runs.try_lock(name):
+                store.runs.run_started(function=name, trigger=trigger, skipped=True)
                 log.info("pass_skipped", reason="another run holds the lock", trigger=trigger)
                 cli.emit({"function": name, "skipped": True})
                 metrics.push(settings, store, name)
                 return 0
-            run_id = store.run_started(function=name, trigger=trigger)
+            run_id = store.runs.run_started(function=name, trigger=trigger)
             started = time.monotonic()
             log.info("pass_started", trigger=trigger)
             try:
@@ -115,14 +115,14 @@ def run_pass(name: str, argv: list[str] | None, run_once: RunOnce, description: 
                 message = str(exc) if isinstance(exc, JobfenceError) else repr(exc)
                 log.error("pass_failed", error=message)
                 with contextlib.suppress(Exception):  # the database may be what failed
-                    store.run_finished(run_id=run_id, function=name, trigger=trigger,
+                    store.runs.run_finished(run_id=run_id, function=name, trigger=trigger,
                                        succeeded=False, counts={}, error=message,
                                        duration_seconds=time.monotonic() - started)
                     metrics.push(settings, store, name)
                 raise
             counts = counts_of(report)
             duration = round(time.monotonic() - started, 3)
-            store.run_finished(run_id=run_id, function=name, trigger=trigger, succeeded=True,
+            store.runs.run_finished(run_id=run_id, function=name, trigger=trigger, succeeded=True,
                                counts=counts, duration_seconds=duration)
             log.info("pass_finished", duration_seconds=duration, **counts)
             cli.emit({"function": name, **counts, "duration_seconds": duration})

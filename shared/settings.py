@@ -11,12 +11,12 @@ import socket
 from datetime import timedelta
 from typing import Literal, Self
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.durations import Duration
-from shared.errors import ConfigError
-from shared.limits import Unstorable, check_text
+from jobfence.durations import Duration
+from jobfence.errors import ConfigError
+from jobfence.limits import Unstorable, check_text
 
 
 def self_fence_margin(lease_seconds: float) -> float:
@@ -30,6 +30,13 @@ class Settings(BaseSettings):
 
     database_url: str = Field(min_length=1, repr=False)
     """PostgreSQL DSN (URL or key=value). Required: the database is the source of truth."""
+
+    schema_name: str = Field(default="jobfence", pattern=r"^[a-z_][a-z0-9_]{0,47}$",
+                             validation_alias=AliasChoices("JOBFENCE_SCHEMA", "schema_name"))
+    """The PostgreSQL schema holding every jobfence object (tables, functions, types),
+    created by ``jobfence migrate``; nothing goes to ``public``. Two installations can share
+    a database with two schemas. A plain lower-case identifier of at most 48 characters, so
+    that the role names made from it (``<schema>_maintainer``) fit PostgreSQL's limit."""
 
     connect_timeout_seconds: float = Field(default=5.0, gt=0, le=600)
     """How long to wait for a database connection before reporting it unavailable (exit 4).
@@ -155,15 +162,13 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _dsn(cls, value: str) -> str:
-        from psycopg.conninfo import conninfo_to_dict
+        from jobfence.db import check_dsn
 
         try:
             check_text(value, "value")
-            conninfo_to_dict(value)
-        except (Unstorable, Exception):
-            # Never echo the value: it may hold a password.
-            raise ValueError("is not a valid PostgreSQL connection string (a URL "
-                             "postgresql://USER@HOST/DB or key=value pairs)") from None
+        except Unstorable:
+            raise ValueError("is not valid UTF-8 text") from None
+        check_dsn(value)  # never echoes the value: it may hold a password
         return value
 
     @model_validator(mode="before")
@@ -221,7 +226,8 @@ def load_settings(**overrides: object) -> Settings:
         problems = []
         for err in exc.errors():
             field = ".".join(str(p) for p in err["loc"]) or "settings"
-            env = f"JOBFENCE_{field.upper()} " if field != "settings" else ""
+            env = ("" if field == "settings" else f"{field} " if field.startswith("JOBFENCE_")
+                   else f"JOBFENCE_{field.upper()} ")
             required = err["type"] == "missing" or (
                 field == "database_url" and err["type"] == "string_too_short")
             msg = "is required" if required else err["msg"].removeprefix("Value error, ")

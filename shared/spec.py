@@ -17,10 +17,10 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from shared.actions import get_action
-from shared.durations import Duration
-from shared.errors import InvalidSpec
-from shared.limits import MAX_SPEC_BYTES, Unstorable, check_structure
+from jobfence.actions import get_action
+from jobfence.durations import Duration
+from jobfence.errors import InvalidSpec
+from jobfence.limits import MAX_SPEC_BYTES, Unstorable, check_structure
 
 MAX_SPECS_PER_CALL = 100_000
 
@@ -121,7 +121,7 @@ def _describe(exc: ValidationError, where: str) -> str:
 def parse_specs(data: object) -> list[JobSpec]:
     """One spec or a list of them, each validated; InvalidSpec names the first bad one.
 
-    The whole input is walked first (``shared.limits.check_structure``): nothing that JSON or
+    The whole input is walked first (``jobfence.limits.check_structure``): nothing that JSON or
     PostgreSQL cannot hold, nothing nested too deep, nothing that expands past the node
     budget, reaches the model or the canonical JSON of a spec."""
     try:

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
-from shared.store import TERMINAL, FencedStore
+from jobfence.store import TERMINAL, Store
+from jobfence.store.types import ActionResult, JobRow
 
 _FIELDS = (
     "job_id", "status", "attempt_count", "max_attempts", "resource", "priority", "reason",
@@ -17,46 +18,46 @@ _FIELDS = (
 )
 
 
-def action_statuses(job: dict[str, Any], results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def action_statuses(job: JobRow, results: Sequence[ActionResult]) -> list[dict[str, Any]]:
     """Each action's status: succeeded if any attempt finished it; running if it is the
     first unfinished action of a running job; else its latest result; else pending (or
     skipped, once the job is terminal)."""
-    succeeded = {r["action_index"] for r in results if r["status"] == "succeeded"}
-    latest = {r["action_index"]: r for r in results}
-    first_open = next((i for i in range(len(job["actions"])) if i not in succeeded), None)
+    succeeded = {r.action_index for r in results if r.status == "succeeded"}
+    latest = {r.action_index: r for r in results}
+    first_open = next((i for i in range(len(job.actions)) if i not in succeeded), None)
     out = []
-    for i, action in enumerate(job["actions"]):
-        if job["is_parent"]:  # a parent runs nothing itself: its children do
-            out.append({"name": action["name"], "status": job["status"]})
+    for i, action in enumerate(job.actions):
+        if job.is_parent:  # a parent runs nothing itself: its children do
+            out.append({"name": action["name"], "status": job.status})
             continue
         if i in succeeded:
             status = "succeeded"
-        elif job["status"] == "running" and i == first_open and not job["is_parent"]:
+        elif job.status == "running" and i == first_open:
             status = "running"
         elif i in latest:
-            status = latest[i]["status"]
+            status = latest[i].status
         else:
-            status = "skipped" if job["status"] in TERMINAL else "pending"
+            status = "skipped" if job.status in TERMINAL else "pending"
         entry: dict[str, Any] = {"name": action["name"], "status": status}
-        if i in latest and latest[i]["error"] and status != "succeeded":
-            entry["error"] = latest[i]["error"]
+        if i in latest and latest[i].error and status != "succeeded":
+            entry["error"] = latest[i].error
         out.append(entry)
     return out
 
 
-def job_views(store: FencedStore, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    results: dict[UUID, list[dict[str, Any]]] = {}
-    for r in store.action_results([row["job_id"] for row in rows]):
-        results.setdefault(r["job_id"], []).append(r)
+def job_views(store: Store, rows: Sequence[JobRow]) -> list[dict[str, Any]]:
+    results: dict[UUID, list[ActionResult]] = {}
+    for r in store.jobs.action_results([row.job_id for row in rows]):
+        results.setdefault(r.job_id, []).append(r)
     views = []
     for row in rows:
-        view = {k: row[k] for k in _FIELDS}
-        view["after"] = list(row["after"])
-        view["lease_expires_at"] = (row["visible_at"] if row["status"] == "running"
-                                    and not row["is_parent"] else None)
-        view["actions"] = action_statuses(row, results.get(row["job_id"], []))
-        if row["is_parent"]:
-            counts = store.children_counts(row["job_id"])
+        view = {k: getattr(row, k) for k in _FIELDS}
+        view["after"] = list(row.after)
+        view["lease_expires_at"] = (row.visible_at if row.status == "running"
+                                    and not row.is_parent else None)
+        view["actions"] = action_statuses(row, results.get(row.job_id, []))
+        if row.is_parent:
+            counts = store.jobs.children_counts(row.job_id)
             view["children"] = {"total": sum(counts.values()), **counts}
         views.append(view)
     return views

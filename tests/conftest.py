@@ -13,12 +13,14 @@ from typing import Any
 
 import pytest
 
-from shared.db import Connection, connect
-from shared.store import FencedStore
+from devtools.s3 import moto_server
+from devtools.sqlconn import connect
+from jobfence.db import Connection
+from jobfence.store import Store
 from tests.pg import Databases, postgres_server
 
 REPO = Path(__file__).resolve().parent.parent
-JOBFENCE = [sys.executable, "-m", "functions.cli"]
+JOBFENCE = [sys.executable, "-m", "jobfence.functions.cli"]
 
 
 @pytest.fixture(scope="session")
@@ -49,21 +51,15 @@ def conn(dsn: str) -> Iterator[Connection]:
 
 
 @pytest.fixture
-def store(conn: Connection) -> FencedStore:
-    return FencedStore(conn)
+def store(conn: Connection) -> Store:
+    return Store(conn)
 
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     """moto's S3 in server mode on 127.0.0.1, shared by the session (buckets per test)."""
-    from moto.server import ThreadedMotoServer
-
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{server._server.server_port}"
-    server.stop()
+    with moto_server() as endpoint:
+        yield endpoint
 
 
 _buckets = itertools.count()
@@ -72,7 +68,7 @@ _buckets = itertools.count()
 @pytest.fixture
 def s3_env(s3_endpoint: str) -> dict[str, str]:
     """Settings for a fresh bucket on the moto server, as environment variables."""
-    from shared.adapters.s3 import S3ObjectStore
+    from jobfence.adapters.s3 import S3ObjectStore
 
     bucket = f"jobfence-test-{os.getpid()}-{next(_buckets)}"
     S3ObjectStore(endpoint_url=s3_endpoint).client.create_bucket(Bucket=bucket)
@@ -82,7 +78,8 @@ def s3_env(s3_endpoint: str) -> dict[str, str]:
 
 def cli_env(dsn: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBFENCE_")}
-    env.update({"JOBFENCE_DATABASE_URL": dsn, "PYTHONPATH": str(REPO), **extra})
+    env.pop("PYTHONPATH", None)  # the installed package, not the repository's folders
+    env.update({"JOBFENCE_DATABASE_URL": dsn, **extra})
     return env
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from shared.ids import uuid7
-from shared.store import FencedStore, NewJob
+from jobfence.ids import uuid7
+from jobfence.store import NewJob, Store
 
 
 def new_job(**kw: Any) -> NewJob:
@@ -16,5 +16,5 @@ def new_job(**kw: Any) -> NewJob:
     return NewJob(**kw)
 
 
-def enqueue_one(store: FencedStore, **kw: Any) -> UUID:
-    return store.enqueue([new_job(**kw)])[0].job_id
+def enqueue_one(store: Store, **kw: Any) -> UUID:
+    return store.jobs.enqueue([new_job(**kw)])[0].job_id

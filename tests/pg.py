@@ -2,7 +2,7 @@
 
 1. ``JOBFENCE_TEST_DATABASE_URL`` (a server the tests may create databases on);
 2. testcontainers, if a Docker daemon answers a ping within 3 s;
-3. a throwaway cluster from the local server binaries (shared.embedded_pg).
+3. a throwaway cluster from the local server binaries (devtools.embedded_pg).
 
 One template database is migrated once per session; each test gets a fresh database
 copied from it (``CREATE DATABASE ... TEMPLATE``, about 25 ms).
@@ -21,8 +21,8 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from shared.db import connect
-from shared.migrations import migrate
+from devtools.sqlconn import connect
+from jobfence.store.migrations import migrate
 
 
 def with_db(url: str, dbname: str) -> str:
@@ -61,7 +61,7 @@ def postgres_server() -> Iterator[tuple[str, Any]]:
         with PostgresContainer("postgres:15-alpine", driver=None) as pg:
             yield pg.get_connection_url(), None
         return
-    from shared.embedded_pg import EmbeddedPostgres
+    from devtools.embedded_pg import EmbeddedPostgres
 
     with EmbeddedPostgres() as pg:
         yield pg.dsn, pg

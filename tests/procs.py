@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from shared.db import connect
+from devtools.sqlconn import connect
 from tests.conftest import JOBFENCE, REPO, cli_env, run_cli
 
 T = TypeVar("T")

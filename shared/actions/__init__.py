@@ -1,6 +1,6 @@
 """Actions: the steps a job runs, resolved by name.
 
-Built-ins (``sleep``, ``command``) live in ``shared.actions.builtin``; installed packages
+Built-ins (``sleep``, ``command``) live in ``jobfence.actions.builtin``; installed packages
 add more through the entry-point group ``jobfence.actions``, whose objects satisfy the
 ``Action`` protocol (or are classes that construct one with no arguments).
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 from uuid import UUID
 
-from shared.errors import InvalidSpec
+from jobfence.errors import InvalidSpec
 
 ENTRY_POINT_GROUP = "jobfence.actions"
 
@@ -26,7 +26,7 @@ class StopRequested(Exception):
 
 
 class AttemptFiles(Protocol):
-    """The job's S3 inputs and outputs for this attempt (see shared.datums)."""
+    """The job's S3 inputs and outputs for this attempt (see jobfence.datums)."""
 
     def download_inputs(self, dest: Path) -> list[str]: ...
 
@@ -122,7 +122,7 @@ def registry() -> Mapping[str, Action]:
     """Built-ins plus installed actions; an installed action may not shadow a built-in."""
     from importlib.metadata import entry_points
 
-    from shared.actions.builtin import BUILTINS
+    from jobfence.actions.builtin import BUILTINS
 
     actions: dict[str, Action] = dict(BUILTINS)
     for ep in entry_points(group=ENTRY_POINT_GROUP):

@@ -22,9 +22,9 @@ from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from shared.actions import Action, ActionContext, StopRequested
-from shared.durations import Duration
-from shared.errors import InvalidSpec
+from jobfence.actions import Action, ActionContext, StopRequested
+from jobfence.durations import Duration
+from jobfence.errors import InvalidSpec
 
 TAIL_BYTES = 4096
 # The child never sees the worker's own secrets.

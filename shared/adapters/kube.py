@@ -22,8 +22,8 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 
-from shared.cluster import POD_NAME_PATTERN, ClusterError, Pod
-from shared.logs import get_logger
+from jobfence.cluster import POD_NAME_PATTERN, ClusterError, Pod
+from jobfence.logs import get_logger
 
 log = get_logger("jobfence.kube")
 T = TypeVar("T")

@@ -18,19 +18,19 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from shared.cluster import Pod, local_claimer_pattern
+from jobfence.cluster import Pod, local_claimer_pattern
 
 PAGE = 500
 
 
 def is_worker(argv: Sequence[str]) -> bool:
-    """``jobfence worker ...`` or ``python -m functions.cli worker ...`` or
-    ``python -m functions.worker``."""
-    if "functions.worker" in argv:
+    """``jobfence worker ...`` or ``python -m jobfence.functions.cli worker ...`` or
+    ``python -m jobfence.functions.worker``."""
+    if "jobfence.functions.worker" in argv:
         return True
     for i, arg in enumerate(argv):
-        if arg == "worker" and any(a == "functions.cli" or os.path.basename(a) == "jobfence"
-                                   for a in argv[:i]):
+        if arg == "worker" and any(a == "jobfence.functions.cli"
+                                   or os.path.basename(a) == "jobfence" for a in argv[:i]):
             return True
     return False
 

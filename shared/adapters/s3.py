@@ -15,7 +15,7 @@ from boto3.exceptions import Boto3Error
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from shared.objectstore import DeleteFailure, ObjectInfo, ObjectStoreError
+from jobfence.objectstore import DeleteFailure, ObjectInfo, ObjectStoreError
 
 PAGE_SIZE = 1000
 

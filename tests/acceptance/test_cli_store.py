@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from shared.db import connect
+from devtools.sqlconn import connect
 from tests.conftest import run_cli
 
 UNREACHABLE = "postgresql://postgres@127.0.0.1:9/nowhere"

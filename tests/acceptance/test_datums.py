@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.adapters.s3 import S3ObjectStore
-from shared.objectstore import parse_s3_url
+from jobfence.adapters.s3 import S3ObjectStore
+from jobfence.objectstore import parse_s3_url
 from tests.conftest import JOBFENCE, REPO, cli_env, run_cli
 from tests.procs import FAST, events, job, spawn, wait_for
 
@@ -122,7 +122,7 @@ def test_killed_after_partial_upload_retry_outputs_committed(
 
 
 def _children(dsn: str, parent: str) -> list[str]:
-    from shared.db import connect
+    from devtools.sqlconn import connect
 
     with connect(dsn) as conn:
         return [str(r["job_id"]) for r in conn.execute(

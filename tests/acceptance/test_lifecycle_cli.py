@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from shared.adapters.s3 import S3ObjectStore
-from shared.db import connect, try_advisory_lock
-from shared.objectstore import job_prefix
+from devtools.sqlconn import connect
+from jobfence.adapters.s3 import S3ObjectStore
+from jobfence.objectstore import job_prefix
+from jobfence.store import Store
 from tests.conftest import run_cli
 from tests.procs import FAST, alive, enqueue, job, log_events, read_pid, spawn, wait_for
 
@@ -52,7 +53,7 @@ def test_a_pass_prints_one_json_summary_and_records_its_run(dsn: str) -> None:
 
 def test_a_second_concurrent_run_skips_and_exits_0(dsn: str) -> None:
     with connect(dsn) as holder:
-        assert try_advisory_lock(holder, "lifecycle")  # a first run in progress
+        assert Store(holder).runs.try_lock("lifecycle")  # a first run in progress
         r = run_cli(dsn, "lifecycle")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"function": "lifecycle", "skipped": True}

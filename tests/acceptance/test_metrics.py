@@ -16,13 +16,13 @@ from datetime import UTC, datetime
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shared.adapters.memory_cluster import MemoryCluster
-from shared.cluster import Pod
-from shared.db import connect
-from shared.embedded_pg import free_port
-from shared.runner import Deps, detect_trigger
-from shared.settings import Settings
-from shared.store import FencedStore
+from devtools.embedded_pg import free_port
+from devtools.memory_cluster import MemoryCluster
+from devtools.sqlconn import connect
+from jobfence.cluster import Pod
+from jobfence.runner import Deps, detect_trigger
+from jobfence.settings import Settings
+from jobfence.store import Store
 from tests.conftest import run_cli
 from tests.procs import enqueue, wait_for
 
@@ -76,10 +76,10 @@ def test_runs_record_trigger_counts_and_status_and_metrics_add_up(dsn: str) -> N
 
 
 def test_skipped_run_is_recorded_and_counted(dsn: str) -> None:
-    from shared.db import try_advisory_lock
+    from jobfence.store import Store
 
     with connect(dsn) as holder:
-        assert try_advisory_lock(holder, "sweeper")
+        assert Store(holder).runs.try_lock("sweeper")
         assert run_cli(dsn, "sweeper").returncode == 0
     got = samples(run_cli(dsn, "metrics").stdout)
     assert got[("jobfence_function_runs_total",
@@ -87,7 +87,7 @@ def test_skipped_run_is_recorded_and_counted(dsn: str) -> None:
 
 
 def test_trigger_comes_from_the_jobs_annotation_in_kubernetes(
-        store: FencedStore, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        store: Store, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
     cluster = MemoryCluster()
     at = datetime.now(UTC)
     cluster.add(Pod("sweep-manual-x7k2p", "Running", at, at, job_name="sweep-manual"))

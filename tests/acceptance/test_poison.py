@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from shared.db import connect
+from devtools.sqlconn import connect
 from tests.conftest import JOBFENCE, REPO, cli_env, run_cli
 from tests.procs import FAST, action_results, alive, enqueue, job, read_pid, spawn, wait_for
 
@@ -122,7 +122,7 @@ def test_a_terminal_write_the_database_refuses_ends_the_job_failed_not_running(
 
 def test_a_missing_output_bucket_fails_the_datums_and_export_finalize_goes_on(
         dsn: str, s3_env: dict[str, str]) -> None:
-    from shared.adapters.s3 import S3ObjectStore
+    from jobfence.adapters.s3 import S3ObjectStore
 
     store = S3ObjectStore(endpoint_url=s3_env["JOBFENCE_S3_ENDPOINT_URL"])
     bucket = s3_env["JOBFENCE_S3_BUCKET"]
@@ -264,7 +264,7 @@ def test_arguments_that_are_not_utf8_are_refused(dsn: str, args: list[bytes]) ->
 def test_a_malformed_database_url_is_a_clear_exit_2(url: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBFENCE_")}
     r = subprocess.run([*JOBFENCE, "list"], env={**env, "JOBFENCE_DATABASE_URL": url,
-                                                 "PYTHONPATH": str(REPO)},
+                                                 },
                        cwd=REPO, capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 2, r.stderr
     assert "JOBFENCE_DATABASE_URL" in r.stderr and "Traceback" not in r.stderr

@@ -12,8 +12,9 @@ import signal
 import subprocess
 import time
 
-from shared.adapters.local_cluster import LocalCluster, is_worker
-from shared.db import connect, try_advisory_lock
+from devtools.sqlconn import connect
+from jobfence.adapters.local_cluster import LocalCluster, is_worker
+from jobfence.store import Store
 from tests.conftest import run_cli
 from tests.procs import enqueue, job, kill_quietly, spawn, wait_for
 
@@ -78,17 +79,18 @@ def test_live_worker_is_left_alone(dsn: str) -> None:
 
 def test_second_concurrent_run_skips_and_exits_0(dsn: str) -> None:
     with connect(dsn) as holder:
-        assert try_advisory_lock(holder, "reconciliation")
+        assert Store(holder).runs.try_lock("reconciliation")
         r = run_cli(dsn, "reconciliation", **LOCAL)
     assert r.returncode == 0 and json.loads(r.stdout) == {"function": "reconciliation",
                                                           "skipped": True}
 
 
 def test_worker_command_lines_are_recognised() -> None:
-    assert is_worker(["/usr/bin/python3", "-m", "functions.cli", "worker", "--max-jobs", "2"])
+    assert is_worker(["/usr/bin/python3", "-m", "jobfence.functions.cli", "worker",
+                      "--max-jobs", "2"])
     assert is_worker(["/venv/bin/python", "/venv/bin/jobfence", "worker"])
-    assert is_worker(["python", "-m", "functions.worker"])
-    assert not is_worker(["python", "-m", "functions.cli", "sweeper"])
+    assert is_worker(["python", "-m", "jobfence.functions.worker"])
+    assert not is_worker(["python", "-m", "jobfence.functions.cli", "sweeper"])
     assert not is_worker(["worker"])
     me = LocalCluster().pod(os.getpid())
     assert me is None  # pytest is not a worker

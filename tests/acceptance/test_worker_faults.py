@@ -8,9 +8,9 @@ import signal
 import time
 from pathlib import Path
 
-from shared.db import connect
-from shared.embedded_pg import EmbeddedPostgres
-from shared.migrations import migrate
+from devtools.embedded_pg import EmbeddedPostgres
+from devtools.sqlconn import connect
+from jobfence.store.migrations import migrate
 from tests.conftest import run_cli
 from tests.procs import (
     FAST,

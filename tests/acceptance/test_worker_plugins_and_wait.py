@@ -7,11 +7,12 @@ import json
 import signal
 import time
 
-from shared.db import connect, try_advisory_lock
+from devtools.sqlconn import connect
+from jobfence.store import Store
 from tests.conftest import REPO, run_cli
 from tests.procs import FAST, enqueue, job, spawn, wait_for
 
-PLUGIN = {"PYTHONPATH": f"{REPO}:{REPO / 'tests' / 'fixtures' / 'plugin'}"}
+PLUGIN = {"PYTHONPATH": str(REPO / "tests" / "fixtures" / "plugin")}
 
 
 def test_plugin_action_is_validated_and_run(dsn: str) -> None:
@@ -63,7 +64,7 @@ def test_wait_exit_codes(dsn: str) -> None:
 
 def test_second_concurrent_sweeper_skips_and_exits_0(dsn: str) -> None:
     with connect(dsn) as conn:
-        assert try_advisory_lock(conn, "sweeper")
+        assert Store(conn).runs.try_lock("sweeper")
         r = run_cli(dsn, "sweeper")
         assert r.returncode == 0
         assert json.loads(r.stdout) == {"function": "sweeper", "skipped": True}

@@ -10,10 +10,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from shared.adapters.kube import KubernetesCluster
-from shared.adapters.memory_cluster import MemoryCluster
-from shared.cluster import Cluster, Pod
-from tests.kube_api import KubeAPI, kube_api, pod_object
+from devtools.kube_api import KubeAPI, kube_api, pod_object
+from devtools.memory_cluster import MemoryCluster
+from jobfence.adapters.kube import KubernetesCluster
+from jobfence.cluster import Cluster, Pod
 
 SELECTOR = "app.kubernetes.io/name=jobfence,app.kubernetes.io/component=worker"
 Seed = Callable[[str, str | None, dict[str, str] | None], None]

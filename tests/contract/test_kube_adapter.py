@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared.adapters.kube import KubernetesCluster, TokenBucket, pod_from_json
-from shared.errors import ClusterError
-from tests.kube_api import KubeAPI, kube_api, pod_object
+from devtools.kube_api import KubeAPI, kube_api, pod_object
+from jobfence.adapters.kube import KubernetesCluster, TokenBucket, pod_from_json
+from jobfence.errors import ClusterError
 
 SELECTOR = "app.kubernetes.io/name=jobfence,app.kubernetes.io/component=worker"
 

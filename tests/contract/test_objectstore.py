@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from shared.adapters.memory_objects import MemoryObjectStore
-from shared.adapters.s3 import S3ObjectStore
-from shared.errors import InvalidSpec
-from shared.ids import uuid7
-from shared.objectstore import (
+from devtools.memory_objects import MemoryObjectStore
+from jobfence.adapters.s3 import S3ObjectStore
+from jobfence.errors import InvalidSpec
+from jobfence.ids import uuid7
+from jobfence.objectstore import (
     ObjectStore,
     ObjectStoreError,
     attempt_prefix,

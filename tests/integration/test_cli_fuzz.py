@@ -3,7 +3,7 @@ database: whatever the arguments and the spec text, the command ends with a cont
 code and at most one error line on stderr — never a traceback — and a command that refuses
 its input writes nothing.
 
-The CLI runs in this process (``functions.cli.main``), so that a few hundred examples take
+The CLI runs in this process (``jobfence.functions.cli.main``), so that a few hundred examples take
 seconds; the acceptance tests run the same code as a subprocess."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from functions import cli as entry
-from shared.db import connect
+from devtools.sqlconn import connect
+from jobfence.functions import cli as entry
 
 FUZZ = settings(max_examples=150, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,

@@ -10,17 +10,17 @@ import threading
 import time
 from uuid import UUID
 
-from functions import export_finalize
-from shared.db import connect
-from shared.runner import Deps
-from shared.settings import Settings
-from shared.store import SETTLE_BATCH, FencedStore
+from devtools.sqlconn import connect
+from jobfence.functions import export_finalize
+from jobfence.runner import Deps
+from jobfence.settings import Settings
+from jobfence.store import SETTLE_BATCH, Store
 from tests.conftest import run_cli
 from tests.factories import enqueue_one, new_job
 from tests.procs import FAST, enqueue, events, job, log_events, spawn, wait_for
 
 
-def statuses(store: FencedStore, ids: list[object]) -> dict[str, int]:
+def statuses(store: Store, ids: list[object]) -> dict[str, int]:
     out: dict[str, int] = {}
     for row in store.conn.execute("SELECT status, count(*) AS n FROM jobs "
                                   "WHERE job_id = ANY(%s) GROUP BY status", (ids,)):
@@ -29,13 +29,13 @@ def statuses(store: FencedStore, ids: list[object]) -> dict[str, int]:
 
 
 def test_a_terminal_write_releases_a_bounded_batch_and_export_finalize_the_rest(
-        dsn: str, store: FencedStore) -> None:
+        dsn: str, store: Store) -> None:
     dependency = enqueue_one(store)
     n = SETTLE_BATCH * 2 + 500
-    ids = [r.job_id for r in store.enqueue([new_job(after=(dependency,)) for _ in range(n)])]
+    ids = [r.job_id for r in store.jobs.enqueue([new_job(after=(dependency,)) for _ in range(n)])]
     assert statuses(store, ids) == {"waiting": n}
-    [claim] = store.claim(worker_id="w", lease_seconds=60)
-    store.finish(job_id=dependency, attempt_id=claim.attempt_id, succeeded=True)
+    [claim] = store.attempts.claim(worker_id="w", lease_seconds=60)
+    store.attempts.finish(job_id=dependency, attempt_id=claim.attempt_id, succeeded=True)
     assert statuses(store, ids) == {"pending": SETTLE_BATCH, "waiting": n - SETTLE_BATCH}
     report = export_finalize.run_once(Settings(database_url=dsn), Deps(store, Settings(
         database_url=dsn)))
@@ -43,16 +43,16 @@ def test_a_terminal_write_releases_a_bounded_batch_and_export_finalize_the_rest(
     assert statuses(store, ids) == {"pending": n}
 
 
-def test_a_failed_dependency_fails_its_dependents_transitively(store: FencedStore) -> None:
+def test_a_failed_dependency_fails_its_dependents_transitively(store: Store) -> None:
     a = enqueue_one(store, max_attempts=1)
-    b = store.enqueue([new_job(after=(a,))])[0].job_id
-    c = store.enqueue([new_job(after=(b,))])[0].job_id
-    [claim] = store.claim(worker_id="w", lease_seconds=60)
-    store.finish(job_id=a, attempt_id=claim.attempt_id, succeeded=False, error="boom")
+    b = store.jobs.enqueue([new_job(after=(a,))])[0].job_id
+    c = store.jobs.enqueue([new_job(after=(b,))])[0].job_id
+    [claim] = store.attempts.claim(worker_id="w", lease_seconds=60)
+    store.attempts.finish(job_id=a, attempt_id=claim.attempt_id, succeeded=False, error="boom")
     for job_id, dep in ((b, a), (c, b)):
-        row = store.get(job_id)
-        assert row is not None and row["status"] == "failed"
-        assert row["error"] == f"dependency {dep} failed"
+        row = store.jobs.get(job_id)
+        assert row is not None and row.status == "failed"
+        assert row.error == f"dependency {dep} failed"
 
 
 def test_an_enqueue_never_blocks_its_running_dependencys_heartbeats(dsn: str) -> None:
@@ -66,7 +66,7 @@ def test_an_enqueue_never_blocks_its_running_dependencys_heartbeats(dsn: str) ->
     conn = connect(dsn)
     try:
         with conn.transaction():
-            [made] = FencedStore(conn).enqueue([new_job(after=(UUID(dependency),))])
+            [made] = Store(conn).jobs.enqueue([new_job(after=(UUID(dependency),))])
             time.sleep(4.0)
     finally:
         conn.close()
@@ -89,25 +89,25 @@ def test_an_enqueue_never_blocks_its_running_dependencys_heartbeats(dsn: str) ->
 
 
 def test_an_enqueue_of_thousands_after_a_running_job_holds_no_lock_on_it(
-        dsn: str, store: FencedStore) -> None:
+        dsn: str, store: Store) -> None:
     """While a large enqueue after a job is in flight, the job's own writes go through at
     once (they would wait for the enqueue's commit if it locked the row)."""
     dependency = enqueue_one(store)
-    [claim] = store.claim(worker_id="w", lease_seconds=60)
+    [claim] = store.attempts.claim(worker_id="w", lease_seconds=60)
     conn = connect(dsn)
-    other = FencedStore(conn)
+    other = Store(conn)
     started = threading.Event()
     try:
         with conn.transaction():
-            other.enqueue([new_job(after=(dependency,)) for _ in range(5000)])
+            other.jobs.enqueue([new_job(after=(dependency,)) for _ in range(5000)])
             started.set()
             t0 = time.monotonic()
-            assert store.heartbeat(job_id=dependency, attempt_id=claim.attempt_id,
+            assert store.attempts.heartbeat(job_id=dependency, attempt_id=claim.attempt_id,
                                    lease_seconds=60) is not None
             assert time.monotonic() - t0 < 1.0
             store.conn.execute("SET lock_timeout = '500ms'")
             try:
-                assert store.finish(job_id=dependency, attempt_id=claim.attempt_id,
+                assert store.attempts.finish(job_id=dependency, attempt_id=claim.attempt_id,
                                     succeeded=True) is not None
             finally:
                 store.conn.execute("RESET lock_timeout")

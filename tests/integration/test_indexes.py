@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import LiteralString
 from uuid import UUID
 
 import pytest
 
-from shared.db import connect
-from shared.queries import QUERIES
-from shared.store import FencedStore
+from devtools.sqlconn import connect
+from jobfence.db import queries
+from jobfence.store import Store
 from tests.factories import enqueue_one
 from tests.pg import Databases
 
@@ -24,10 +25,10 @@ FIRST_DUE = datetime(1, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture(scope="module")
-def big_history(databases: Databases) -> Iterator[FencedStore]:
+def big_history(databases: Databases) -> Iterator[Store]:
     url = databases.create()
     conn = connect(url)
-    store = FencedStore(conn)
+    store = Store(conn)
     store.conn.execute("""
         INSERT INTO jobs (job_id, status, actions, max_attempts, attempt_count, finished_at)
         SELECT gen_random_uuid(), 'succeeded', '[]', 3, 1, now() - interval '1 day'
@@ -35,17 +36,22 @@ def big_history(databases: Databases) -> Iterator[FencedStore]:
     """, (FINISHED,))
     for _ in range(20):
         enqueue_one(store)
-    store.claim(worker_id="w", lease_seconds=60, limit=5)
+    store.attempts.claim(worker_id="w", lease_seconds=60, limit=5)
     store.conn.execute("ANALYZE jobs")
-    store.snapshot_begin()  # the session's pod snapshot, for the cluster queries
+    store.pods.snapshot_begin()  # the session's pod snapshot, for the cluster queries
     yield store
     conn.close()
     databases.drop(url)
 
 
-def scanned_jobs_by(store: FencedStore, name: str, params: dict[str, object]) -> set[str]:
+def sql(noun: str, name: str) -> LiteralString:
+    """A named statement of the store, for the default schema."""
+    return queries("jobfence.store", f"{noun}.sql", "jobfence")[name]
+
+
+def scanned_jobs_by(store: Store, query: LiteralString, params: dict[str, object]) -> set[str]:
     """How the plan reads the jobs table (EXPLAIN only: nothing is executed)."""
-    [row] = store.conn.execute("EXPLAIN (FORMAT JSON) " + QUERIES[name], params).fetchall()
+    [row] = store.conn.execute("EXPLAIN (FORMAT JSON) " + query, params).fetchall()
     found: set[str] = set()
 
     def walk(node: dict[str, object]) -> None:
@@ -58,49 +64,53 @@ def scanned_jobs_by(store: FencedStore, name: str, params: dict[str, object]) ->
     return found
 
 
-@pytest.mark.parametrize(("name", "params"), [
-    ("job_claim", {"worker_id": "w", "lease_seconds": 60, "limit": 1}),
-    ("lease_reclaim_expired", {"batch_size": 500, "now": None, "base_seconds": 1.0,
+@pytest.mark.parametrize(("noun", "name", "params"), [
+    ("attempts", "claim", {"worker_id": "w", "lease_seconds": 60, "limit": 1}),
+    ("maintenance", "reclaim_expired", {"batch_size": 500, "now": None, "base_seconds": 1.0,
                                "cap_seconds": 1.0}),
-    ("queue_keda_count", {}),
-    ("lifecycle_timeout_reclaim", {"batch_size": 500, "now": None, "base_seconds": 1.0,
+    ("queues", "scaler_value", {}),
+    ("maintenance", "reclaim_timed_out", {"batch_size": 500, "now": None, "base_seconds": 1.0,
                                    "cap_seconds": 1.0}),
-    ("lifecycle_expire_pending", {"batch_size": 500, "now": None}),
-    ("retention_ttl_page", {"now": None, "after_due": FIRST_DUE, "after_id": UUID(int=0),
-                            "limit": 500, "retention_seconds": 0}),
-    ("retention_default_page", {"now": None, "after_due": FIRST_DUE, "after_id": UUID(int=0),
-                                "limit": 500, "retention_seconds": 30 * 86400}),
-    ("jobs_running_count", {}),
-    ("queue_gauges", {}),
-    ("claims_dead_reclaim", {"claimer_pattern": "^w", "listed_at": LATER, "grace_seconds": 0,
-                             "batch_size": 500, "base_seconds": 1.0, "cap_seconds": 1.0}),
-    ("claims_unverifiable_count", {"claimer_pattern": "^w"}),
-    ("cluster_pods_unclaimed", {"listed_at": LATER, "grace_seconds": 0, "after": "",
+    ("maintenance", "expire_pending", {"batch_size": 500, "now": None}),
+    ("maintenance", "retention_due_with_ttl", {
+        "now": None, "after_due": FIRST_DUE, "after_id": UUID(int=0), "limit": 500,
+        "retention_seconds": 0}),
+    ("maintenance", "retention_due_without_ttl", {
+        "now": None, "after_due": FIRST_DUE, "after_id": UUID(int=0), "limit": 500,
+        "retention_seconds": 30 * 86400}),
+    ("control", "running_count", {}),
+    ("queues", "gauges", {}),
+    ("pods", "reclaim_dead_claims", {
+        "claimer_pattern": "^w", "listed_at": LATER, "grace_seconds": 0, "batch_size": 500,
+        "base_seconds": 1.0, "cap_seconds": 1.0}),
+    ("pods", "unverifiable_claims", {"claimer_pattern": "^w"}),
+    ("pods", "unclaimed_pods", {"listed_at": LATER, "grace_seconds": 0, "after": "",
                                 "limit": 500}),
-    ("objects_owners", {"pairs": '[{"job_id": "00000000-0000-0000-0000-000000000001"}]'}),
+    ("pods", "object_owners", {"pairs": '[{"job_id": "00000000-0000-0000-0000-000000000001"}]'}),
 ])
-def test_hot_queries_never_scan_the_whole_table(big_history: FencedStore, name: str,
+def test_hot_queries_never_scan_the_whole_table(big_history: Store, noun: str, name: str,
                                                 params: dict[str, object]) -> None:
-    scans = scanned_jobs_by(big_history, name, params)
+    scans = scanned_jobs_by(big_history, sql(noun, name), params)
     assert scans and "Seq Scan" not in scans, scans
 
 
-def test_keda_count_counts_ready_plus_claimed(big_history: FencedStore) -> None:
-    row = big_history.conn.execute(QUERIES["queue_keda_count"]).fetchone()
+def test_keda_count_counts_ready_plus_claimed(big_history: Store) -> None:
+    row = big_history.conn.execute(sql("queues", "scaler_value")).fetchone()
     assert row == {"value": 20}
-    big_history.set_drain(on=True)
+    big_history.control.set_drain(on=True)
     try:
-        assert big_history.conn.execute(QUERIES["queue_keda_count"]).fetchone() == {"value": 0}
+        assert big_history.conn.execute(sql("queues", "scaler_value")).fetchone() == {"value": 0}
     finally:
-        big_history.set_drain(on=False)
+        big_history.control.set_drain(on=False)
 
 
-def test_retention_pages_come_in_index_order_without_a_sort(big_history: FencedStore) -> None:
+def test_retention_pages_come_in_index_order_without_a_sort(big_history: Store) -> None:
     # Every finished job is due (a zero default retention): a page must still read one
     # batch in (finished_at, job_id) order, not sort every due row, whatever the cursor.
     params = {"now": None, "after_due": FIRST_DUE, "after_id": UUID(int=0), "limit": 500,
               "retention_seconds": 0}
     [row] = big_history.conn.execute(
-        "EXPLAIN (FORMAT JSON) " + QUERIES["retention_default_page"], params).fetchall()
+        "EXPLAIN (FORMAT JSON) " + sql("maintenance", "retention_due_without_ttl"),
+        params).fetchall()
     plan = json.dumps(row["QUERY PLAN"])
     assert "jobs_retention_default_page" in plan and '"Sort"' not in plan, plan

@@ -13,14 +13,15 @@ from uuid import UUID
 
 import pytest
 
-import functions.lifecycle as lifecycle
-from shared.adapters.memory_objects import MemoryObjectStore
-from shared.datums import child_batches
-from shared.finalize import finalize_parent
-from shared.objectstore import job_prefix, manifest_key
-from shared.runner import Deps
-from shared.settings import Settings, load_settings
-from shared.store import ActionOutcome, FencedStore
+import jobfence.functions.lifecycle as lifecycle
+from devtools.memory_objects import MemoryObjectStore
+from jobfence import budget, retention
+from jobfence.datums import child_batches
+from jobfence.finalize import finalize_parent
+from jobfence.objectstore import job_prefix, manifest_key
+from jobfence.runner import Deps
+from jobfence.settings import Settings, load_settings
+from jobfence.store import ActionOutcome, Store
 from tests.factories import enqueue_one, new_job
 
 BUCKET = "out"
@@ -32,19 +33,19 @@ def settings(dsn: str, **kw: Any) -> Settings:
     return load_settings(database_url=dsn, **kw)
 
 
-def run(store: FencedStore, dsn: str, now: datetime | None = None,
+def run(store: Store, dsn: str, now: datetime | None = None,
         objects: MemoryObjectStore | None = None, **kw: Any) -> lifecycle.Report:
     s = settings(dsn, **({"s3_bucket": BUCKET} | kw if objects is not None else kw))
     return lifecycle.run_once(s, Deps(store, s, object_store=objects, now=now))
 
 
-def db_now(store: FencedStore) -> datetime:
+def db_now(store: Store) -> datetime:
     row = store.conn.execute("SELECT now() AS now").fetchone()
     assert row is not None
     return row["now"]  # type: ignore[no-any-return]
 
 
-def count(store: FencedStore, table: str, job_id: UUID) -> int:
+def count(store: Store, table: str, job_id: UUID) -> int:
     queries = {  # a fixed set: the table name is never input
         "jobs": "SELECT count(*) AS n FROM jobs WHERE job_id = %s OR parent_id = %s",
         "job_outputs": "SELECT count(*) AS n FROM job_outputs o JOIN jobs j USING (job_id) "
@@ -57,33 +58,33 @@ def count(store: FencedStore, table: str, job_id: UUID) -> int:
     return int(row["n"])
 
 
-def finish_with_outputs(store: FencedStore, objects: MemoryObjectStore, job_id: UUID,
+def finish_with_outputs(store: Store, objects: MemoryObjectStore, job_id: UUID,
                         files: int = 2, ok: bool = True) -> UUID:
     """Claim the (only) ready job ``job_id``, upload outputs under its attempt prefix,
     register and confirm them, and finish it."""
-    [claim] = store.claim(worker_id="w", lease_seconds=60)
+    [claim] = store.attempts.claim(worker_id="w", lease_seconds=60)
     assert claim.job_id == job_id
     urls = []
     for i in range(files):
         key = f"{job_prefix(job_id)}{claim.attempt_id}/o{i}"
         objects.put_bytes(BUCKET, key, b"x")
         urls.append((f"o{i}", f"s3://{BUCKET}/{key}"))
-    assert store.register_outputs(job_id=job_id, attempt_id=claim.attempt_id, outputs=urls)
-    assert store.confirm_outputs(job_id=job_id, attempt_id=claim.attempt_id, outputs=[
+    assert store.attempts.register_outputs(job_id=job_id, attempt_id=claim.attempt_id, outputs=urls)
+    assert store.attempts.confirm_outputs(job_id=job_id, attempt_id=claim.attempt_id, outputs=[
         {"path": p, "status": "done", "size_bytes": 1, "error": None} for p, _ in urls])
     outcome = ActionOutcome(0, "sleep", ok, datetime.now(UTC))
-    assert store.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=ok,
+    assert store.attempts.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=ok,
                         outcome=outcome)
     return claim.attempt_id
 
 
-def make_parent(store: FencedStore, n: int, **kw: Any) -> tuple[UUID, list[UUID]]:
+def make_parent(store: Store, n: int, **kw: Any) -> tuple[UUID, list[UUID]]:
     inputs = MemoryObjectStore()
     for i in range(n):
         inputs.put_bytes("in", f"x/{i:04d}", b"1")
     parent = new_job(is_parent=True, inputs={"url": "s3://in/x/", "per_datum": 1}, **kw)
-    [e] = store.enqueue([parent], children=child_batches("s3://in/x/", 1, inputs))
-    kids = [r["job_id"] for r in store.children_page(parent_id=e.job_id, after=UUID(int=0),
+    [e] = store.jobs.enqueue([parent], children=child_batches("s3://in/x/", 1, inputs))
+    kids = [r.job_id for r in store.parents.children_page(parent_id=e.job_id, after=UUID(int=0),
                                                      limit=n)]
     return e.job_id, kids
 
@@ -95,74 +96,75 @@ def keys(objects: MemoryObjectStore, prefix: str = "") -> list[str]:
 # -- run timeouts ----------------------------------------------------------------------------
 
 def test_running_job_past_its_timeout_is_retried_with_its_fence_rotated(
-        store: FencedStore, dsn: str) -> None:
+        store: Store, dsn: str) -> None:
     job_id = enqueue_one(store, timeout_seconds=60, max_attempts=3)
-    [claim] = store.claim(worker_id="w1", lease_seconds=600)
+    [claim] = store.attempts.claim(worker_id="w1", lease_seconds=600)
     assert claim.run_deadline_at is not None
     before = run(store, dsn, now=claim.run_deadline_at - timedelta(seconds=1))
     assert before.timed_out_retried == before.timed_out_failed == 0
     report = run(store, dsn, now=claim.run_deadline_at + timedelta(seconds=1))
     assert (report.timed_out_retried, report.timed_out_failed) == (1, 0)
-    row = store.get(job_id)
+    row = store.jobs.get(job_id)
     assert row is not None
-    assert (row["status"], row["attempt_id"], row["claimed_by"]) == ("pending", None, None)
-    assert row["attempt_count"] == 1 and row["error"] == "timed out"
+    assert (row.status, row.attempt_id, row.claimed_by) == ("pending", None, None)
+    assert row.attempt_count == 1 and row.error == "timed out"
     # The worker's next heartbeat matches nothing: that is how it learns to stop.
-    assert store.heartbeat(job_id=job_id, attempt_id=claim.attempt_id,
+    assert store.attempts.heartbeat(job_id=job_id, attempt_id=claim.attempt_id,
                            lease_seconds=60) is None
-    last = store.events(job_id)[-1]
-    assert (last["from_status"], last["to_status"]) == ("running", "pending")
-    assert last["attempt_id"] == claim.attempt_id and "timed out" in last["reason"]
-    [again] = store.claim(worker_id="w2", lease_seconds=600)
+    last = store.jobs.events(job_id)[-1]
+    assert (last.from_status, last.to_status) == ("running", "pending")
+    assert last.attempt_id == claim.attempt_id and "timed out" in (last.reason or "")
+    [again] = store.attempts.claim(worker_id="w2", lease_seconds=600)
     assert again.attempt_count == 2 and again.attempt_id != claim.attempt_id
 
 
 def test_timeout_on_the_last_attempt_fails_the_job_and_its_dependents(
-        store: FencedStore, dsn: str) -> None:
+        store: Store, dsn: str) -> None:
     job_id = enqueue_one(store, timeout_seconds=60, max_attempts=1)
-    [dependent] = store.enqueue([new_job(after=(job_id,))])
-    [claim] = store.claim(worker_id="w1", lease_seconds=600)
+    [dependent] = store.jobs.enqueue([new_job(after=(job_id,))])
+    [claim] = store.attempts.claim(worker_id="w1", lease_seconds=600)
     assert claim.run_deadline_at is not None
     report = run(store, dsn, now=claim.run_deadline_at + timedelta(seconds=1))
     assert (report.timed_out_retried, report.timed_out_failed) == (0, 1)
     assert report.dependents_failed == 1
-    row = store.get(job_id)
-    assert row is not None and (row["status"], row["error"]) == ("failed", "timed out")
-    assert row["finished_at"] is not None
-    dep = store.get(dependent.job_id)
-    assert dep is not None and dep["error"] == f"dependency {job_id} failed"
+    row = store.jobs.get(job_id)
+    assert row is not None and (row.status, row.error) == ("failed", "timed out")
+    assert row.finished_at is not None
+    dep = store.jobs.get(dependent.job_id)
+    assert dep is not None and dep.error == f"dependency {job_id} failed"
 
 
 def test_a_job_without_timeout_or_not_running_never_times_out(
-        store: FencedStore, dsn: str) -> None:
+        store: Store, dsn: str) -> None:
     no_timeout = enqueue_one(store)
-    store.claim(worker_id="w", lease_seconds=600)
+    store.attempts.claim(worker_id="w", lease_seconds=600)
     pending = enqueue_one(store, timeout_seconds=1)
     report = run(store, dsn, now=db_now(store) + timedelta(days=365))
     assert report.timed_out_retried == report.timed_out_failed == 0
-    assert [store.get(j)["status"] for j in (no_timeout, pending)] == [  # type: ignore[index]
+    assert [store.jobs.get(j).status for j in (no_timeout, pending)] == [  # type: ignore[index]
         "running", "pending"]
 
 
-def test_a_timed_out_last_child_finalizes_its_parent(store: FencedStore, dsn: str) -> None:
+def test_a_timed_out_last_child_finalizes_its_parent(store: Store, dsn: str) -> None:
     objects = MemoryObjectStore()
     parent, kids = make_parent(store, 2, timeout_seconds=60, max_attempts=1)
-    claims = {c.job_id: c for c in store.claim(worker_id="w", lease_seconds=600, limit=2)}
-    assert store.finish(job_id=kids[0], attempt_id=claims[kids[0]].attempt_id, succeeded=True)
+    claims = {c.job_id: c for c in store.attempts.claim(worker_id="w", lease_seconds=600, limit=2)}
+    assert store.attempts.finish(job_id=kids[0], attempt_id=claims[kids[0]].attempt_id,
+                                 succeeded=True)
     deadline = claims[kids[1]].run_deadline_at
     assert deadline is not None
     report = run(store, dsn, now=deadline + timedelta(seconds=1), objects=objects)
     assert report.timed_out_failed == 1 and report.parents_finalized == 1
-    row = store.get(parent)
-    assert row is not None and row["status"] == "failed"
-    assert f"{kids[1]}: failed: timed out" in row["error"]
+    row = store.jobs.get(parent)
+    assert row is not None and row.status == "failed"
+    assert f"{kids[1]}: failed: timed out" in row.error
     assert keys(objects) == [manifest_key(parent)]
 
 
-def test_many_timeouts_go_in_bounded_batches(store: FencedStore, dsn: str) -> None:
+def test_many_timeouts_go_in_bounded_batches(store: Store, dsn: str) -> None:
     for _ in range(5):
         enqueue_one(store, timeout_seconds=60)
-    store.claim(worker_id="w", lease_seconds=600, limit=5)
+    store.attempts.claim(worker_id="w", lease_seconds=600, limit=5)
     report = run(store, dsn, now=db_now(store) + HOUR, batch_size=2)
     assert report.timed_out_retried == 5
     assert report.batches >= 3  # 2 + 2 + 1 timeouts, then the other steps
@@ -171,122 +173,122 @@ def test_many_timeouts_go_in_bounded_batches(store: FencedStore, dsn: str) -> No
 # -- pending expiry --------------------------------------------------------------------------
 
 def test_a_job_still_pending_past_expires_in_is_cancelled(
-        store: FencedStore, dsn: str) -> None:
+        store: Store, dsn: str) -> None:
     expiring = enqueue_one(store, expires_in_seconds=60)
     forever = enqueue_one(store)
     now = db_now(store)
     assert run(store, dsn, now=now + timedelta(seconds=30)).expired_cancelled == 0
     report = run(store, dsn, now=now + timedelta(seconds=61))
     assert report.expired_cancelled == 1
-    row = store.get(expiring)
+    row = store.jobs.get(expiring)
     assert row is not None
-    assert (row["status"], row["error"]) == ("cancelled", "expired before start")
-    assert row["finished_at"] is not None
-    assert store.events(expiring)[-1]["reason"] == "expired before start"
-    assert store.get(forever)["status"] == "pending"  # type: ignore[index]
+    assert (row.status, row.error) == ("cancelled", "expired before start")
+    assert row.finished_at is not None
+    assert store.jobs.events(expiring)[-1].reason == "expired before start"
+    assert store.jobs.get(forever).status == "pending"  # type: ignore[index]
 
 
-def test_a_job_that_started_in_time_does_not_expire(store: FencedStore, dsn: str) -> None:
+def test_a_job_that_started_in_time_does_not_expire(store: Store, dsn: str) -> None:
     job_id = enqueue_one(store, expires_in_seconds=60)
-    store.claim(worker_id="w", lease_seconds=600)
+    store.attempts.claim(worker_id="w", lease_seconds=600)
     assert run(store, dsn, now=db_now(store) + HOUR).expired_cancelled == 0
-    assert store.get(job_id)["status"] == "running"  # type: ignore[index]
+    assert store.jobs.get(job_id).status == "running"  # type: ignore[index]
 
 
-def test_jobs_after_an_expired_one_fail_naming_it(store: FencedStore, dsn: str) -> None:
+def test_jobs_after_an_expired_one_fail_naming_it(store: Store, dsn: str) -> None:
     first = enqueue_one(store, expires_in_seconds=60)
-    [second] = store.enqueue([new_job(after=(first,), expires_in_seconds=86400)])
+    [second] = store.jobs.enqueue([new_job(after=(first,), expires_in_seconds=86400)])
     report = run(store, dsn, now=db_now(store) + HOUR)
     assert report.expired_cancelled == 1 and report.dependents_failed == 1
-    row = store.get(second.job_id)
+    row = store.jobs.get(second.job_id)
     assert row is not None
-    assert (row["status"], row["error"]) == ("failed", f"dependency {first} cancelled")
+    assert (row.status, row.error) == ("failed", f"dependency {first} cancelled")
 
 
 def test_a_waiting_parent_that_expires_cancels_its_waiting_children(
-        store: FencedStore, dsn: str) -> None:
+        store: Store, dsn: str) -> None:
     blocker = enqueue_one(store)
     parent, kids = make_parent(store, 3, after=(blocker,), expires_in_seconds=60)
-    assert store.children_counts(parent) == {"waiting": 3}
+    assert store.jobs.children_counts(parent) == {"waiting": 3}
     report = run(store, dsn, now=db_now(store) + HOUR)
     assert report.expired_cancelled == 4
-    row = store.get(parent)
-    assert row is not None and row["error"] == "expired before start"
-    assert store.children_counts(parent) == {"cancelled": 3}
-    child = store.get(kids[0])
-    assert child is not None and child["error"] == "parent expired before start"
-    assert store.get(blocker)["status"] == "pending"  # type: ignore[index]
+    row = store.jobs.get(parent)
+    assert row is not None and row.error == "expired before start"
+    assert store.jobs.children_counts(parent) == {"cancelled": 3}
+    child = store.jobs.get(kids[0])
+    assert child is not None and child.error == "parent expired before start"
+    assert store.jobs.get(blocker).status == "pending"  # type: ignore[index]
 
 
 # -- retention -------------------------------------------------------------------------------
 
 def test_a_finished_job_past_its_ttl_loses_its_objects_then_its_rows(
-        store: FencedStore, dsn: str) -> None:
+        store: Store, dsn: str) -> None:
     objects = MemoryObjectStore()
     old = enqueue_one(store, ttl_seconds=3600)
     finish_with_outputs(store, objects, old, files=3)
     young = enqueue_one(store, ttl_seconds=7200)
     finish_with_outputs(store, objects, young)
-    [dependent] = store.enqueue([new_job(after=(old,))])  # resolved at once: pending
+    [dependent] = store.jobs.enqueue([new_job(after=(old,))])  # resolved at once: pending
     now = db_now(store)
     early = run(store, dsn, now=now + timedelta(minutes=59), objects=objects)
     assert early.retention_jobs_deleted == 0 and len(keys(objects)) == 5
     report = run(store, dsn, now=now + HOUR + timedelta(seconds=5), objects=objects)
     assert (report.retention_jobs_deleted, report.retention_objects_deleted) == (1, 3)
     assert report.retention_failures == 0
-    assert store.get(old) is None
+    assert store.jobs.get(old) is None
     for table in ("job_outputs", "job_action_results"):
         assert count(store, table, old) == 0
     assert keys(objects, job_prefix(old)) == []
-    assert len(keys(objects, job_prefix(young))) == 2 and store.get(young) is not None
-    assert store.events(old), "the audit trail outlives the job"
-    assert store.get(dependent.job_id) is not None
+    assert len(keys(objects, job_prefix(young))) == 2 and store.jobs.get(young) is not None
+    assert store.jobs.events(old), "the audit trail outlives the job"
+    assert store.jobs.get(dependent.job_id) is not None
 
 
 def test_a_job_without_ttl_is_kept_for_the_default_retention(
-        store: FencedStore, dsn: str) -> None:
+        store: Store, dsn: str) -> None:
     job_id = enqueue_one(store)
-    [claim] = store.claim(worker_id="w", lease_seconds=60)
-    store.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=True)
+    [claim] = store.attempts.claim(worker_id="w", lease_seconds=60)
+    store.attempts.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=True)
     now = db_now(store)
     kept = run(store, dsn, now=now + timedelta(days=6), retention_default="P7D")
-    assert kept.retention_jobs_deleted == 0 and store.get(job_id) is not None
+    assert kept.retention_jobs_deleted == 0 and store.jobs.get(job_id) is not None
     gone = run(store, dsn, now=now + timedelta(days=7, seconds=5), retention_default="P7D")
-    assert gone.retention_jobs_deleted == 1 and store.get(job_id) is None
+    assert gone.retention_jobs_deleted == 1 and store.jobs.get(job_id) is None
 
 
-def test_active_jobs_are_never_deleted(store: FencedStore, dsn: str) -> None:
+def test_active_jobs_are_never_deleted(store: Store, dsn: str) -> None:
     running = enqueue_one(store, ttl_seconds=1)
-    store.claim(worker_id="w", lease_seconds=600)
+    store.attempts.claim(worker_id="w", lease_seconds=600)
     pending = enqueue_one(store, ttl_seconds=1)
-    waiting = store.enqueue([new_job(after=(pending,), ttl_seconds=1)])[0].job_id
+    waiting = store.jobs.enqueue([new_job(after=(pending,), ttl_seconds=1)])[0].job_id
     report = run(store, dsn, now=db_now(store) + timedelta(days=3650))
     assert report.retention_jobs_deleted == 0
-    assert all(store.get(j) is not None for j in (running, pending, waiting))
+    assert all(store.jobs.get(j) is not None for j in (running, pending, waiting))
 
 
 def test_a_parent_goes_after_its_children_and_every_object_they_own(
-        store: FencedStore, dsn: str) -> None:
+        store: Store, dsn: str) -> None:
     objects = MemoryObjectStore()
     parent, kids = make_parent(store, 5, ttl_seconds=60)
-    claims = store.claim(worker_id="w", lease_seconds=600, limit=5)
+    claims = store.attempts.claim(worker_id="w", lease_seconds=600, limit=5)
     for c in claims:
         key = f"{job_prefix(c.job_id)}{c.attempt_id}/out"
         objects.put_bytes(BUCKET, key, b"x")
-        assert store.register_outputs(job_id=c.job_id, attempt_id=c.attempt_id,
+        assert store.attempts.register_outputs(job_id=c.job_id, attempt_id=c.attempt_id,
                                       outputs=[("out", f"s3://{BUCKET}/{key}")])
-        assert store.finish(job_id=c.job_id, attempt_id=c.attempt_id, succeeded=True)
+        assert store.attempts.finish(job_id=c.job_id, attempt_id=c.attempt_id, succeeded=True)
     assert finalize_parent(store, lambda: objects, BUCKET, parent) is not None
     assert len(keys(objects)) == 6  # five outputs and the manifest
     report = run(store, dsn, now=db_now(store) + HOUR, objects=objects, batch_size=2)
     assert report.retention_jobs_deleted == 1 and report.retention_children_deleted == 5
     assert report.retention_objects_deleted == 6 and keys(objects) == []
     assert count(store, "jobs", parent) == 0
-    assert all(store.get(k) is None for k in kids)
+    assert all(store.jobs.get(k) is None for k in kids)
 
 
 def test_objects_that_cannot_be_deleted_keep_every_row_until_the_next_pass(
-        store: FencedStore, dsn: str) -> None:
+        store: Store, dsn: str) -> None:
     objects = MemoryObjectStore()
     stuck = enqueue_one(store, ttl_seconds=60)
     finish_with_outputs(store, objects, stuck, files=3)
@@ -296,26 +298,26 @@ def test_objects_that_cannot_be_deleted_keep_every_row_until_the_next_pass(
     later = db_now(store) + HOUR
     report = run(store, dsn, now=later, objects=objects, batch_size=1)
     assert report.retention_failures == 1 and report.retention_jobs_deleted == 1
-    assert store.get(stuck) is not None and store.get(fine) is None
+    assert store.jobs.get(stuck) is not None and store.jobs.get(fine) is None
     assert count(store, "job_outputs", stuck) == 3
     assert count(store, "job_action_results", stuck) == 1
     assert len(keys(objects, job_prefix(stuck))) == 3
     objects.fail_deletes.clear()
     retry = run(store, dsn, now=later, objects=objects)
     assert (retry.retention_failures, retry.retention_jobs_deleted) == (0, 1)
-    assert store.get(stuck) is None and keys(objects) == []
+    assert store.jobs.get(stuck) is None and keys(objects) == []
 
 
 def test_a_child_whose_objects_remain_keeps_the_whole_parent(
-        store: FencedStore, dsn: str) -> None:
+        store: Store, dsn: str) -> None:
     objects = MemoryObjectStore()
     parent, kids = make_parent(store, 3, ttl_seconds=60)
-    for c in store.claim(worker_id="w", lease_seconds=600, limit=3):
+    for c in store.attempts.claim(worker_id="w", lease_seconds=600, limit=3):
         key = f"{job_prefix(c.job_id)}{c.attempt_id}/out"
         objects.put_bytes(BUCKET, key, b"x")
-        store.register_outputs(job_id=c.job_id, attempt_id=c.attempt_id,
+        store.attempts.register_outputs(job_id=c.job_id, attempt_id=c.attempt_id,
                                outputs=[("out", f"s3://{BUCKET}/{key}")])
-        store.finish(job_id=c.job_id, attempt_id=c.attempt_id, succeeded=True)
+        store.attempts.finish(job_id=c.job_id, attempt_id=c.attempt_id, succeeded=True)
     finalize_parent(store, lambda: objects, BUCKET, parent)
     objects.fail_deletes.add(job_prefix(kids[1]))
     later = db_now(store) + HOUR
@@ -329,10 +331,10 @@ def test_a_child_whose_objects_remain_keeps_the_whole_parent(
 
 
 def test_without_a_bucket_rows_go_and_no_object_store_is_opened(
-        store: FencedStore, dsn: str) -> None:
+        store: Store, dsn: str) -> None:
     job_id = enqueue_one(store, ttl_seconds=60)
-    [claim] = store.claim(worker_id="w", lease_seconds=60)
-    store.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=True)
+    [claim] = store.attempts.claim(worker_id="w", lease_seconds=60)
+    store.attempts.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=True)
     s = settings(dsn)
     deps = Deps(store, s, now=db_now(store) + HOUR)
     assert lifecycle.run_once(s, deps).retention_jobs_deleted == 1
@@ -340,37 +342,37 @@ def test_without_a_bucket_rows_go_and_no_object_store_is_opened(
 
 
 def test_a_job_that_registered_no_outputs_costs_no_s3_call(
-        store: FencedStore, dsn: str) -> None:
+        store: Store, dsn: str) -> None:
     objects = MemoryObjectStore()
     job_id = enqueue_one(store, ttl_seconds=60)
-    [claim] = store.claim(worker_id="w", lease_seconds=60)
-    store.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=True)
+    [claim] = store.attempts.claim(worker_id="w", lease_seconds=60)
+    store.attempts.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=True)
     report = run(store, dsn, now=db_now(store) + HOUR, objects=objects)
     assert report.retention_jobs_deleted == 1 and objects.calls == []
 
 
 def test_a_deleted_dependency_fails_its_waiting_dependents_as_missing(
-        store: FencedStore, dsn: str) -> None:
+        store: Store, dsn: str) -> None:
     done = enqueue_one(store, ttl_seconds=60)
-    [claim] = store.claim(worker_id="w", lease_seconds=60)
-    store.finish(job_id=done, attempt_id=claim.attempt_id, succeeded=True)
+    [claim] = store.attempts.claim(worker_id="w", lease_seconds=60)
+    store.attempts.finish(job_id=done, attempt_id=claim.attempt_id, succeeded=True)
     other = enqueue_one(store)
-    [waiting] = store.enqueue([new_job(after=(done, other))])
+    [waiting] = store.jobs.enqueue([new_job(after=(done, other))])
     assert run(store, dsn, now=db_now(store) + HOUR).retention_jobs_deleted == 1
-    [claim] = store.claim(worker_id="w", lease_seconds=60)
-    store.finish(job_id=other, attempt_id=claim.attempt_id, succeeded=True)
-    row = store.get(waiting.job_id)
-    assert row is not None and (row["status"], row["error"]) == (
+    [claim] = store.attempts.claim(worker_id="w", lease_seconds=60)
+    store.attempts.finish(job_id=other, attempt_id=claim.attempt_id, succeeded=True)
+    row = store.jobs.get(waiting.job_id)
+    assert row is not None and (row.status, row.error) == (
         "failed", f"dependency {done} missing")
 
 
 def test_each_step_stops_after_its_batch_budget(
-        store: FencedStore, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lifecycle, "MAX_BATCHES", 2)
+        store: Store, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(budget, "MAX_BATCHES", 2)
     for _ in range(5):
         job_id = enqueue_one(store, ttl_seconds=60)
-        [claim] = store.claim(worker_id="w", lease_seconds=60)
-        store.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=True)
+        [claim] = store.attempts.claim(worker_id="w", lease_seconds=60)
+        store.attempts.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=True)
     later = db_now(store) + HOUR
     deleted = [run(store, dsn, now=later, batch_size=1).retention_jobs_deleted
                for _ in range(4)]
@@ -380,10 +382,10 @@ def test_each_step_stops_after_its_batch_budget(
 # -- audit trail and function runs -----------------------------------------------------------
 
 def test_audit_events_and_function_runs_have_their_own_retention(
-        store: FencedStore, dsn: str) -> None:
+        store: Store, dsn: str) -> None:
     job_id = enqueue_one(store)
-    [claim] = store.claim(worker_id="w", lease_seconds=60)
-    store.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=True)
+    [claim] = store.attempts.claim(worker_id="w", lease_seconds=60)
+    store.attempts.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=True)
     store.conn.execute("UPDATE job_events SET at = at - interval '10 days' "
                        "WHERE to_status <> 'succeeded'")
     store.conn.execute("""
@@ -394,14 +396,14 @@ def test_audit_events_and_function_runs_have_their_own_retention(
     report = run(store, dsn, batch_size=1, audit_retention="P7D",
                  function_runs_retention="PT60H")
     assert report.events_deleted == 2  # enqueued and claimed, ten days ago
-    assert [e["to_status"] for e in store.events(job_id)] == ["succeeded"]
+    assert [e.to_status for e in store.jobs.events(job_id)] == ["succeeded"]
     assert report.function_runs_deleted == 3  # 3, 4 and 5 days old
     row = store.conn.execute("SELECT count(*) AS n FROM function_runs").fetchone()
     assert row is not None and row["n"] == 2
-    assert store.get(job_id) is not None  # job retention is a separate setting
+    assert store.jobs.get(job_id) is not None  # job retention is a separate setting
 
 
-def test_a_second_pass_with_nothing_due_changes_nothing(store: FencedStore, dsn: str) -> None:
+def test_a_second_pass_with_nothing_due_changes_nothing(store: Store, dsn: str) -> None:
     objects = MemoryObjectStore()
     job_id = enqueue_one(store, ttl_seconds=60)
     finish_with_outputs(store, objects, job_id)
@@ -414,7 +416,7 @@ def test_a_second_pass_with_nothing_due_changes_nothing(store: FencedStore, dsn:
 
 
 def test_a_job_with_more_objects_than_one_delete_call_takes_loses_them_all(
-        store: FencedStore, dsn: str) -> None:
+        store: Store, dsn: str) -> None:
     objects = MemoryObjectStore()
     job_id = enqueue_one(store, ttl_seconds=60)
     attempt = finish_with_outputs(store, objects, job_id, files=1)
@@ -423,7 +425,7 @@ def test_a_job_with_more_objects_than_one_delete_call_takes_loses_them_all(
     objects.fail_deletes.add(f"{job_prefix(job_id)}{attempt}/extra/02")
     later = db_now(store) + HOUR
     partial = run(store, dsn, now=later, objects=objects)
-    assert partial.retention_failures == 1 and store.get(job_id) is not None
+    assert partial.retention_failures == 1 and store.jobs.get(job_id) is not None
     # Three delete calls in key order: extra/00000-00999, 01000-01999, 02000-02499 + o0.
     assert partial.retention_objects_deleted == 2001
     assert len(keys(objects)) == 500
@@ -434,8 +436,8 @@ def test_a_job_with_more_objects_than_one_delete_call_takes_loses_them_all(
 
 
 def test_retention_stops_for_the_pass_when_the_object_store_keeps_failing(
-        store: FencedStore, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lifecycle, "S3_GIVE_UP", 4)
+        store: Store, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(retention, "S3_GIVE_UP", 4)
     objects = MemoryObjectStore()
     jobs = []
     for _ in range(10):
@@ -445,6 +447,6 @@ def test_retention_stops_for_the_pass_when_the_object_store_keeps_failing(
     later = db_now(store) + HOUR
     report = run(store, dsn, now=later, objects=objects, batch_size=2)
     assert report.retention_failures == 4  # two pages, then it gives up
-    assert all(store.get(j) is not None for j in jobs)
+    assert all(store.jobs.get(j) is not None for j in jobs)
     objects.fail_deletes.clear()
     assert run(store, dsn, now=later, objects=objects).retention_jobs_deleted == 10

@@ -7,8 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from shared.db import connect
-from shared.migrations import available, migrate
+from devtools.sqlconn import connect
+from jobfence.store.migrations import available, migrate
 from tests.conftest import JOBFENCE, REPO, cli_env
 from tests.pg import Databases
 from tests.schema_dump import dump

@@ -12,16 +12,16 @@ from uuid import UUID, uuid4
 
 import pytest
 
-from functions import orphan_cleanup
-from functions.orphan_cleanup import owner_of
-from shared.adapters.memory_cluster import MemoryCluster
-from shared.adapters.memory_objects import MemoryObjectStore
-from shared.cluster import Pod
-from shared.errors import ClusterError
-from shared.objectstore import attempt_prefix, manifest_key
-from shared.runner import Deps
-from shared.settings import Settings
-from shared.store import IMMEDIATE, FencedStore
+from devtools.memory_cluster import MemoryCluster
+from devtools.memory_objects import MemoryObjectStore
+from jobfence.cluster import Pod
+from jobfence.errors import ClusterError
+from jobfence.functions import orphan_cleanup
+from jobfence.functions.orphan_cleanup import owner_of
+from jobfence.objectstore import attempt_prefix, manifest_key
+from jobfence.runner import Deps
+from jobfence.settings import Settings
+from jobfence.store import IMMEDIATE, Store
 from tests.factories import enqueue_one
 
 BUCKET = "out"
@@ -34,7 +34,7 @@ def settings(dsn: str, **kw: object) -> Settings:
     return Settings(database_url=dsn, **kw)  # type: ignore[arg-type]
 
 
-def run(store: FencedStore, s: Settings, *, cluster: MemoryCluster | None = None,
+def run(store: Store, s: Settings, *, cluster: MemoryCluster | None = None,
         objects: MemoryObjectStore | None = None,
         at: timedelta = timedelta(0)) -> orphan_cleanup.Report:
     deps = Deps(store, s, cluster_port=cluster, object_store=objects,
@@ -58,11 +58,11 @@ def cluster_of(*pods: Pod) -> MemoryCluster:
 
 
 def test_unclaimed_pod_is_deleted_with_its_job_only_after_the_grace_period(
-        store: FencedStore, dsn: str) -> None:
+        store: Store, dsn: str) -> None:
     s = settings(dsn)
     cluster = cluster_of(pod("idle"), pod("busy"))
     enqueue_one(store)
-    store.claim(worker_id="busy", lease_seconds=600)
+    store.attempts.claim(worker_id="busy", lease_seconds=600)
     first = run(store, s, cluster=cluster)
     assert (first.orphan_suspects, first.orphaned_pods_detected) == (1, 0)
     assert cluster.deleted_jobs == []
@@ -72,12 +72,12 @@ def test_unclaimed_pod_is_deleted_with_its_job_only_after_the_grace_period(
     assert "busy" in cluster.pods
 
 
-def test_a_suspect_that_claims_work_is_forgotten(store: FencedStore, dsn: str) -> None:
+def test_a_suspect_that_claims_work_is_forgotten(store: Store, dsn: str) -> None:
     s = settings(dsn)
     cluster = cluster_of(pod("slow-starter"))
     assert run(store, s, cluster=cluster).orphan_suspects == 1
     enqueue_one(store)
-    store.claim(worker_id="slow-starter", lease_seconds=600)
+    store.attempts.claim(worker_id="slow-starter", lease_seconds=600)
     later = run(store, s, cluster=cluster, at=timedelta(seconds=GRACE + 1))
     assert later.orphaned_pods_detected == 0 and cluster.deleted_jobs == []
     # Its claim ended; it counts as a new suspect from now on, not from the first sighting.
@@ -86,30 +86,30 @@ def test_a_suspect_that_claims_work_is_forgotten(store: FencedStore, dsn: str) -
     assert (again.orphan_suspects, again.orphaned_pods_detected) == (1, 0)
 
 
-def test_confirm_refuses_a_suspect_that_claimed_after_the_listing(store: FencedStore,
+def test_confirm_refuses_a_suspect_that_claimed_after_the_listing(store: Store,
                                                                    dsn: str) -> None:
     s = settings(dsn)
     cluster = cluster_of(pod("racer"))
     run(store, s, cluster=cluster)
     enqueue_one(store)
-    store.claim(worker_id="racer", lease_seconds=600)
-    assert store.confirm_suspect("racer") is False
+    store.attempts.claim(worker_id="racer", lease_seconds=600)
+    assert store.pods.confirm_suspect("racer") is False
 
 
-def test_finished_pods_beyond_history_go_newest_kept(store: FencedStore, dsn: str) -> None:
+def test_finished_pods_beyond_history_go_newest_kept(store: Store, dsn: str) -> None:
     s = settings(dsn, finished_pod_history=2)
     pods = [pod(f"done-{i}", "Succeeded" if i % 2 else "Failed", age=timedelta(hours=10 - i))
             for i in range(5)]
     cluster = cluster_of(*pods, pod("claimant", "Failed", age=timedelta(days=1)))
     enqueue_one(store)
-    store.claim(worker_id="claimant", lease_seconds=600)  # reconciliation's business
+    store.attempts.claim(worker_id="claimant", lease_seconds=600)  # reconciliation's business
     report = run(store, s, cluster=cluster)
     assert report.finished_pods_deleted == 3
     assert sorted(cluster.deleted_jobs) == ["job-done-0", "job-done-1", "job-done-2"]
     assert {"done-3", "done-4", "claimant"} <= set(cluster.pods)
 
 
-def test_a_failed_delete_is_counted_and_the_pass_goes_on(store: FencedStore,
+def test_a_failed_delete_is_counted_and_the_pass_goes_on(store: Store,
                                                          dsn: str) -> None:
     s = settings(dsn, finished_pod_history=0)
     cluster = cluster_of(pod("a", "Succeeded"), pod("b", "Succeeded"))
@@ -119,7 +119,7 @@ def test_a_failed_delete_is_counted_and_the_pass_goes_on(store: FencedStore,
     assert cluster.deleted_jobs == ["job-b"]
 
 
-def test_a_failed_listing_changes_nothing(store: FencedStore, dsn: str) -> None:
+def test_a_failed_listing_changes_nothing(store: Store, dsn: str) -> None:
     s = settings(dsn, finished_pod_history=0)
     cluster = cluster_of(*(pod(f"p{i}", "Succeeded") for i in range(5)))
     cluster.fail_listing_at_page = 1
@@ -146,24 +146,24 @@ def put(objects: MemoryObjectStore, job: UUID, attempt: UUID | None, name: str) 
     return key
 
 
-def test_objects_nothing_owns_go_and_owned_ones_stay(store: FencedStore, dsn: str) -> None:
+def test_objects_nothing_owns_go_and_owned_ones_stay(store: Store, dsn: str) -> None:
     s = settings(dsn, s3_bucket=BUCKET, orphan_object_grace_seconds=60)
     objects = MemoryObjectStore()
     # A job retried once and then succeeded: the first attempt lost, the second won.
     won = enqueue_one(store)
-    [c1] = store.claim(worker_id="w", lease_seconds=600)
-    store.release(job_id=won, attempt_id=c1.attempt_id, reason="flaky", retry=IMMEDIATE)
-    [c2] = store.claim(worker_id="w", lease_seconds=600)
-    store.finish(job_id=won, attempt_id=c2.attempt_id, succeeded=True)
+    [c1] = store.attempts.claim(worker_id="w", lease_seconds=600)
+    store.attempts.release(job_id=won, attempt_id=c1.attempt_id, reason="flaky", retry=IMMEDIATE)
+    [c2] = store.attempts.claim(worker_id="w", lease_seconds=600)
+    store.attempts.finish(job_id=won, attempt_id=c2.attempt_id, succeeded=True)
     # A job running now, and a job that failed for good, and one cancelled mid-run.
     running = enqueue_one(store)
-    [c3] = store.claim(worker_id="w", lease_seconds=600)
+    [c3] = store.attempts.claim(worker_id="w", lease_seconds=600)
     failed = enqueue_one(store, max_attempts=1)
-    [c4] = store.claim(worker_id="w", lease_seconds=600)
-    store.release(job_id=failed, attempt_id=c4.attempt_id, reason="boom", retry=IMMEDIATE)
+    [c4] = store.attempts.claim(worker_id="w", lease_seconds=600)
+    store.attempts.release(job_id=failed, attempt_id=c4.attempt_id, reason="boom", retry=IMMEDIATE)
     cancelled = enqueue_one(store)
-    [c5] = store.claim(worker_id="w", lease_seconds=600)
-    store.cancel(job_id=cancelled)
+    [c5] = store.attempts.claim(worker_id="w", lease_seconds=600)
+    store.jobs.cancel(job_id=cancelled)
     keep = [put(objects, won, c2.attempt_id, "part-0"), put(objects, won, None, ""),
             put(objects, running, c3.attempt_id, "part-0")]
     gone = [put(objects, won, c1.attempt_id, "part-0"), put(objects, failed, c4.attempt_id, "p"),
@@ -181,7 +181,7 @@ def test_objects_nothing_owns_go_and_owned_ones_stay(store: FencedStore, dsn: st
     assert young in {k for _, k in objects.objects}
 
 
-def test_object_delete_failures_are_counted(store: FencedStore, dsn: str) -> None:
+def test_object_delete_failures_are_counted(store: Store, dsn: str) -> None:
     s = settings(dsn, s3_bucket=BUCKET, orphan_object_grace_seconds=0)
     objects = MemoryObjectStore()
     stuck = put(objects, uuid4(), uuid4(), "p")

@@ -8,27 +8,27 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from uuid import UUID
 
-from shared.adapters.memory_objects import MemoryObjectStore
-from shared.datums import child_batches
-from shared.db import connect
-from shared.finalize import finalize_parent
-from shared.objectstore import manifest_key
-from shared.store import IMMEDIATE, Claim, FencedStore
+from devtools.memory_objects import MemoryObjectStore
+from devtools.sqlconn import connect
+from jobfence.datums import child_batches
+from jobfence.finalize import finalize_parent
+from jobfence.objectstore import manifest_key
+from jobfence.store import IMMEDIATE, Claim, Store
 from tests.factories import enqueue_one, new_job
 
 BUCKET = "out"
 
 
-def make_parent(store: FencedStore, n: int, **kw: object) -> tuple[UUID, list[UUID]]:
+def make_parent(store: Store, n: int, **kw: object) -> tuple[UUID, list[UUID]]:
     """A datum parent with n children, made by the real child_batches from a listing."""
     inputs = MemoryObjectStore()
     for i in range(n):
         inputs.put_bytes("in", f"x/{i:04d}", b"1")
     parent = new_job(is_parent=True, inputs={"url": "s3://in/x/", "per_datum": 1}, **kw)
-    [e] = store.enqueue([parent], children=child_batches("s3://in/x/", 1, inputs,
+    [e] = store.jobs.enqueue([parent], children=child_batches("s3://in/x/", 1, inputs,
                                                          batch_size=2))
     assert e.children == n
-    kids = [r["job_id"] for r in store.children_page(parent_id=e.job_id, after=UUID(int=0),
+    kids = [r.job_id for r in store.parents.children_page(parent_id=e.job_id, after=UUID(int=0),
                                                      limit=n)]
     return e.job_id, kids
 
@@ -36,41 +36,41 @@ def make_parent(store: FencedStore, n: int, **kw: object) -> tuple[UUID, list[UU
 _claims: dict[UUID, Claim] = {}
 
 
-def run_child(store: FencedStore, child: UUID, ok: bool = True, outputs: int = 1) -> UUID:
+def run_child(store: Store, child: UUID, ok: bool = True, outputs: int = 1) -> UUID:
     """Claim (the whole ready queue, remembering the claims) and complete one child."""
-    for c in store.claim(worker_id="w", lease_seconds=30, limit=1000):
+    for c in store.attempts.claim(worker_id="w", lease_seconds=30, limit=1000):
         _claims[c.job_id] = c
     claim = _claims.pop(child)
     urls = [(f"o{i}", f"s3://{BUCKET}/jobfence/{child}/{claim.attempt_id}/o{i}")
             for i in range(outputs)]
-    assert store.register_outputs(job_id=child, attempt_id=claim.attempt_id, outputs=urls)
-    assert store.confirm_outputs(job_id=child, attempt_id=claim.attempt_id, outputs=[
+    assert store.attempts.register_outputs(job_id=child, attempt_id=claim.attempt_id, outputs=urls)
+    assert store.attempts.confirm_outputs(job_id=child, attempt_id=claim.attempt_id, outputs=[
         {"path": p, "status": "done", "size_bytes": 1, "error": None} for p, _ in urls])
     if ok:
-        assert store.finish(job_id=child, attempt_id=claim.attempt_id, succeeded=True)
+        assert store.attempts.finish(job_id=child, attempt_id=claim.attempt_id, succeeded=True)
     else:
-        assert store.release(job_id=child, attempt_id=claim.attempt_id, reason="boom",
+        assert store.attempts.release(job_id=child, attempt_id=claim.attempt_id, reason="boom",
                              retry=IMMEDIATE, error="boom")
     return claim.attempt_id
 
 
-def test_parent_starts_running_and_is_never_claimed(store: FencedStore) -> None:
+def test_parent_starts_running_and_is_never_claimed(store: Store) -> None:
     parent, kids = make_parent(store, 3)
-    row = store.get(parent)
-    assert row is not None and row["status"] == "running" and row["is_parent"]
-    claimed = {c.job_id for c in store.claim(worker_id="w", lease_seconds=30, limit=10)}
+    row = store.jobs.get(parent)
+    assert row is not None and row.status == "running" and row.is_parent
+    claimed = {c.job_id for c in store.attempts.claim(worker_id="w", lease_seconds=30, limit=10)}
     assert claimed == set(kids)
-    assert store.children_counts(parent) == {"running": 3}
+    assert store.jobs.children_counts(parent) == {"running": 3}
 
 
-def test_last_child_finalizes_with_manifest_of_committed_outputs(store: FencedStore) -> None:
+def test_last_child_finalizes_with_manifest_of_committed_outputs(store: Store) -> None:
     objects = MemoryObjectStore()
     parent, kids = make_parent(store, 2)
     winners = [run_child(store, k) for k in kids]
     assert finalize_parent(store, lambda: objects, BUCKET, parent) is not None
-    row = store.get(parent)
-    assert row is not None and row["status"] == "succeeded"
-    assert row["manifest"] == f"s3://{BUCKET}/{manifest_key(parent)}"
+    row = store.jobs.get(parent)
+    assert row is not None and row.status == "succeeded"
+    assert row.manifest == f"s3://{BUCKET}/{manifest_key(parent)}"
     manifest = json.loads(objects.get_bytes(BUCKET, manifest_key(parent)))
     assert manifest["children"] == {"total": 2, "succeeded": 2}
     for item, kid, attempt in zip(manifest["items"], kids, winners, strict=True):
@@ -78,19 +78,19 @@ def test_last_child_finalizes_with_manifest_of_committed_outputs(store: FencedSt
         assert item["outputs"] == [f"s3://{BUCKET}/jobfence/{kid}/{attempt}/o0"]
 
 
-def test_outputs_of_a_fenced_out_attempt_are_never_committed(store: FencedStore) -> None:
+def test_outputs_of_a_fenced_out_attempt_are_never_committed(store: Store) -> None:
     objects = MemoryObjectStore()
     parent, [kid] = make_parent(store, 1)
-    [first] = store.claim(worker_id="w1", lease_seconds=30)
-    assert store.register_outputs(job_id=kid, attempt_id=first.attempt_id,
+    [first] = store.attempts.claim(worker_id="w1", lease_seconds=30)
+    assert store.attempts.register_outputs(job_id=kid, attempt_id=first.attempt_id,
                                   outputs=[("o0", "s3://out/first/o0")])
     store.conn.execute("UPDATE jobs SET visible_at = now() - interval '1 s' "
                        "WHERE job_id = %s", (kid,))
-    assert store.reclaim_expired(retry=IMMEDIATE, batch_size=10)
+    assert store.maintenance.reclaim_expired(retry=IMMEDIATE, batch_size=10)
     # The stale attempt can neither register nor confirm anything any more.
-    assert not store.register_outputs(job_id=kid, attempt_id=first.attempt_id,
+    assert not store.attempts.register_outputs(job_id=kid, attempt_id=first.attempt_id,
                                       outputs=[("o1", "s3://out/first/o1")])
-    assert not store.confirm_outputs(job_id=kid, attempt_id=first.attempt_id, outputs=[
+    assert not store.attempts.confirm_outputs(job_id=kid, attempt_id=first.attempt_id, outputs=[
         {"path": "o0", "status": "done", "size_bytes": 1, "error": None}])
     second = run_child(store, kid)
     finalize_parent(store, lambda: objects, BUCKET, parent)
@@ -99,7 +99,7 @@ def test_outputs_of_a_fenced_out_attempt_are_never_committed(store: FencedStore)
 
 
 def test_a_failed_child_fails_the_parent_with_counts_and_first_errors(
-        store: FencedStore) -> None:
+        store: Store) -> None:
     objects = MemoryObjectStore()
     parent, kids = make_parent(store, 3, max_attempts=1)
     run_child(store, kids[0])
@@ -108,14 +108,14 @@ def test_a_failed_child_fails_the_parent_with_counts_and_first_errors(
     run_child(store, kids[2])
     t = finalize_parent(store, lambda: objects, BUCKET, parent)
     assert t is not None and t.status == "failed"
-    row = store.get(parent)
+    row = store.jobs.get(parent)
     assert row is not None
-    assert row["error"].startswith(f"1 of 3 children did not succeed ({kids[1]}: failed: boom")
+    assert row.error.startswith(f"1 of 3 children did not succeed ({kids[1]}: failed: boom")
     manifest = json.loads(objects.get_bytes(BUCKET, manifest_key(parent)))
     assert [i["outputs"] != [] for i in manifest["items"]] == [True, False, True]
 
 
-def test_racing_finalizers_finalize_exactly_once(dsn: str, store: FencedStore) -> None:
+def test_racing_finalizers_finalize_exactly_once(dsn: str, store: Store) -> None:
     objects = MemoryObjectStore()
     parent, kids = make_parent(store, 5)
     for k in kids:
@@ -125,7 +125,7 @@ def test_racing_finalizers_finalize_exactly_once(dsn: str, store: FencedStore) -
 
     def finalize(i: int):  # type: ignore[no-untyped-def]
         barrier.wait()
-        return finalize_parent(FencedStore(conns[i]), lambda: objects, BUCKET, parent)
+        return finalize_parent(Store(conns[i]), lambda: objects, BUCKET, parent)
 
     try:
         with ThreadPoolExecutor(len(conns)) as pool:
@@ -134,69 +134,69 @@ def test_racing_finalizers_finalize_exactly_once(dsn: str, store: FencedStore) -
         for c in conns:
             c.close()
     assert sum(1 for r in results if r is not None) == 1
-    terminal = [e for e in store.events(parent) if e["to_status"] == "succeeded"]
+    terminal = [e for e in store.jobs.events(parent) if e.to_status == "succeeded"]
     assert len(terminal) == 1
 
 
-def test_cancelling_a_parent_cancels_unfinished_children(store: FencedStore) -> None:
+def test_cancelling_a_parent_cancels_unfinished_children(store: Store) -> None:
     parent, kids = make_parent(store, 3)
     run_child(store, kids[0])
     running = _claims[kids[1]]
-    done = store.cancel(job_id=parent, reason="stop it")
+    done = store.jobs.cancel(job_id=parent, reason="stop it")
     assert {t.job_id for t in done} == {parent, *kids[1:]}
-    assert store.children_counts(parent) == {"succeeded": 1, "cancelled": 2}
-    assert store.heartbeat(job_id=running.job_id, attempt_id=running.attempt_id,
+    assert store.jobs.children_counts(parent) == {"succeeded": 1, "cancelled": 2}
+    assert store.attempts.heartbeat(job_id=running.job_id, attempt_id=running.attempt_id,
                            lease_seconds=30) is None
 
 
-def test_dependency_chain_fails_transitively_with_the_reason(store: FencedStore) -> None:
+def test_dependency_chain_fails_transitively_with_the_reason(store: Store) -> None:
     a = enqueue_one(store, max_attempts=1)
-    [b] = store.enqueue([new_job(after=(a,))])
-    [c] = store.enqueue([new_job(after=(b.job_id,))])
-    [claim] = store.claim(worker_id="w", lease_seconds=30)
-    store.release(job_id=a, attempt_id=claim.attempt_id, reason="boom", retry=IMMEDIATE,
+    [b] = store.jobs.enqueue([new_job(after=(a,))])
+    [c] = store.jobs.enqueue([new_job(after=(b.job_id,))])
+    [claim] = store.attempts.claim(worker_id="w", lease_seconds=30)
+    store.attempts.release(job_id=a, attempt_id=claim.attempt_id, reason="boom", retry=IMMEDIATE,
                   error="boom")
-    rb, rc = store.get(b.job_id), store.get(c.job_id)
+    rb, rc = store.jobs.get(b.job_id), store.jobs.get(c.job_id)
     assert rb is not None and rc is not None
-    assert (rb["status"], rb["error"]) == ("failed", f"dependency {a} failed")
-    assert (rc["status"], rc["error"]) == ("failed", f"dependency {b.job_id} failed")
+    assert (rb.status, rb.error) == ("failed", f"dependency {a} failed")
+    assert (rc.status, rc.error) == ("failed", f"dependency {b.job_id} failed")
 
 
-def test_dependency_on_a_cancelled_or_missing_job_fails(store: FencedStore) -> None:
+def test_dependency_on_a_cancelled_or_missing_job_fails(store: Store) -> None:
     a = enqueue_one(store)
-    [b] = store.enqueue([new_job(after=(a,))])
-    store.cancel(job_id=a)
-    rb = store.get(b.job_id)
-    assert rb is not None and rb["error"] == f"dependency {a} cancelled"
+    [b] = store.jobs.enqueue([new_job(after=(a,))])
+    store.jobs.cancel(job_id=a)
+    rb = store.jobs.get(b.job_id)
+    assert rb is not None and rb.error == f"dependency {a} cancelled"
     gone = enqueue_one(store)
-    [d] = store.enqueue([new_job(after=(gone,))])
+    [d] = store.jobs.enqueue([new_job(after=(gone,))])
     store.conn.execute("DELETE FROM jobs WHERE job_id = %s", (gone,))  # retention, say
-    assert store.resolve_waiting([d.job_id])[0].status == "failed"
-    rd = store.get(d.job_id)
-    assert rd is not None and rd["error"] == f"dependency {gone} missing"
+    assert store.dependencies.resolve([d.job_id])[0].status == "failed"
+    rd = store.jobs.get(d.job_id)
+    assert rd is not None and rd.error == f"dependency {gone} missing"
 
 
 def test_parent_after_a_dependency_waits_then_releases_its_children(
-        store: FencedStore) -> None:
+        store: Store) -> None:
     a = enqueue_one(store)
     parent, _ = make_parent(store, 2, after=(a,))
-    assert store.children_counts(parent) == {"waiting": 2}
-    [claim] = store.claim(worker_id="w", lease_seconds=30)
+    assert store.jobs.children_counts(parent) == {"waiting": 2}
+    [claim] = store.attempts.claim(worker_id="w", lease_seconds=30)
     assert claim.job_id == a
-    store.finish(job_id=a, attempt_id=claim.attempt_id, succeeded=True)
-    row = store.get(parent)
-    assert row is not None and row["status"] == "running"
-    assert store.children_counts(parent) == {"pending": 2}
+    store.attempts.finish(job_id=a, attempt_id=claim.attempt_id, succeeded=True)
+    row = store.jobs.get(parent)
+    assert row is not None and row.status == "running"
+    assert store.jobs.children_counts(parent) == {"pending": 2}
 
 
-def test_waiting_page_and_resolve_are_the_safety_net(store: FencedStore) -> None:
+def test_waiting_page_and_resolve_are_the_safety_net(store: Store) -> None:
     a = enqueue_one(store)
-    [b] = store.enqueue([new_job(after=(a,))])
+    [b] = store.jobs.enqueue([new_job(after=(a,))])
     # The dependency finished without settling its dependents (a crash right after commit).
-    [claim] = store.claim(worker_id="w", lease_seconds=30)
+    [claim] = store.attempts.claim(worker_id="w", lease_seconds=30)
     store.conn.execute("UPDATE jobs SET status = 'succeeded', finished_at = now() "
                        "WHERE job_id = %s", (a,))
-    assert store.waiting_page(after=UUID(int=0), limit=10) == [b.job_id]
-    [t] = store.resolve_waiting([b.job_id])
+    assert store.dependencies.waiting_page(after=UUID(int=0), limit=10) == [b.job_id]
+    [t] = store.dependencies.resolve([b.job_id])
     assert t.status == "pending"
     _ = claim

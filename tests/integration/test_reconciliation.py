@@ -10,13 +10,13 @@ from uuid import UUID
 
 import pytest
 
-from functions import reconciliation
-from shared.adapters.memory_cluster import MemoryCluster
-from shared.cluster import Pod
-from shared.errors import ClusterError
-from shared.runner import Deps
-from shared.settings import Settings
-from shared.store import FencedStore
+from devtools.memory_cluster import MemoryCluster
+from jobfence.cluster import Pod
+from jobfence.errors import ClusterError
+from jobfence.functions import reconciliation
+from jobfence.runner import Deps
+from jobfence.settings import Settings
+from jobfence.store import Store
 from tests.factories import enqueue_one
 
 LATER = timedelta(hours=1)
@@ -26,14 +26,14 @@ def settings(dsn: str, **kw: object) -> Settings:
     return Settings(database_url=dsn, retry_base_seconds=0, **kw)
 
 
-def claim_by(store: FencedStore, pod: str, **kw: object) -> tuple[UUID, UUID]:
+def claim_by(store: Store, pod: str, **kw: object) -> tuple[UUID, UUID]:
     job_id = enqueue_one(store, **kw)
-    [c] = store.claim(worker_id=pod, lease_seconds=600)
+    [c] = store.attempts.claim(worker_id=pod, lease_seconds=600)
     assert c.job_id == job_id
     return job_id, c.attempt_id
 
 
-def run(store: FencedStore, dsn: str, cluster: MemoryCluster, now: datetime | None = None,
+def run(store: Store, dsn: str, cluster: MemoryCluster, now: datetime | None = None,
         **kw: object) -> reconciliation.Report:
     deps = Deps(store, settings(dsn, **kw), cluster_port=cluster,
                 now=now or datetime.now(UTC) + LATER)
@@ -46,108 +46,108 @@ def pod(name: str, phase: str = "Running", started: datetime | None = None) -> P
 
 
 def test_claim_whose_pod_is_gone_is_retried_and_its_fence_rotated(
-        store: FencedStore, dsn: str) -> None:
+        store: Store, dsn: str) -> None:
     job_id, attempt = claim_by(store, "worker-a")
     report = run(store, dsn, MemoryCluster([pod("worker-b")]))
     assert (report.missing_pods_detected, report.retried, report.failed) == (1, 1, 0)
-    row = store.get(job_id)
-    assert row is not None and row["status"] == "pending" and row["attempt_id"] is None
-    assert row["reason"] == "worker pod worker-a disappeared"
+    row = store.jobs.get(job_id)
+    assert row is not None and row.status == "pending" and row.attempt_id is None
+    assert row.reason == "worker pod worker-a disappeared"
     # The dead attempt's writes now match nothing.
-    assert store.heartbeat(job_id=job_id, attempt_id=attempt, lease_seconds=60) is None
-    assert store.finish(job_id=job_id, attempt_id=attempt, succeeded=True) is None
+    assert store.attempts.heartbeat(job_id=job_id, attempt_id=attempt, lease_seconds=60) is None
+    assert store.attempts.finish(job_id=job_id, attempt_id=attempt, succeeded=True) is None
 
 
 @pytest.mark.parametrize("phase", ["Failed", "Unknown", "Succeeded"])
-def test_claim_whose_pod_is_dead_is_status_drift(store: FencedStore, dsn: str,
+def test_claim_whose_pod_is_dead_is_status_drift(store: Store, dsn: str,
                                                  phase: str) -> None:
     job_id, _ = claim_by(store, "worker-a")
     report = run(store, dsn, MemoryCluster([pod("worker-a", phase)]))
     assert (report.status_drift_detected, report.missing_pods_detected) == (1, 0)
-    row = store.get(job_id)
-    assert row is not None and row["status"] == "pending"
-    assert row["reason"] == f"worker pod worker-a is {phase}"
+    row = store.jobs.get(job_id)
+    assert row is not None and row.status == "pending"
+    assert row.reason == f"worker pod worker-a is {phase}"
 
 
 @pytest.mark.parametrize("phase", ["Running", "Pending"])
-def test_claim_whose_pod_is_alive_is_left_alone(store: FencedStore, dsn: str,
+def test_claim_whose_pod_is_alive_is_left_alone(store: Store, dsn: str,
                                                 phase: str) -> None:
     job_id, attempt = claim_by(store, "worker-a")
     report = run(store, dsn, MemoryCluster([pod("worker-a", phase)]))
     assert report.missing_pods_detected == report.status_drift_detected == 0
-    row = store.get(job_id)
-    assert row is not None and row["status"] == "running" and row["attempt_id"] == attempt
+    row = store.jobs.get(job_id)
+    assert row is not None and row.status == "running" and row.attempt_id == attempt
 
 
-def test_exhausted_attempts_fail_with_pod_disappeared(store: FencedStore, dsn: str) -> None:
+def test_exhausted_attempts_fail_with_pod_disappeared(store: Store, dsn: str) -> None:
     job_id, _ = claim_by(store, "worker-a", max_attempts=1)
     report = run(store, dsn, MemoryCluster([]))
     assert (report.failed, report.retried) == (1, 0)
-    row = store.get(job_id)
-    assert row is not None and row["status"] == "failed"
-    assert row["error"] == "worker pod worker-a disappeared"
+    row = store.jobs.get(job_id)
+    assert row is not None and row.status == "failed"
+    assert row.error == "worker pod worker-a disappeared"
 
 
-def test_claims_younger_than_the_grace_period_are_not_judged(store: FencedStore,
+def test_claims_younger_than_the_grace_period_are_not_judged(store: Store,
                                                              dsn: str) -> None:
     job_id, _ = claim_by(store, "worker-a")
     report = run(store, dsn, MemoryCluster([]), now=datetime.now(UTC),
                  reconcile_grace_seconds=60)
     assert report.missing_pods_detected == 0
-    assert store.get(job_id)["status"] == "running"
+    assert store.jobs.get(job_id).status == "running"
 
 
 def test_claims_by_workers_outside_the_cluster_are_counted_not_judged(
-        store: FencedStore, dsn: str) -> None:
+        store: Store, dsn: str) -> None:
     job_id, _ = claim_by(store, "laptop.local:4242")
     report = run(store, dsn, MemoryCluster([]))
     assert report.unverifiable_claims == 1 and report.missing_pods_detected == 0
-    assert store.get(job_id)["status"] == "running"
+    assert store.jobs.get(job_id).status == "running"
 
 
-def test_a_pod_started_after_the_claim_is_someone_else(store: FencedStore, dsn: str) -> None:
+def test_a_pod_started_after_the_claim_is_someone_else(store: Store, dsn: str) -> None:
     job_id, _ = claim_by(store, "worker-a")
     reborn = pod("worker-a", started=datetime.now(UTC) + timedelta(minutes=1))
     report = run(store, dsn, MemoryCluster([reborn]))
     assert report.missing_pods_detected == 1
-    assert store.get(job_id)["status"] == "pending"
+    assert store.jobs.get(job_id).status == "pending"
 
 
-def test_listing_that_fails_part_way_changes_nothing(store: FencedStore, dsn: str) -> None:
+def test_listing_that_fails_part_way_changes_nothing(store: Store, dsn: str) -> None:
     dead = [claim_by(store, f"gone-{i}")[0] for i in range(3)]
     cluster = MemoryCluster([pod(f"alive-{i}") for i in range(5)], page_size=2)
     cluster.fail_listing_at_page = 2
     with pytest.raises(ClusterError):
         run(store, dsn, cluster)
-    assert [store.get(j)["status"] for j in dead] == ["running"] * 3
+    assert [store.jobs.get(j).status for j in dead] == ["running"] * 3
 
 
-def test_many_dead_claims_are_reclaimed_in_bounded_batches(store: FencedStore,
+def test_many_dead_claims_are_reclaimed_in_bounded_batches(store: Store,
                                                             dsn: str) -> None:
     dead = [claim_by(store, f"gone-{i}")[0] for i in range(7)]
     cluster = MemoryCluster([pod(f"alive-{i}") for i in range(5)], page_size=2)
     report = run(store, dsn, cluster, batch_size=3)
     assert report.missing_pods_detected == 7
     assert (report.pods_listed, report.pages) == (5, 3)
-    assert {store.get(j)["status"] for j in dead} == {"pending"}
+    assert {store.jobs.get(j).status for j in dead} == {"pending"}
     again = run(store, dsn, cluster, batch_size=3)  # idempotent: nothing left to do
     assert again.missing_pods_detected == again.status_drift_detected == 0
 
 
-def test_a_dependent_of_a_job_failed_by_reconciliation_fails_too(store: FencedStore,
+def test_a_dependent_of_a_job_failed_by_reconciliation_fails_too(store: Store,
                                                                  dsn: str) -> None:
     job_id, _ = claim_by(store, "worker-a", max_attempts=1)
     dependent = enqueue_one(store, after=(job_id,))
     run(store, dsn, MemoryCluster([]))
-    row = store.get(dependent)
-    assert row is not None and row["status"] == "failed"
-    assert row["error"] == f"dependency {job_id} failed"
+    row = store.jobs.get(dependent)
+    assert row is not None and row.status == "failed"
+    assert row.error == f"dependency {job_id} failed"
 
 
-def test_without_a_cluster_nothing_is_compared(store: FencedStore, dsn: str) -> None:
+def test_without_a_cluster_nothing_is_compared(store: Store, dsn: str) -> None:
     job_id, _ = claim_by(store, "worker-a")
     s = settings(dsn)
     deps = Deps(store, s, now=datetime.now(UTC) + LATER)
     report = reconciliation.run_once(s, deps)
     assert report.cluster == "none" and report.pods_listed == 0
-    assert store.get(job_id)["status"] == "running"
+    assert store.jobs.get(job_id).status == "running"

@@ -9,21 +9,21 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from shared.db import connect
-from shared.errors import ResourceBusy
-from shared.store import FencedStore
+from devtools.sqlconn import connect
+from jobfence.errors import ResourceBusy
+from jobfence.store import Store
 from tests.factories import enqueue_one, new_job
 
 THREADS = 50
 
 
-def race(dsn: str, fn: Callable[[FencedStore], Any]) -> list[Any]:
+def race(dsn: str, fn: Callable[[Store], Any]) -> list[Any]:
     """Run fn on THREADS connections at the same instant; results or raised exceptions."""
     conns = [connect(dsn) for _ in range(THREADS)]
     barrier = threading.Barrier(THREADS)
 
     def one(i: int) -> Any:
-        store = FencedStore(conns[i])
+        store = Store(conns[i])
         barrier.wait()
         try:
             return fn(store)
@@ -38,76 +38,76 @@ def race(dsn: str, fn: Callable[[FencedStore], Any]) -> list[Any]:
             c.close()
 
 
-def test_fifty_claimers_one_job_exactly_one_wins(dsn: str, store: FencedStore) -> None:
+def test_fifty_claimers_one_job_exactly_one_wins(dsn: str, store: Store) -> None:
     job_id = enqueue_one(store)
-    results = race(dsn, lambda s: s.claim(worker_id="racer", lease_seconds=30))
+    results = race(dsn, lambda s: s.attempts.claim(worker_id="racer", lease_seconds=30))
     winners = [r for r in results if r]
     assert len(winners) == 1, results
     assert winners[0][0].job_id == job_id
     assert all(r == [] for r in results if r is not winners[0])
-    events = [e for e in store.events(job_id) if e["to_status"] == "running"]
+    events = [e for e in store.jobs.events(job_id) if e.to_status == "running"]
     assert len(events) == 1
 
 
-def test_fifty_claimers_twenty_jobs_each_claimed_once(dsn: str, store: FencedStore) -> None:
+def test_fifty_claimers_twenty_jobs_each_claimed_once(dsn: str, store: Store) -> None:
     ids = {enqueue_one(store) for _ in range(20)}
-    results = race(dsn, lambda s: s.claim(worker_id="racer", lease_seconds=30))
+    results = race(dsn, lambda s: s.attempts.claim(worker_id="racer", lease_seconds=30))
     claimed = [c.job_id for r in results for c in r]
     assert sorted(claimed, key=str) == sorted(ids, key=str)
 
 
 def test_fifty_enqueues_on_one_resource_exactly_one_succeeds(dsn: str,
-                                                             store: FencedStore) -> None:
-    results = race(dsn, lambda s: s.enqueue([new_job(resource="db.events")]))
+                                                             store: Store) -> None:
+    results = race(dsn, lambda s: s.jobs.enqueue([new_job(resource="db.events")]))
     ok = [r for r in results if isinstance(r, list)]
     busy = [r for r in results if isinstance(r, ResourceBusy)]
     assert len(ok) == 1 and len(busy) == THREADS - 1, results
     assert all(b.resource == "db.events" for b in busy)
-    assert len(store.list_jobs(resource="db.events")) == 1
+    assert len(store.jobs.page(resource="db.events")) == 1
 
 
 def test_fifty_finishers_with_the_same_fence_one_terminal_write(
-        dsn: str, store: FencedStore) -> None:
+        dsn: str, store: Store) -> None:
     job_id = enqueue_one(store)
-    [claim] = store.claim(worker_id="w", lease_seconds=30)
-    results = race(dsn, lambda s: s.finish(job_id=job_id, attempt_id=claim.attempt_id,
+    [claim] = store.attempts.claim(worker_id="w", lease_seconds=30)
+    results = race(dsn, lambda s: s.attempts.finish(job_id=job_id, attempt_id=claim.attempt_id,
                                            succeeded=True))
     assert sum(1 for r in results if r is not None) == 1
-    terminal = [e for e in store.events(job_id) if e["to_status"] == "succeeded"]
+    terminal = [e for e in store.jobs.events(job_id) if e.to_status == "succeeded"]
     assert len(terminal) == 1
 
 
-def test_cancel_racing_finish_one_terminal_state(dsn: str, store: FencedStore) -> None:
+def test_cancel_racing_finish_one_terminal_state(dsn: str, store: Store) -> None:
     for _ in range(10):
         job_id = enqueue_one(store)
-        [claim] = store.claim(worker_id="w", lease_seconds=30)
+        [claim] = store.attempts.claim(worker_id="w", lease_seconds=30)
 
-        def either(s: FencedStore, i: list[int] = [0]) -> Any:
+        def either(s: Store, i: list[int] = [0]) -> Any:
             i[0] += 1
             if i[0] % 2:
-                return s.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=True)
+                return s.attempts.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=True)
             return s.cancel(job_id=job_id)
 
         race(dsn, either)
-        terminal = [e for e in store.events(job_id)
-                    if e["to_status"] in ("succeeded", "cancelled")]
+        terminal = [e for e in store.jobs.events(job_id)
+                    if e.to_status in ("succeeded", "cancelled")]
         assert len(terminal) == 1
 
 
-def test_resource_is_free_again_once_the_holder_is_terminal(store: FencedStore) -> None:
+def test_resource_is_free_again_once_the_holder_is_terminal(store: Store) -> None:
     first = enqueue_one(store, resource="db.t")
-    [claim] = store.claim(worker_id="w", lease_seconds=30)
+    [claim] = store.attempts.claim(worker_id="w", lease_seconds=30)
     try:
         enqueue_one(store, resource="db.t")
         raise AssertionError("second enqueue should be refused")
     except ResourceBusy:
         pass
-    store.finish(job_id=first, attempt_id=claim.attempt_id, succeeded=True)
+    store.attempts.finish(job_id=first, attempt_id=claim.attempt_id, succeeded=True)
     assert enqueue_one(store, resource="db.t") != first
 
 
 def test_enqueue_after_racing_the_dependencys_finish_never_leaves_it_waiting(
-        dsn: str, store: FencedStore) -> None:
+        dsn: str, store: Store) -> None:
     """Neither side locks the other: the terminal write asks for its dependents after its
     commit (in the same round trip), the enqueue reads its dependencies again after its
     commit, so whichever commits second sees the other and the new job never stays waiting
@@ -116,26 +116,26 @@ def test_enqueue_after_racing_the_dependencys_finish_never_leaves_it_waiting(
     try:
         for i in range(40):
             a = enqueue_one(store)
-            [c] = store.claim(worker_id="w", lease_seconds=60)
+            [c] = store.attempts.claim(worker_id="w", lease_seconds=60)
             barrier = threading.Barrier(2)
             made: list[Any] = []
 
             def finish(a: Any = a, c: Any = c, delay: float = i / 4000) -> None:
                 barrier.wait()
                 time.sleep(delay)  # from 0 to 10 ms: both orders happen
-                FencedStore(a_conn).finish(job_id=a, attempt_id=c.attempt_id, succeeded=True)
+                Store(a_conn).attempts.finish(job_id=a, attempt_id=c.attempt_id, succeeded=True)
 
             def enqueue(a: Any = a) -> None:
                 barrier.wait()
-                made.append(FencedStore(b_conn).enqueue([new_job(after=(a,))])[0].job_id)
+                made.append(Store(b_conn).jobs.enqueue([new_job(after=(a,))])[0].job_id)
 
             threads = [threading.Thread(target=finish), threading.Thread(target=enqueue)]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
-            row = store.get(made[0])
-            assert row is not None and row["status"] == "pending", row
+            row = store.jobs.get(made[0])
+            assert row is not None and row.status == "pending", row
             store.conn.execute("UPDATE jobs SET status = 'succeeded', finished_at = now() "
                                "WHERE status IN ('pending', 'running')")
     finally:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from functions.cli import COMMANDS
+from jobfence.functions.cli import COMMANDS
 from tests.manifests.rendered import REPO, Obj, pod_templates
 
 BASE_IMAGE = "python:3.11-slim"
@@ -132,8 +132,23 @@ def test_the_build_context_holds_what_the_build_copies(dockerfile: list[Stage]) 
         assert ignored(name, patterns), name
 
 
-def test_the_wheel_installs_and_runs_in_a_clean_virtualenv(dockerfile: list[Stage],
-                                                          tmp_path: Path) -> None:
+def make_package(root: Path, name: str) -> Path:
+    """A tiny unrelated distribution whose import package is ``name``."""
+    (root / name).mkdir(parents=True)
+    (root / name / "__init__.py").write_text(f"OWNER = 'the application'\nNAME = {name!r}\n")
+    (root / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = '
+        '"setuptools.build_meta"\n'
+        f'[project]\nname = "app-{name}"\nversion = "1.0"\n'
+        f'[tool.setuptools]\npackages = ["{name}"]\n')
+    return root
+
+
+def test_the_wheel_is_one_package_that_never_touches_an_applications_own(
+        dockerfile: list[Stage], tmp_path: Path) -> None:
+    """`pip install jobfence` into an application's environment that already has packages
+    named `shared` and `functions`: both keep working, with jobfence installed and after it
+    is uninstalled; the wheel puts nothing at the top of site-packages but `jobfence`."""
     src = tmp_path / "src"
     src.mkdir()
     for source in build_sources(dockerfile[0]):
@@ -148,7 +163,7 @@ def test_the_wheel_installs_and_runs_in_a_clean_virtualenv(dockerfile: list[Stag
 
     def run(*argv: str | Path) -> subprocess.CompletedProcess[str]:
         out = subprocess.run([str(a) for a in argv], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=240, check=False)
+                             capture_output=True, text=True, timeout=300, check=False)
         assert out.returncode == 0, (argv, out.stdout[-2000:], out.stderr[-2000:])
         return out
 
@@ -156,16 +171,31 @@ def test_the_wheel_installs_and_runs_in_a_clean_virtualenv(dockerfile: list[Stag
         src)
     [wheel] = (tmp_path / "dist").glob("jobfence-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert "shared/sql/queries.sql" in names
-    migrations = {f"shared/sql/migrations/{p.name}"
-                  for p in (REPO / "shared" / "sql" / "migrations").glob("*.sql")}
-    assert migrations and migrations <= names
+    version = wheel.name.split("-")[1]
+    assert {n.split("/")[0] for n in names} == {"jobfence", f"jobfence-{version}.dist-info"}
+    store_sql = {f"jobfence/store/{p.name}" for p in (REPO / "shared" / "store").glob("*.sql")}
+    migrations = {f"jobfence/store/schema/{p.name}"
+                  for p in (REPO / "shared" / "store" / "schema").glob("*.sql")}
+    assert store_sql and migrations and store_sql | migrations <= names
+    assert "jobfence/py.typed" in names
+    assert not any(n.startswith(("jobfence/devtools", "devtools/", "tests/")) for n in names)
 
     venv = tmp_path / "venv"
+    python, pip = venv / "bin" / "python", [venv / "bin" / "python", "-m", "pip"]
     run(sys.executable, "-m", "venv", venv)
-    run(venv / "bin" / "python", "-m", "pip", "install", "--quiet", wheel)
+    for name in ("shared", "functions"):
+        run(*pip, "install", "--quiet", make_package(tmp_path / f"app-{name}", name))
+    theirs = "import shared, functions; assert shared.OWNER == functions.OWNER == " \
+             "'the application', (shared.__file__, functions.__file__)"
+    run(python, "-c", theirs)
+    run(*pip, "install", "--quiet", wheel)
+    run(python, "-c", theirs)
+    run(python, "-c", "import jobfence, jobfence.store, jobfence.functions.worker")
     shown = run(venv / "bin" / "jobfence", "--help").stdout
     listed = {line.split()[0] for line in shown.splitlines() if line.startswith("  ")}
     assert listed == set(COMMANDS)
     for command in COMMANDS:  # every command's module imports from the installed wheel
         assert command in run(venv / "bin" / "jobfence", command, "--help").stdout
+    assert "worker" in run(python, "-m", "jobfence.functions.worker", "--help").stdout
+    run(*pip, "uninstall", "--yes", "jobfence")
+    run(python, "-c", theirs)

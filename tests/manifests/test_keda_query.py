@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from shared.db import Connection, connect
-from shared.store import FencedStore, RetryPolicy
+from devtools.sqlconn import connect
+from jobfence.db import Connection
+from jobfence.store import RetryPolicy, Store
 from tests.factories import enqueue_one, new_job
 from tests.manifests.rendered import Obj, one
 from tests.pg import Databases
@@ -68,26 +69,26 @@ def ready(conn: Connection) -> int:
     return int(row["n"])
 
 
-def claim(store: FencedStore, n: int) -> list[Any]:
-    claims = store.claim(worker_id="worker-pod", lease_seconds=300, limit=n)
+def claim(store: Store, n: int) -> list[Any]:
+    claims = store.attempts.claim(worker_id="worker-pod", lease_seconds=300, limit=n)
     assert len(claims) == n
     return claims
 
 
 # -- states of the queue ------------------------------------------------------------------
 
-def test_an_empty_queue_starts_no_worker(store: FencedStore, trigger: Trigger) -> None:
+def test_an_empty_queue_starts_no_worker(store: Store, trigger: Trigger) -> None:
     assert value(store.conn, trigger) == 0
     assert trigger.new_jobs(value(store.conn, trigger), running_jobs=0) == 0
 
 
-def test_each_ready_job_starts_one_worker(store: FencedStore, trigger: Trigger) -> None:
+def test_each_ready_job_starts_one_worker(store: Store, trigger: Trigger) -> None:
     for _ in range(7):
         enqueue_one(store)
     assert trigger.new_jobs(value(store.conn, trigger), running_jobs=0) == 7 == ready(store.conn)
 
 
-def test_running_workers_start_only_the_difference(store: FencedStore,
+def test_running_workers_start_only_the_difference(store: Store,
                                                    trigger: Trigger) -> None:
     for _ in range(10):
         enqueue_one(store)
@@ -96,32 +97,32 @@ def test_running_workers_start_only_the_difference(store: FencedStore,
     assert trigger.new_jobs(value(store.conn, trigger), running_jobs=4) == 6 == ready(store.conn)
 
 
-def test_drain_mode_starts_no_worker(store: FencedStore, trigger: Trigger) -> None:
+def test_drain_mode_starts_no_worker(store: Store, trigger: Trigger) -> None:
     for _ in range(5):
         enqueue_one(store)
     claim(store, 2)
-    store.set_drain(on=True, reason="upgrade")
+    store.control.set_drain(on=True, reason="upgrade")
     assert value(store.conn, trigger) == 0
     assert trigger.new_jobs(value(store.conn, trigger), running_jobs=2) == 0
-    store.set_drain(on=False)
+    store.control.set_drain(on=False)
     assert trigger.new_jobs(value(store.conn, trigger), running_jobs=2) == 3 == ready(store.conn)
 
 
-def test_jobs_backing_off_start_no_worker_until_due(store: FencedStore,
+def test_jobs_backing_off_start_no_worker_until_due(store: Store,
                                                     trigger: Trigger) -> None:
     for _ in range(3):
         enqueue_one(store)
     for c in claim(store, 2):  # two attempts failed: back to pending, due in the future
-        store.release(job_id=c.job_id, attempt_id=c.attempt_id, reason="failed",
+        store.attempts.release(job_id=c.job_id, attempt_id=c.attempt_id, reason="failed",
                       retry=RetryPolicy(base_seconds=3600, cap_seconds=3600), error="boom")
     assert store.conn.execute("SELECT count(*) AS n FROM jobs WHERE status = 'pending'"
                               ).fetchone() == {"n": 3}
     assert trigger.new_jobs(value(store.conn, trigger), running_jobs=0) == 1 == ready(store.conn)
 
 
-def test_waiting_jobs_and_parents_start_no_worker(store: FencedStore, trigger: Trigger) -> None:
+def test_waiting_jobs_and_parents_start_no_worker(store: Store, trigger: Trigger) -> None:
     first = enqueue_one(store)
-    store.enqueue([new_job(after=(first,))])  # waits for `first`
+    store.jobs.enqueue([new_job(after=(first,))])  # waits for `first`
     store.conn.execute(  # a datum parent runs from the start and is never claimed
         "INSERT INTO jobs (job_id, status, actions, max_attempts, is_parent, started_at) "
         "VALUES (gen_random_uuid(), 'running', '[]', 1, true, now())")
@@ -129,9 +130,9 @@ def test_waiting_jobs_and_parents_start_no_worker(store: FencedStore, trigger: T
     assert trigger.new_jobs(value(store.conn, trigger), running_jobs=0) == 1 == ready(store.conn)
 
 
-def test_more_ready_work_than_max_replicas_starts_up_to_the_max(store: FencedStore,
+def test_more_ready_work_than_max_replicas_starts_up_to_the_max(store: Store,
                                                                  trigger: Trigger) -> None:
-    store.enqueue([new_job() for _ in range(trigger.max_replicas + 5)])
+    store.jobs.enqueue([new_job() for _ in range(trigger.max_replicas + 5)])
     assert trigger.new_jobs(value(store.conn, trigger), running_jobs=0) == trigger.max_replicas
     claim(store, 3)
     assert trigger.new_jobs(value(store.conn, trigger),
@@ -139,7 +140,7 @@ def test_more_ready_work_than_max_replicas_starts_up_to_the_max(store: FencedSto
 
 
 def test_polls_between_job_creation_and_claim_start_no_extra_worker(
-        store: FencedStore, trigger: Trigger) -> None:
+        store: Store, trigger: Trigger) -> None:
     """KEDA counts a Job as running from its creation; the query counts its work as ready
     until the pod claims it, then as claimed: the sum stays the same, so no poll in
     between starts a second worker for the same job."""
@@ -152,23 +153,23 @@ def test_polls_between_job_creation_and_claim_start_no_extra_worker(
     claims = claim(store, 5)
     assert trigger.new_jobs(value(store.conn, trigger), running_jobs=keda_jobs) == 0
     for c in claims[:2]:  # two workers finish and their Jobs complete
-        store.finish(job_id=c.job_id, attempt_id=c.attempt_id, succeeded=True)
+        store.attempts.finish(job_id=c.job_id, attempt_id=c.attempt_id, succeeded=True)
     keda_jobs -= 2
     assert trigger.new_jobs(value(store.conn, trigger), running_jobs=keda_jobs) == 0
-    store.enqueue([new_job(), new_job()])
+    store.jobs.enqueue([new_job(), new_job()])
     assert trigger.new_jobs(value(store.conn, trigger), running_jobs=keda_jobs) == 2
 
 
 # -- a long history -----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def long_history(databases: Databases) -> Iterator[FencedStore]:
+def long_history(databases: Databases) -> Iterator[Store]:
     """A million finished jobs (history awaiting retention), 8 ready and 4 running. The
     audit trigger is off for the bulk insert: the history's own events do not matter."""
     url = databases.create()
     conn = connect(url)
     try:
-        store = FencedStore(conn)
+        store = Store(conn)
         with conn.transaction():
             conn.execute("ALTER TABLE jobs DISABLE TRIGGER jobs_audit_insert")
             conn.execute("""
@@ -183,7 +184,7 @@ def long_history(databases: Databases) -> Iterator[FencedStore]:
                      LATERAL (SELECT lpad(to_hex(i), 32, '0')::uuid AS id) AS ids
             """, (FINISHED, FINISHED))
             conn.execute("ALTER TABLE jobs ENABLE TRIGGER jobs_audit_insert")
-        store.enqueue([new_job() for _ in range(12)])
+        store.jobs.enqueue([new_job() for _ in range(12)])
         claim(store, 4)
         conn.execute("ANALYZE jobs")
         yield store
@@ -198,14 +199,14 @@ def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from plan_nodes(child)
 
 
-def test_a_million_finished_jobs_start_no_worker(long_history: FencedStore,
+def test_a_million_finished_jobs_start_no_worker(long_history: Store,
                                                  trigger: Trigger) -> None:
     conn = long_history.conn
     assert value(conn, trigger) == 12
     assert trigger.new_jobs(value(conn, trigger), running_jobs=4) == 8 == ready(conn)
 
 
-def test_the_query_never_scans_the_whole_jobs_table(long_history: FencedStore,
+def test_the_query_never_scans_the_whole_jobs_table(long_history: Store,
                                                     trigger: Trigger) -> None:
     conn = long_history.conn
     [row] = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + trigger.query).fetchall()

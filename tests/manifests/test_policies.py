@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from functions.cli import COMMANDS
-from functions.worker import EXIT_GRACE_SECONDS
-from shared.queries import QUERIES
-from shared.spec import parse_spec_text
+from jobfence.db import queries
+from jobfence.functions.cli import COMMANDS
+from jobfence.functions.worker import EXIT_GRACE_SECONDS
+from jobfence.spec import parse_spec_text
 from tests.manifests.rendered import (
     PERIODIC,
     REPO,
@@ -345,7 +345,8 @@ def normalized(sql: str) -> str:
 
 def test_scaledjob_query_is_the_queue_keda_count_block(base: list[Obj]) -> None:
     [trigger] = one(base, "ScaledJob")["spec"]["triggers"]
-    assert normalized(trigger["metadata"]["query"]) == normalized(QUERIES["queue_keda_count"])
+    expected = queries("jobfence.store", "queues.sql", "jobfence")["scaler_value"]
+    assert normalized(trigger["metadata"]["query"]) == normalized(expected)
 
 
 def test_scaledjob_uses_the_default_strategy_with_explicit_limits(base: list[Obj]) -> None:

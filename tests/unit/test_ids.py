@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from shared.ids import parse_job_id, uuid7
+from jobfence.ids import parse_job_id, uuid7
 
 
 def test_uuid7_is_version_7_and_time_ordered() -> None:

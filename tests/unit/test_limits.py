@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.durations import parse_duration
-from shared.errors import InvalidSpec
-from shared.limits import (
+from jobfence.durations import parse_duration
+from jobfence.errors import InvalidSpec
+from jobfence.limits import (
     MAX_DURATION,
     MAX_RESULT_BYTES,
     Unstorable,
@@ -23,7 +23,7 @@ from shared.limits import (
     storable_json,
     storable_text,
 )
-from shared.spec import parse_action_arg, parse_spec_text, parse_specs
+from jobfence.spec import parse_action_arg, parse_spec_text, parse_specs
 
 FUZZ = settings(max_examples=300, derandomize=True, deadline=None, database=None)
 

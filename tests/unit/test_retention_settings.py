@@ -7,8 +7,8 @@ from datetime import timedelta
 
 import pytest
 
-from shared.errors import ConfigError
-from shared.settings import load_settings
+from jobfence.errors import ConfigError
+from jobfence.settings import load_settings
 
 
 def test_defaults_keep_jobs_a_month_and_the_audit_trail_a_quarter() -> None:

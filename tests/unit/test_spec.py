@@ -7,10 +7,10 @@ from datetime import timedelta
 
 import pytest
 
-from shared.durations import format_duration, parse_duration
-from shared.errors import InvalidSpec
-from shared.ids import uuid7
-from shared.spec import parse_action_arg, parse_spec_text, parse_specs
+from jobfence.durations import format_duration, parse_duration
+from jobfence.errors import InvalidSpec
+from jobfence.ids import uuid7
+from jobfence.spec import parse_action_arg, parse_spec_text, parse_specs
 
 SLEEP = {"name": "sleep", "params": {"seconds": 1}}
 

@@ -26,14 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psycopg
-
-from shared.db import Connection, connect
-from shared.errors import JobfenceError, StoreUnavailable
-from shared.queries import QUERIES
+from jobfence.db import Connection, connect
+from jobfence.errors import JobfenceError
+from jobfence.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
-JOBFENCE = [sys.executable, "-m", "functions.cli"]
+JOBFENCE = [sys.executable, "-m", "jobfence.functions.cli"]
 
 
 @dataclass
@@ -51,6 +49,7 @@ class LocalPlatform:
                  max_workers: int = 8, target: int = 1,
                  worker_args: tuple[str, ...] = ()) -> None:
         self.dsn, self.env, self.logs = dsn, {**env, "JOBFENCE_CLUSTER": "local"}, logs
+        self.schema = self.env.get("JOBFENCE_SCHEMA", "jobfence")
         self.schedules = schedules
         self.poll_seconds, self.max_workers, self.target = poll_seconds, max_workers, target
         self.worker_args = worker_args
@@ -130,12 +129,7 @@ class LocalPlatform:
                     del self.functions[name]
 
     def _scale(self, conn: Connection) -> None:
-        try:
-            row = conn.execute(QUERIES["queue_keda_count"]).fetchone()
-        except psycopg.Error as exc:
-            raise StoreUnavailable(str(exc)) from exc
-        assert row is not None
-        value = int(row["value"])
+        value = Store(conn, self.schema).queues.scaler_value()
         running = len(self.live_workers())
         wanted = min(self.max_workers, math.ceil(value / self.target)) - running
         for _ in range(max(0, wanted)):

@@ -4,9 +4,8 @@ on demand (a listing that breaks part-way, deletes that fail)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
 
-from shared.cluster import POD_NAME_PATTERN, ClusterError, Pod
+from jobfence.cluster import POD_NAME_PATTERN, ClusterError, Pod
 
 
 class MemoryCluster:
@@ -26,9 +25,6 @@ class MemoryCluster:
         self.pods[pod.name] = pod
         if pod.job_name:
             self.jobs.setdefault(pod.job_name, {})
-
-    def set_phase(self, name: str, phase: str) -> None:
-        self.pods[name] = replace(self.pods[name], phase=phase)
 
     def worker_pod_pages(self) -> Iterator[list[Pod]]:
         names = sorted(self.pods)

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from shared.objectstore import DeleteFailure, ObjectInfo, ObjectStoreError
+from jobfence.objectstore import DeleteFailure, ObjectInfo, ObjectStoreError
 
 
 class MemoryObjectStore:

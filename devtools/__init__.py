@@ -1,0 +1,10 @@
+"""Development tools for jobfence's tests, demo and benchmarks — never shipped in the wheel.
+
+* ``embedded_pg``: a throwaway PostgreSQL cluster from the local server binaries.
+* ``platform``: the local stand-in for KEDA and the CronJobs (workers and periodic
+  functions as processes on this machine).
+* ``kube_api``: a fake Kubernetes API server the official client can talk to.
+* ``s3``: moto's S3 server on 127.0.0.1.
+* ``memory_cluster``, ``memory_objects``: in-memory fakes of the cluster and object-store
+  ports, for unit tests.
+"""

@@ -1,0 +1,44 @@
+"""Bounded work for a periodic pass: each step gets at most ``MAX_BATCHES`` database batches
+(the next scheduled run carries on), and the longest batch is measured — an upper bound on
+the longest transaction the pass held."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+MAX_BATCHES = 200
+"""Per step and pass. With the default batch of 500, one pass moves 100k rows per step."""
+
+
+class Budget:
+    def __init__(self, max_batches: int | None = None) -> None:
+        self.max_batches = MAX_BATCHES if max_batches is None else max_batches
+        self.left = self.max_batches
+        self.batches = 0
+        self.longest = 0.0
+
+    def new_step(self) -> None:
+        """Each step of a pass gets its own ``max_batches``."""
+        self.left = self.max_batches
+
+    def __bool__(self) -> bool:
+        return self.left > 0
+
+    def batch(self, verb: Callable[..., T], **kwargs: object) -> T:
+        """Run one store verb that is one short database batch, against the budget."""
+        self.left -= 1
+        return self.timed(verb, **kwargs)
+
+    def timed(self, verb: Callable[..., T], **kwargs: object) -> T:
+        """Run one store verb that is one short database batch, timed and counted, off the
+        budget (what must happen once a batch's objects are gone)."""
+        self.batches += 1
+        started = time.perf_counter()
+        try:
+            return verb(**kwargs)
+        finally:
+            self.longest = max(self.longest, time.perf_counter() - started)

@@ -1,0 +1,159 @@
+"""The life of one claim: the claim itself (a fresh ``attempt_id``, the fence) and every
+write after it — heartbeat, action results, outputs, the terminal write, a give-back —
+each predicated on the fence and a live lease, each saying whether it matched.
+
+A terminal write asks for the job's dependents in the same round trip, as a second
+transaction after its Sync (``jobfence.store.dependencies`` says why).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from jobfence import db
+from jobfence.limits import MAX_DETAIL_CHARS, MAX_ERROR_CHARS, storable_text
+from jobfence.store.base import Noun
+from jobfence.store.types import (
+    NO_OUTCOME,
+    ActionOutcome,
+    Claim,
+    Fence,
+    RetryPolicy,
+    Transition,
+    transitions,
+)
+
+
+def _texts(**values: str | None) -> dict[str, str | None]:
+    """Reasons and errors made storable (error_detail gets the longer cap)."""
+    return {k: storable_text(v, MAX_DETAIL_CHARS if k == "error_detail" else MAX_ERROR_CHARS)
+            for k, v in values.items()}
+
+
+class Attempts(Noun):
+    sql_file = "attempts.sql"
+
+    def claim(self, *, worker_id: str, lease_seconds: float, limit: int = 1) -> list[Claim]:
+        """Claim up to ``limit`` ready jobs, each with a fresh fence; [] when drained/empty."""
+        return self._rows("claim", {"worker_id": worker_id, "lease_seconds": lease_seconds,
+                                    "limit": limit}, Claim)
+
+    def heartbeat(self, *, job_id: UUID, attempt_id: UUID,
+                  lease_seconds: float) -> datetime | None:
+        """Renew the lease; the new deadline, or None when the fence is lost."""
+        row = self._one("heartbeat", {"job_id": job_id, "attempt_id": attempt_id,
+                                      "lease_seconds": lease_seconds})
+        return row["lease_expires_at"] if row else None
+
+    def record_action(self, *, job_id: UUID, attempt_id: UUID, outcome: ActionOutcome) -> bool:
+        """Record one action's outcome under the fence; False when the fence is lost."""
+        return self._one("record_action", {"job_id": job_id, "attempt_id": attempt_id,
+                                           **outcome.params()}) is not None
+
+    def finish(self, *, job_id: UUID, attempt_id: UUID, succeeded: bool,
+               outcome: ActionOutcome | None = None, reason: str | None = None,
+               error: str | None = None, error_detail: str | None = None) -> Transition | None:
+        """Fenced terminal write, with the last action's outcome in the same statement;
+        None when the fence is lost (nothing written). Its dependents are asked for in the
+        same round trip, after its commit, and settled."""
+        status = "succeeded" if succeeded else "failed"
+        with db.pipeline(self.conn) as sync:
+            fin = self._execute("finish", {
+                "job_id": job_id, "attempt_id": attempt_id, "status": status,
+                **_texts(reason=reason or status, error=error, error_detail=error_detail),
+                **(outcome.params("action_") if outcome else NO_OUTCOME)})
+            sync()  # the terminal write commits here
+            deps = self._dependents_after(job_id)
+        return self._finished(fin.fetchone(), deps.fetchall())
+
+    def finish_and_claim(self, *, job_id: UUID, attempt_id: UUID,
+                         outcome: ActionOutcome | None, worker_id: str,
+                         lease_seconds: float) -> tuple[Transition | None, Claim | None]:
+        """One attempt's successful terminal write and the claim of the next ready job, in
+        one transaction: one round trip and one commit per job for a worker that runs many.
+        Each job keeps its own fence; the terminal write is fenced exactly as ``finish``.
+        The transition is None when the fence was lost; the claim None when nothing is
+        ready (or draining)."""
+        with db.pipeline(self.conn) as sync:
+            # One implicit transaction up to the Sync: finish and claim commit together.
+            fin = self._execute("finish", {
+                "job_id": job_id, "attempt_id": attempt_id, "status": "succeeded",
+                "reason": "succeeded", "error": None, "error_detail": None,
+                **(outcome.params("action_") if outcome else NO_OUTCOME)})
+            nxt = db.execute(self.conn, self.sql["claim"], {
+                "worker_id": worker_id, "lease_seconds": lease_seconds, "limit": 1}, row=Claim)
+            sync()
+            deps = self._dependents_after(job_id)
+        claim: Claim | None = nxt.fetchone()
+        return self._finished(fin.fetchone(), deps.fetchall()), claim
+
+    def _dependents_after(self, job_id: UUID) -> db.Cursor:
+        return self.store.dependencies.dependents_cursor(job_id)
+
+    def _finished(self, row: dict[str, Any] | None,
+                  deps: Sequence[dict[str, Any]]) -> Transition | None:
+        if row is None:
+            return None
+        self.store.dependencies.settle_found(list(dict.fromkeys(r["job_id"] for r in deps)))
+        return transitions([row])[0]
+
+    def release(self, *, job_id: UUID, attempt_id: UUID, reason: str,
+                retry: RetryPolicy, outcome: ActionOutcome | None = None,
+                error: str | None = None, error_detail: str | None = None) -> Transition | None:
+        """Fenced give-back: pending after the retry delay, or failed when attempts are
+        exhausted; the failed action's outcome in the same statement. None when the fence
+        is lost."""
+        row = self._one("release", {
+            "job_id": job_id, "attempt_id": attempt_id, **retry.params(),
+            **_texts(reason=reason, error=error, error_detail=error_detail),
+            **(outcome.params("action_") if outcome else NO_OUTCOME)})
+        return self._settled(row)
+
+    def interrupt(self, *, job_id: UUID, attempt_id: UUID, reason: str,
+                  max_interruptions: int) -> Transition | None:
+        """Fenced give-back after SIGTERM: pending at once, the attempt not counted while
+        the job has taken fewer than ``max_interruptions``; else as ``release``. None when
+        the fence is lost."""
+        row = self._one("interrupt", {
+            "job_id": job_id, "attempt_id": attempt_id, "reason": storable_text(reason),
+            "max_interruptions": max_interruptions})
+        return self._settled(row)
+
+    def _settled(self, row: dict[str, Any] | None) -> Transition | None:
+        if row is None:
+            return None
+        done = transitions([row])
+        self.store.dependencies.settle(done)
+        return done[0]
+
+    def fence(self, job_id: UUID) -> Fence | None:
+        """Where a job's fence stands now (after a write whose outcome was lost with the
+        connection, or to say why a heartbeat matched nothing)."""
+        return self._row("fence", {"job_id": job_id}, Fence)
+
+    def succeeded_actions(self, job_id: UUID) -> set[int]:
+        """Indexes of the actions some attempt already finished: a retry resumes after them."""
+        return {r.action_index for r in self.store.jobs.action_results([job_id])
+                if r.status == "succeeded"}
+
+    # -- outputs ---------------------------------------------------------------------------
+
+    def register_outputs(self, *, job_id: UUID, attempt_id: UUID,
+                         outputs: Sequence[tuple[str, str]]) -> bool:
+        """Register (path, url) outputs as uploading, under the fence; False when lost:
+        Falconeri's ownership check, done by the database."""
+        rows = self._all("register_outputs", {
+            "job_id": job_id, "attempt_id": attempt_id,
+            "outputs": json.dumps([{"path": p, "url": u} for p, u in outputs])})
+        return len(rows) == len(outputs)
+
+    def confirm_outputs(self, *, job_id: UUID, attempt_id: UUID,
+                        outputs: Sequence[dict[str, Any]]) -> bool:
+        """Mark outputs done (``size_bytes``) or error (``error``), under the fence."""
+        rows = self._all("confirm_outputs", {"job_id": job_id, "attempt_id": attempt_id,
+                                             "outputs": json.dumps(list(outputs))})
+        return len(rows) == len(outputs)

@@ -1,0 +1,21 @@
+-- Drain mode: the installation-wide switch that refuses enqueues and claims.
+-- Named statements, run by the method of the same name in store/control.py. {schema} is
+-- the installation's schema (JOBFENCE_SCHEMA), filled in as a quoted identifier.
+
+-- drain_status --
+-- Whether drain mode is on, and since when.
+SELECT draining, drain_changed_at, drain_reason FROM {schema}.jobfence_control;
+
+-- drain_lock --
+-- Enqueue takes this share lock so that `drain on` waits for enqueues already under way.
+SELECT draining FROM {schema}.jobfence_control FOR SHARE;
+
+-- set_drain --
+-- Switch drain mode on or off.
+UPDATE {schema}.jobfence_control
+SET draining = %(draining)s, drain_changed_at = now(), drain_reason = %(reason)s
+RETURNING draining, drain_changed_at, drain_reason;
+
+-- running_count --
+-- Live claims (drain status: how many jobs still run).
+SELECT count(*) AS n FROM {schema}.jobs WHERE status = 'running' AND NOT is_parent;

@@ -1,0 +1,122 @@
+"""`after` dependencies: recording them, and settling what waited once jobs finish.
+
+A job `after` others becomes runnable when they all succeeded, and fails (naming the
+dependency) when one failed, was cancelled or is gone. The enqueue and a dependency's
+terminal write race; neither locks the other (a running dependency must keep renewing its
+lease). Each side reads after its own commit instead — the terminal write asks for its
+dependents in the same round trip, after its Sync; an enqueue that owns its transaction
+reads its dependencies again after its commit — so whichever commits second sees the
+other. An enqueue inside an application's transaction cannot read after that commit;
+``export-finalize`` resolves what it leaves waiting at its next pass.
+
+Settling is bounded: a terminal write releases at most ``SETTLE_BATCH`` dependents inline;
+export-finalize pages through the rest (``waiting_page``). Each batch is resolved by index
+probes per job, so it costs the same however many jobs wait in the table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from uuid import UUID
+
+from jobfence import db
+from jobfence.store.base import Noun
+from jobfence.store.types import Transition, transitions
+
+SETTLE_BATCH = 1000
+"""Dependents a verb releases inline after making jobs terminal; export-finalize pages
+through the rest."""
+
+RESOLVE_BATCH = 5000
+"""Waiting jobs resolved per statement."""
+
+
+def _chunks(items: Sequence[UUID], size: int) -> Iterator[list[UUID]]:
+    for i in range(0, len(items), size):
+        yield list(items[i:i + size])
+
+
+class Dependencies(Noun):
+    sql_file = "dependencies.sql"
+
+    def status(self, job_ids: Sequence[UUID]) -> dict[UUID, str]:
+        """The status of each of these jobs that exists (a plain read, never a lock)."""
+        return {r["job_id"]: r["status"] for r in self._all("status",
+                                                             {"job_ids": list(job_ids)})}
+
+    def insert_many(self, pairs: Sequence[tuple[UUID, UUID]]) -> None:
+        """Record (job, depends_on) pairs."""
+        if pairs:
+            self._execute("insert_many", {"deps": json.dumps(
+                [{"job_id": str(j), "depends_on": str(d)} for j, d in pairs])})
+
+    def dependents(self, job_ids: Sequence[UUID], *, limit: int) -> list[UUID]:
+        """Up to ``limit`` waiting jobs that depend on any of these."""
+        return list(dict.fromkeys(r["job_id"] for r in self._all(
+            "dependents", {"job_ids": list(job_ids), "limit": limit})))
+
+    def dependents_cursor(self, job_id: UUID) -> db.Cursor:
+        """The first page of a job's dependents, as a cursor to read later: queued in a
+        pipeline after the Sync of the job's terminal write, it runs after that commit."""
+        return self._execute("dependents", {"job_ids": [job_id], "limit": SETTLE_BATCH})
+
+    def settle(self, done: Sequence[Transition], budget: int = SETTLE_BATCH) -> list[Transition]:
+        """Resolve jobs waiting on the jobs that just became terminal, transitively, at
+        most ``budget`` of them; export-finalize resolves the rest at its next pass.
+
+        Returns every further transition it made. Runs after the commit of the transitions
+        it is given, each resolution in its own statement.
+        """
+        made: list[Transition] = []
+        frontier = [t.job_id for t in done if t.terminal]
+        while frontier and budget > 0:
+            found = self.dependents(frontier, limit=budget)
+            budget -= len(found)
+            resolved = self.resolve(found) if found else []
+            made.extend(resolved)
+            frontier = [t.job_id for t in resolved if t.terminal]
+        return made
+
+    def settle_found(self, found: Sequence[UUID]) -> list[Transition]:
+        """Settle after a terminal write whose first page of dependents came back with it."""
+        if not found:
+            return []
+        resolved = self.resolve(found)
+        return resolved + self.settle([t for t in resolved if t.terminal],
+                                      SETTLE_BATCH - len(found))
+
+    def resolve(self, job_ids: Sequence[UUID]) -> list[Transition]:
+        """Resolve these waiting jobs if their dependencies allow (pending, a parent
+        running with its children released, or failed naming the dependency), in batches
+        of ``RESOLVE_BATCH``, each its own transaction unless the caller's is open."""
+        out: list[Transition] = []
+        for batch in _chunks(job_ids, RESOLVE_BATCH):
+            with db.transaction(self.conn):
+                rows = self._all("resolve", {"job_ids": batch})
+                started = [r["job_id"] for r in rows
+                           if r["is_parent"] and r["status"] == "running"]
+                failed = [r["job_id"] for r in rows
+                          if r["is_parent"] and r["status"] == "failed"]
+                children = self.release_children(started) + \
+                    self.cancel_children_of_failed(failed)
+            out += transitions(rows) + children
+        return out
+
+    def release_children(self, parent_ids: Sequence[UUID]) -> list[Transition]:
+        """A parent whose dependencies succeeded: its waiting children become claimable."""
+        if not parent_ids:
+            return []
+        return transitions(self._all("release_children", {"parent_ids": list(parent_ids)}))
+
+    def cancel_children_of_failed(self, parent_ids: Sequence[UUID]) -> list[Transition]:
+        """A parent that failed before starting: its waiting children will never run."""
+        if not parent_ids:
+            return []
+        return transitions(self._all("cancel_children_of_failed",
+                                     {"parent_ids": list(parent_ids)}))
+
+    def waiting_page(self, *, after: UUID, limit: int) -> list[UUID]:
+        """Waiting top-level jobs after ``after`` in id order (the safety net's pages)."""
+        return [r["job_id"] for r in self._all("waiting_page", {"after": after,
+                                                                 "limit": limit})]

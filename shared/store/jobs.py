@@ -1,0 +1,165 @@
+"""Jobs: inserting them (all or nothing, a parent's children with them), reading them, and
+cancelling them (fences rotated)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+from uuid import UUID
+
+from jobfence import db
+from jobfence.errors import IdempotencyConflict, InvalidSpec, JobAlreadyTerminal, JobNotFound
+from jobfence.store.base import Noun
+from jobfence.store.types import (
+    TERMINAL,
+    ActionResult,
+    ChildBatches,
+    Enqueued,
+    JobEvent,
+    JobRow,
+    NewJob,
+    Transition,
+    transitions,
+)
+
+
+class Jobs(Noun):
+    sql_file = "jobs.sql"
+
+    # -- enqueue ---------------------------------------------------------------------------
+
+    def enqueue(self, jobs: Sequence[NewJob],
+                children: ChildBatches | None = None) -> list[Enqueued]:
+        """Insert jobs in one transaction, all or nothing; a parent's children are made by
+        ``children`` and inserted batch by batch in the same transaction (memory stays
+        bounded however many there are).
+
+        Refused while draining (``Drained``); ``ResourceBusy`` when a resource is held by an
+        active job (the unique index decides, race-free); a repeated idempotency key returns
+        the existing job when the spec is the same and raises ``IdempotencyConflict`` when
+        it is not; an ``after`` id that does not exist raises ``JobNotFound``.
+
+        Inside a transaction the caller owns, everything is written in it (as a savepoint)
+        and the caller's commit makes it visible; otherwise in a transaction of its own, and
+        the dependencies are read again after its commit (see ``jobfence.store.dependencies``).
+        """
+        deps = self.store.dependencies
+        owned = not db.in_transaction(self.conn)
+        after = sorted({d for job in jobs for d in job.after}, key=str)
+        settled: dict[UUID, str] = {}
+        with db.transaction(self.conn):
+            self.store.control.drain_lock()
+            finished = False
+            if after:
+                found = deps.status(after)
+                missing = [d for d in after if d not in found]
+                if missing:
+                    raise JobNotFound(missing[0])
+                finished = any(status in TERMINAL for status in found.values())
+            inserted = self.insert_many(jobs)
+            results = self._idempotent_replays(jobs, inserted)
+            if children is not None:
+                results = [self._insert_children(r, j, children) if r.created and j.is_parent
+                           else r for r, j in zip(results, jobs, strict=True)]
+            deps.insert_many([(j.job_id, d) for j in jobs if j.job_id in inserted
+                              for d in j.after])
+            waiting = [j.job_id for j in jobs if j.job_id in inserted and j.after]
+            if waiting and finished:  # some dependency had already finished
+                settled = {t.job_id: t.status for t in deps.resolve(waiting)}
+        if waiting and owned:
+            # A dependency may have finished after the check above: its own look for
+            # dependents could not see these rows. Read again, after this commit.
+            still = [j for j in waiting if settled.get(j, "waiting") == "waiting"]
+            if still and any(s in TERMINAL for s in deps.status(after).values()):
+                settled |= {t.job_id: t.status for t in deps.resolve(still)}
+        if settled:
+            results = [Enqueued(r.job_id, settled.get(r.job_id, r.status), r.created,
+                                r.children) for r in results]
+        return results
+
+    def insert_many(self, jobs: Sequence[NewJob]) -> set[UUID]:
+        """Insert a batch of new jobs; the ids inserted (a repeated idempotency key inserts
+        nothing for its job)."""
+        return {r["job_id"] for r in self._all(
+            "insert_many", {"jobs": json.dumps([job.row() for job in jobs])})}
+
+    def by_idempotency_keys(self, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        return {r["idempotency_key"]: r for r in self._all("by_idempotency_keys",
+                                                            {"keys": list(keys)})}
+
+    def _insert_children(self, parent: Enqueued, job: NewJob,
+                         children: ChildBatches) -> Enqueued:
+        count = 0
+        for batch in children(job):
+            self.insert_many(batch)
+            count += len(batch)
+        if count == 0:
+            raise InvalidSpec(f"job {job.job_id}: its inputs matched no objects")
+        return Enqueued(parent.job_id, parent.status, parent.created, count)
+
+    def _idempotent_replays(self, jobs: Sequence[NewJob], inserted: set[UUID]) -> list[Enqueued]:
+        replayed = [j.idempotency_key for j in jobs if j.job_id not in inserted]
+        existing = self.by_idempotency_keys([k for k in replayed if k]) if replayed else {}
+        out = []
+        for job in jobs:
+            if job.job_id in inserted:
+                out.append(Enqueued(job.job_id, job.status))
+                continue
+            row = existing.get(job.idempotency_key or "")
+            if row is None:  # the other job was deleted between the two statements
+                raise IdempotencyConflict(f"idempotency key {job.idempotency_key!r} "
+                                          "changed hands during enqueue; try again")
+            if row["spec_hash"] != job.spec_hash:
+                raise IdempotencyConflict(
+                    f"idempotency key {job.idempotency_key!r} was used by job "
+                    f"{row['job_id']} with a different spec")
+            out.append(Enqueued(row["job_id"], row["status"], created=False))
+        return out
+
+    # -- cancel ----------------------------------------------------------------------------
+
+    def cancel(self, *, job_id: UUID, reason: str = "cancelled") -> list[Transition]:
+        """Cancel a job (and a parent's unfinished children); rotates every fence involved.
+
+        ``JobNotFound`` if there is no such job, ``JobAlreadyTerminal`` if it has finished.
+        """
+        params = {"job_id": job_id, "reason": reason}
+        with db.transaction(self.conn):
+            # Children first: the same order a finishing child takes (child row, then
+            # the parent), so cancel and finish never deadlock.
+            children = self.cancel_children(job_id=job_id, reason=reason)
+            row = self._one("cancel", params)
+            if row is None:
+                current = self.get(job_id)
+                if current is None:
+                    raise JobNotFound(job_id)
+                raise JobAlreadyTerminal(f"job {job_id} is already {current.status}")
+        done = [*children, *transitions([row])]
+        self.store.dependencies.settle(done)
+        return done
+
+    def cancel_children(self, *, job_id: UUID, reason: str) -> list[Transition]:
+        """Cancel a parent's unfinished children (part of ``cancel``'s transaction)."""
+        return transitions(self._all("cancel_children", {"job_id": job_id, "reason": reason}))
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def get(self, job_id: UUID) -> JobRow | None:
+        return self._row("get", {"job_id": job_id}, JobRow)
+
+    def page(self, *, status: str | None = None, resource: str | None = None,
+             parent_id: UUID | None = None, limit: int = 100) -> list[JobRow]:
+        """Jobs newest first, optionally by status, resource or parent."""
+        return self._rows("page", {"status": status, "resource": resource,
+                                   "parent_id": parent_id, "limit": limit}, JobRow)
+
+    def action_results(self, job_ids: Sequence[UUID]) -> list[ActionResult]:
+        return self._rows("action_results", {"job_ids": list(job_ids)}, ActionResult)
+
+    def children_counts(self, job_id: UUID) -> dict[str, int]:
+        return {r["status"]: r["n"] for r in self._all("children_counts", {"job_id": job_id})}
+
+    def events(self, job_id: UUID) -> list[JobEvent]:
+        """The audit trail of one job, oldest first."""
+        return self._rows("events", {"job_id": job_id}, JobEvent)

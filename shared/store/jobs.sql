@@ -1,0 +1,100 @@
+-- Jobs: inserting them, reading them, cancelling them.
+-- Named statements, run by the method of the same name in store/jobs.py. {schema} is
+-- the installation's schema (JOBFENCE_SCHEMA), filled in as a quoted identifier.
+
+-- insert_many --
+-- Insert a batch of new jobs (a datum parent starts out running, never claimed); a repeated
+-- idempotency key inserts nothing for that job.
+INSERT INTO {schema}.jobs (
+    job_id, status, actions, resource, priority, max_attempts, visible_at, parent_id,
+    is_parent, inputs, labels, ttl, timeout, expires_at, idempotency_key, spec_hash, reason,
+    started_at
+)
+SELECT
+    x.job_id, x.status, x.actions, x.resource, x.priority, x.max_attempts, now(), x.parent_id,
+    x.is_parent, x.inputs, coalesce(x.labels, '{{}}'::jsonb),
+    make_interval(secs => x.ttl_seconds), make_interval(secs => x.timeout_seconds),
+    now() + make_interval(secs => x.expires_in_seconds),
+    x.idempotency_key, x.spec_hash, x.reason,
+    CASE WHEN x.status = 'running' THEN now() END
+FROM jsonb_to_recordset(%(jobs)s::jsonb) AS x (
+    job_id uuid, status text, actions jsonb, resource text, priority integer,
+    max_attempts integer, parent_id uuid, is_parent boolean, inputs jsonb, labels jsonb,
+    ttl_seconds float8, timeout_seconds float8, expires_in_seconds float8,
+    idempotency_key text, spec_hash text, reason text
+)
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING job_id;
+
+-- by_idempotency_keys --
+-- Jobs already enqueued under these idempotency keys.
+SELECT job_id, idempotency_key, spec_hash, status
+FROM {schema}.jobs WHERE idempotency_key = ANY(%(keys)s::text[]);
+
+-- cancel_children --
+-- Cancel a parent's unfinished children (fences rotated). Runs before job_cancel, in the same
+-- transaction: children before parent, the order a finishing child takes too.
+UPDATE {schema}.jobs SET
+    status = 'cancelled',
+    attempt_id = NULL,
+    claimed_by = NULL,
+    run_deadline_at = NULL,
+    finished_at = now(),
+    retain_until = now() + ttl,
+    reason = %(reason)s,
+    error = %(reason)s
+WHERE parent_id = %(job_id)s AND status IN ('waiting', 'pending', 'running')
+RETURNING job_id, status, parent_id;
+
+-- cancel --
+-- Cancel a job that is not terminal yet; rotates the fence.
+UPDATE {schema}.jobs SET
+    status = 'cancelled',
+    attempt_id = NULL,
+    claimed_by = NULL,
+    run_deadline_at = NULL,
+    finished_at = now(),
+    retain_until = now() + ttl,
+    reason = %(reason)s,
+    error = %(reason)s
+WHERE job_id = %(job_id)s AND status IN ('waiting', 'pending', 'running')
+RETURNING job_id, status, parent_id;
+
+-- get --
+-- One job, everything `status` shows.
+SELECT job_id, status, actions, resource, priority, max_attempts, attempt_count, visible_at,
+    attempt_id, claimed_by, claimed_at, heartbeat_at, run_deadline_at, parent_id, is_parent,
+    inputs, labels, ttl, timeout, expires_at, idempotency_key, reason, error, error_detail,
+    manifest, created_at, started_at, finished_at, interruptions,
+    ARRAY(SELECT depends_on FROM {schema}.job_dependencies d WHERE d.job_id = jobs.job_id) AS after
+FROM {schema}.jobs WHERE job_id = %(job_id)s;
+
+-- page --
+-- Newest first (job ids are time-ordered), optionally by status and resource.
+SELECT job_id, status, actions, resource, priority, max_attempts, attempt_count, visible_at,
+    attempt_id, claimed_by, claimed_at, heartbeat_at, run_deadline_at, parent_id, is_parent,
+    inputs, labels, ttl, timeout, expires_at, idempotency_key, reason, error, error_detail,
+    manifest, created_at, started_at, finished_at, interruptions,
+    ARRAY(SELECT depends_on FROM {schema}.job_dependencies d WHERE d.job_id = jobs.job_id) AS after
+FROM {schema}.jobs
+WHERE (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(resource)s::text IS NULL OR resource = %(resource)s)
+  AND (%(parent_id)s::uuid IS NULL OR parent_id = %(parent_id)s)
+ORDER BY job_id DESC
+LIMIT %(limit)s;
+
+-- action_results --
+-- Every recorded action result of some jobs, oldest first.
+SELECT job_id, attempt_id, action_index, name, status, started_at, finished_at, result, error
+FROM {schema}.job_action_results
+WHERE job_id = ANY(%(job_ids)s::uuid[])
+ORDER BY job_id, finished_at, action_index;
+
+-- children_counts --
+-- A parent's children by status.
+SELECT status, count(*) AS n FROM {schema}.jobs WHERE parent_id = %(job_id)s GROUP BY status;
+
+-- events --
+-- The audit trail of one job.
+SELECT event_id, from_status, to_status, attempt_id, reason, at
+FROM {schema}.job_events WHERE job_id = %(job_id)s ORDER BY event_id;

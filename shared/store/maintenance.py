@@ -1,0 +1,110 @@
+"""The periodic passes over jobs, each verb one bounded batch in one short transaction:
+reclaiming expired leases (sweeper), run timeouts and pending expiry, retention of finished
+jobs and of the history (lifecycle).
+
+Taking a claim away always goes through one SQL function, ``jobfence_reclaim`` (migration
+0005): the fence is rotated, and the job goes back to pending after the retry delay or
+fails once its attempts are exhausted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from uuid import UUID
+
+from jobfence import db
+from jobfence.store.base import Noun
+from jobfence.store.types import RetentionCandidate, RetryPolicy, Transition, transitions
+
+
+class Maintenance(Noun):
+    sql_file = "maintenance.sql"
+
+    def reclaim_expired(self, *, retry: RetryPolicy, batch_size: int,
+                        now: datetime | None = None) -> list[Transition]:
+        """One bounded batch of expired leases: fence rotated, back to pending with backoff
+        or failed when attempts are exhausted. ``now`` defaults to the database's clock.
+        What waited on the jobs that failed is settled."""
+        done = transitions(self._all("reclaim_expired", {
+            "batch_size": batch_size, "now": now, **retry.params()}))
+        self.store.dependencies.settle(done)
+        return done
+
+    def reclaim_timed_out(self, *, retry: RetryPolicy, batch_size: int,
+                          now: datetime | None = None) -> list[Transition]:
+        """One bounded batch of running jobs past their run deadline: fence rotated, back
+        to pending with backoff, or failed "timed out" when attempts are exhausted.
+
+        Does not settle: the caller settles the transitions (and counts what that moved).
+        """
+        return transitions(self._all("reclaim_timed_out", {
+            "batch_size": batch_size, "now": now, **retry.params()}))
+
+    def expire_pending(self, *, batch_size: int,
+                       now: datetime | None = None) -> tuple[list[Transition], int]:
+        """One bounded batch of waiting/pending jobs past their ``expires_at``: cancelled
+        "expired before start". A waiting parent's waiting children are cancelled in the
+        same transaction, and only counted (second value): a parent's children may be
+        many, and nothing waits on a child.
+
+        Does not settle: the caller settles the transitions.
+        """
+        with db.transaction(self.conn):
+            rows = self._all("expire_pending", {"batch_size": batch_size, "now": now})
+            parents = [r["job_id"] for r in rows if r["is_parent"]]
+            children = self.cancel_children_of_expired(parents)
+        return transitions(rows), children
+
+    def cancel_children_of_expired(self, parent_ids: Sequence[UUID]) -> int:
+        """Parents that expired while waiting: their waiting children will never run."""
+        if not parent_ids:
+            return 0
+        return self._count("cancel_children_of_expired", {"parent_ids": list(parent_ids)})
+
+    # -- retention -------------------------------------------------------------------------
+
+    def retention_due_with_ttl(self, *, after: tuple[datetime, UUID], limit: int,
+                               now: datetime | None = None) -> list[RetentionCandidate]:
+        """A page of top-level terminal jobs past their ``retain_until``, after the cursor
+        ``after`` = (due, job_id)."""
+        return self._rows("retention_due_with_ttl", {
+            "now": now, "after_due": after[0], "after_id": after[1], "limit": limit},
+            RetentionCandidate)
+
+    def retention_due_without_ttl(self, *, after: tuple[datetime, UUID], limit: int,
+                                  default_retention: timedelta,
+                                  now: datetime | None = None) -> list[RetentionCandidate]:
+        """A page of top-level terminal jobs without a ttl that finished more than
+        ``default_retention`` ago, after the cursor ``after``."""
+        return self._rows("retention_due_without_ttl", {
+            "now": now, "after_due": after[0], "after_id": after[1], "limit": limit,
+            "retention_seconds": default_retention.total_seconds()}, RetentionCandidate)
+
+    def retention_children(self, *, parent_id: UUID, after: UUID,
+                           limit: int) -> list[tuple[UUID, bool]]:
+        """A page of a parent's children in id order: (job_id, has_outputs)."""
+        return [(r["job_id"], r["has_outputs"]) for r in self._all(
+            "retention_children", {"parent_id": parent_id, "after": after, "limit": limit})]
+
+    def delete_children(self, *, parent_id: UUID, limit: int) -> int:
+        """Delete up to ``limit`` terminal children of a parent; how many went."""
+        return len(self._all("delete_children", {"parent_id": parent_id, "limit": limit}))
+
+    def delete_jobs(self, *, job_ids: Sequence[UUID]) -> list[UUID]:
+        """Delete these top-level terminal jobs (action results, outputs and dependency
+        rows cascade) in one statement; a parent that still has children is kept. The ids
+        deleted."""
+        return [r["job_id"] for r in self._all("delete_jobs", {"job_ids": list(job_ids)})]
+
+    def delete_old_events(self, *, older_than: timedelta, limit: int,
+                          now: datetime | None = None) -> int:
+        """Delete up to ``limit`` audit events older than ``older_than``, oldest first."""
+        return self._count("delete_old_events", {
+            "now": now, "retention_seconds": older_than.total_seconds(), "limit": limit})
+
+    def delete_old_function_runs(self, *, older_than: timedelta, limit: int,
+                                 now: datetime | None = None) -> int:
+        """Delete up to ``limit`` function-run records started before ``older_than``."""
+        return self._count("delete_old_function_runs", {
+            "now": now, "retention_seconds": older_than.total_seconds(), "limit": limit})

@@ -1,0 +1,162 @@
+-- The periodic passes over jobs: reclaims, run timeouts, pending expiry, retention.
+-- Named statements, run by the method of the same name in store/maintenance.py. {schema} is
+-- the installation's schema (JOBFENCE_SCHEMA), filled in as a quoted identifier.
+
+-- reclaim_expired --
+-- Expired leases, oldest first, in a bounded batch: rotate the fence, then back to pending
+-- with backoff, or failed once attempts are exhausted (jobfence_reclaim).
+WITH expired AS (
+    SELECT job_id, 'lease expired (claimed by ' || coalesce(claimed_by, '?') || ')' AS why
+    FROM {schema}.jobs
+    WHERE status = 'running' AND NOT is_parent
+      AND visible_at <= coalesce(%(now)s::timestamptz, now())
+    ORDER BY visible_at
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+)
+SELECT r.job_id, r.status, r.parent_id
+FROM {schema}.jobfence_reclaim(
+    ARRAY(SELECT job_id FROM expired ORDER BY job_id),
+    ARRAY(SELECT why FROM expired ORDER BY job_id),
+    ARRAY(SELECT 'lease expired' FROM expired ORDER BY job_id),
+    %(base_seconds)s, %(cap_seconds)s) AS r;
+
+-- reclaim_timed_out --
+-- Running jobs past their run deadline, oldest first, in a bounded batch: rotate the fence
+-- (the worker finds out at its next heartbeat and kills its child), then back to pending
+-- with backoff, or failed "timed out" once attempts are exhausted (jobfence_reclaim). The
+-- timed-out attempt was counted at its claim, so it counts as a failed one.
+WITH overdue AS (
+    SELECT job_id, 'timed out: ran longer than its timeout (attempt ' || attempt_count
+        || ' of ' || max_attempts || ', claimed by ' || coalesce(claimed_by, '?') || ')' AS why
+    FROM {schema}.jobs
+    WHERE status = 'running' AND run_deadline_at IS NOT NULL AND NOT is_parent
+      AND run_deadline_at <= coalesce(%(now)s::timestamptz, now())
+    ORDER BY run_deadline_at
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+)
+SELECT r.job_id, r.status, r.parent_id
+FROM {schema}.jobfence_reclaim(
+    ARRAY(SELECT job_id FROM overdue ORDER BY job_id),
+    ARRAY(SELECT why FROM overdue ORDER BY job_id),
+    ARRAY(SELECT 'timed out' FROM overdue ORDER BY job_id),
+    %(base_seconds)s, %(cap_seconds)s) AS r;
+
+-- expire_pending --
+-- Waiting or pending jobs past their expires_at, in a bounded batch: cancelled "expired
+-- before start". Never claimed, so there is no fence to rotate.
+WITH expired AS (
+    SELECT job_id FROM {schema}.jobs
+    WHERE status IN ('waiting', 'pending') AND expires_at IS NOT NULL
+      AND expires_at <= coalesce(%(now)s::timestamptz, now())
+    ORDER BY expires_at
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.jobs j SET
+    status = 'cancelled',
+    finished_at = now(),
+    retain_until = now() + j.ttl,
+    reason = 'expired before start',
+    error = 'expired before start'
+FROM expired e
+WHERE j.job_id = e.job_id
+RETURNING j.job_id, j.status, j.parent_id, j.is_parent;
+
+-- cancel_children_of_expired --
+-- Parents that expired while waiting: their waiting children will never run. Same
+-- transaction as the parents' expiry, so no child is left waiting on a cancelled parent.
+UPDATE {schema}.jobs SET status = 'cancelled', finished_at = now(), retain_until = now() + ttl,
+    reason = 'parent expired before start', error = 'parent expired before start'
+WHERE parent_id = ANY(%(parent_ids)s::uuid[]) AND status = 'waiting'
+RETURNING job_id, status, parent_id;
+
+-- retention_due_with_ttl --
+-- Top-level terminal jobs with a ttl whose retain_until has passed, in (retain_until,
+-- job_id) order after a cursor (a job whose objects could not be deleted stays behind it
+-- until the next pass; the first page starts at the year 1). has_outputs: whether an
+-- attempt registered an output, i.e. whether the job can own objects under its prefix
+-- (one index probe per row: LIMIT 1 in a lateral join is never turned into a hash of the
+-- whole job_outputs table).
+SELECT j.job_id, j.is_parent, j.retain_until AS due,
+    o.found IS NOT NULL AS has_outputs
+FROM {schema}.jobs j
+LEFT JOIN LATERAL (SELECT true AS found FROM {schema}.job_outputs o
+                   WHERE o.job_id = j.job_id LIMIT 1) o ON true
+WHERE j.parent_id IS NULL AND j.retain_until IS NOT NULL
+  AND j.retain_until <= coalesce(%(now)s::timestamptz, now())
+  AND j.status IN ('succeeded', 'failed', 'cancelled')
+  AND (j.retain_until, j.job_id) > (%(after_due)s::timestamptz, %(after_id)s::uuid)
+ORDER BY j.retain_until, j.job_id
+LIMIT %(limit)s;
+
+-- retention_due_without_ttl --
+-- Top-level terminal jobs without a ttl that finished more than the default retention ago,
+-- in (finished_at, job_id) order after a cursor; as retention_ttl_page otherwise.
+SELECT j.job_id, j.is_parent, j.finished_at AS due,
+    o.found IS NOT NULL AS has_outputs
+FROM {schema}.jobs j
+LEFT JOIN LATERAL (SELECT true AS found FROM {schema}.job_outputs o
+                   WHERE o.job_id = j.job_id LIMIT 1) o ON true
+WHERE j.parent_id IS NULL AND j.ttl IS NULL AND j.finished_at IS NOT NULL
+  AND j.finished_at <= coalesce(%(now)s::timestamptz, now())
+                       - make_interval(secs => %(retention_seconds)s)
+  AND j.status IN ('succeeded', 'failed', 'cancelled')
+  AND (j.finished_at, j.job_id) > (%(after_due)s::timestamptz, %(after_id)s::uuid)
+ORDER BY j.finished_at, j.job_id
+LIMIT %(limit)s;
+
+-- retention_children --
+-- One page of a parent's children in id order, each with whether it registered outputs.
+SELECT c.job_id,
+    o.found IS NOT NULL AS has_outputs
+FROM {schema}.jobs c
+LEFT JOIN LATERAL (SELECT true AS found FROM {schema}.job_outputs o
+                   WHERE o.job_id = c.job_id LIMIT 1) o ON true
+WHERE c.parent_id = %(parent_id)s AND c.job_id > %(after)s
+ORDER BY c.job_id
+LIMIT %(limit)s;
+
+-- delete_children --
+-- Delete one bounded batch of a terminal parent's terminal children (their action results
+-- and outputs cascade: a few rows per child).
+DELETE FROM {schema}.jobs
+WHERE job_id IN (
+    SELECT c.job_id FROM {schema}.jobs c
+    WHERE c.parent_id = %(parent_id)s AND c.status IN ('succeeded', 'failed', 'cancelled')
+    ORDER BY c.job_id
+    LIMIT %(limit)s
+)
+RETURNING job_id;
+
+-- delete_jobs --
+-- Delete top-level terminal jobs whose objects are gone. A parent goes only once it has no
+-- child left (its children are deleted first, batch by batch): the parent_id cascade never
+-- deletes an unbounded number of children in one statement.
+DELETE FROM {schema}.jobs j
+WHERE j.job_id = ANY(%(job_ids)s::uuid[]) AND j.parent_id IS NULL
+  AND j.status IN ('succeeded', 'failed', 'cancelled')
+  AND NOT EXISTS (SELECT 1 FROM {schema}.jobs c WHERE c.parent_id = j.job_id)
+RETURNING j.job_id;
+
+-- delete_old_events --
+-- Delete one bounded batch of audit events older than the audit retention, oldest first.
+DELETE FROM {schema}.job_events
+WHERE event_id IN (
+    SELECT event_id FROM {schema}.job_events
+    WHERE at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_seconds)s)
+    ORDER BY at
+    LIMIT %(limit)s
+);
+
+-- delete_old_function_runs --
+-- Delete one bounded batch of function-run records older than their retention.
+DELETE FROM {schema}.function_runs
+WHERE run_id IN (
+    SELECT run_id FROM {schema}.function_runs
+    WHERE started_at < coalesce(%(now)s::timestamptz, now())
+                       - make_interval(secs => %(retention_seconds)s)
+    ORDER BY started_at
+    LIMIT %(limit)s
+);

@@ -1,0 +1,133 @@
+"""Numbered schema migrations (``store/schema/NNNN_name.sql``), applied in order, in the
+installation's schema.
+
+Every migration runs in its own transaction together with its bookkeeping row, under a
+transaction-scoped advisory lock (it holds through a transaction-pooling PgBouncer, and a
+crash releases it): two pods running ``jobfence migrate`` at once apply each migration
+exactly once, and the second finds nothing left to do. Each migration's transaction has
+the installation's schema as its only search path, so migration files name objects
+unqualified. Migrations must be additive: a rolling deploy runs old and new pods against
+the same schema.
+
+A database migrated by a release from before ``JOBFENCE_SCHEMA`` keeps its objects in the
+first schema of its search path (usually ``public``); the first migrate of this release
+moves every one of them into the installation's schema, jobs intact, and goes on from the
+version it had reached.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import LiteralString
+
+from jobfence import db
+from jobfence.db import Connection
+
+_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+LEGACY_TABLES = (
+    "jobfence_schema_migrations", "jobfence_control", "jobs", "job_dependencies",
+    "job_events", "job_action_results", "job_outputs", "function_runs",
+    "orphan_pod_suspects", "function_totals", "function_status",
+)
+LEGACY_FUNCTIONS: tuple[tuple[str, LiteralString], ...] = (
+    ("jobfence_retry_delay", "integer, float8, float8"), ("jobfence_audit_insert", ""),
+    ("jobfence_audit_update", ""), ("jobfence_reclaim", "uuid[], text[], text[], float8, float8"),
+)
+"""What releases before 0009 created, by name (functions with their argument types)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    sql: LiteralString
+
+
+@dataclass(frozen=True, slots=True)
+class MigrateReport:
+    applied: tuple[str, ...]
+    already: int
+    relocated_from: str | None = None
+    """The schema an earlier release's objects were moved from, if this run moved them."""
+
+    @property
+    def current(self) -> int:
+        return self.already + len(self.applied)
+
+
+def available() -> list[Migration]:
+    """Every migration shipped with this version, in order."""
+    found = []
+    for entry in resources.files("jobfence.store.schema").iterdir():
+        m = _FILE.match(entry.name)
+        if m:
+            found.append(Migration(int(m[1]), m[2], entry.read_text("utf-8")))
+    found.sort(key=lambda mig: mig.version)
+    versions = [mig.version for mig in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"migrations must be numbered 1..n without gaps, got {versions}")
+    return found
+
+
+class Migrations:
+    """The bookkeeping statements (``migrations.sql``) for one schema."""
+
+    def __init__(self, conn: Connection, schema: str) -> None:
+        self.conn, self.schema = conn, schema
+        self.sql = db.queries("jobfence.store", "migrations.sql", schema)
+
+    def lock(self) -> None:
+        db.execute(self.conn, self.sql["lock"], db.lock_params(f"{self.schema}:migrate"))
+
+    def create_schema(self) -> None:
+        db.execute(self.conn, self.sql["create_schema"])
+
+    def use_schema(self) -> None:
+        db.execute(self.conn, self.sql["use_schema"], {"schema": self.schema})
+
+    def table_create(self) -> None:
+        db.execute(self.conn, self.sql["table_create"])
+
+    def applied(self) -> set[int]:
+        return {r["version"] for r in db.execute(self.conn, self.sql["applied"])}
+
+    def record(self, mig: Migration) -> None:
+        db.execute(self.conn, self.sql["record"], {"version": mig.version, "name": mig.name})
+
+    def legacy_location(self) -> str | None:
+        """Where an earlier release keeps its objects, if not in this schema already."""
+        row = db.execute(self.conn, self.sql["legacy_location"]).fetchone()
+        return str(row["schema"]) if row and row["schema"] != self.schema else None
+
+    def apply(self, mig: Migration) -> bool:
+        """Apply one migration in its own transaction unless it was; whether it ran."""
+        with db.transaction(self.conn):
+            self.lock()
+            self.use_schema()
+            if mig.version in self.applied():
+                return False
+            db.execute(self.conn, mig.sql)  # our own package file, never input
+            self.record(mig)
+        return True
+
+
+def migrate(conn: Connection, schema: str = "jobfence") -> MigrateReport:
+    """Apply every migration not applied yet; safe to run repeatedly and concurrently."""
+    m = Migrations(conn, schema)
+    with db.transaction(conn):
+        m.lock()
+        relocated = None
+        if not db.relation_exists(conn, schema, "jobfence_schema_migrations"):
+            relocated = m.legacy_location()
+        m.create_schema()
+        if relocated:
+            db.move_objects(conn, source=relocated, target=schema, tables=LEGACY_TABLES,
+                            functions=LEGACY_FUNCTIONS)
+        m.use_schema()
+        m.table_create()
+        already = len(m.applied())
+    applied = tuple(f"{mig.version:04d}_{mig.name}" for mig in available() if m.apply(mig))
+    return MigrateReport(applied=applied, already=already, relocated_from=relocated)

@@ -1,0 +1,131 @@
+-- The cluster compared with the claims: a pass's snapshot of the worker pods, suspects, the object owners.
+-- Named statements, run by the method of the same name in store/pods.py. {schema} is
+-- the installation's schema (JOBFENCE_SCHEMA), filled in as a quoted identifier.
+
+-- snapshot_create --
+-- A session-local table for one pass's view of the worker pods, filled page by page, so
+-- that the comparison with the claims runs in the database and the pass holds one page.
+CREATE TEMPORARY TABLE IF NOT EXISTS cluster_pods (
+    name       text PRIMARY KEY,
+    phase      text NOT NULL,
+    created_at timestamptz,
+    started_at timestamptz,
+    job_name   text,
+    deleting   boolean NOT NULL
+);
+
+-- snapshot_clear --
+-- Empty the snapshot before a new listing.
+TRUNCATE pg_temp.cluster_pods;
+
+-- snapshot_add --
+-- Add one page of listed pods to the snapshot (a pod listed twice keeps its last state).
+INSERT INTO pg_temp.cluster_pods (name, phase, created_at, started_at, job_name, deleting)
+SELECT x.name, x.phase, x.created_at, x.started_at, x.job_name, x.deleting
+FROM jsonb_to_recordset(%(pods)s::jsonb) AS x (
+    name text, phase text, created_at timestamptz, started_at timestamptz, job_name text,
+    deleting boolean)
+ON CONFLICT (name) DO UPDATE SET phase = excluded.phase, created_at = excluded.created_at,
+    started_at = excluded.started_at, job_name = excluded.job_name,
+    deleting = excluded.deleting;
+
+-- now --
+-- The database's clock, or the injected one: when a listing began.
+SELECT coalesce(%(now)s::timestamptz, clock_timestamp()) AS now;
+
+-- reclaim_dead_claims --
+-- Live claims whose worker pod is gone from the snapshot, or has finished or gone Unknown,
+-- in a bounded batch: rotate the fence, retry with backoff, or fail once attempts are
+-- exhausted (jobfence_reclaim). Judged only for claimers the cluster can vouch for, and
+-- only for claims made before the listing began minus a grace period; a pod that started
+-- after the claim is a new process under a reused name, so the claimer is gone.
+WITH dead AS (
+    SELECT j.job_id,
+        (p.name IS NULL OR p.started_at > j.claimed_at + interval '1 second') AS missing,
+        CASE WHEN p.name IS NULL OR p.started_at > j.claimed_at + interval '1 second'
+             THEN 'worker pod ' || j.claimed_by || ' disappeared'
+             ELSE 'worker pod ' || j.claimed_by || ' is ' || p.phase END AS why
+    FROM {schema}.jobs j LEFT JOIN pg_temp.cluster_pods p ON p.name = j.claimed_by
+    WHERE j.status = 'running' AND NOT j.is_parent
+      AND j.claimed_by ~ %(claimer_pattern)s
+      AND j.claimed_at < %(listed_at)s::timestamptz - make_interval(secs => %(grace_seconds)s)
+      AND (p.name IS NULL OR p.phase IN ('Succeeded', 'Failed', 'Unknown')
+           OR p.started_at > j.claimed_at + interval '1 second')
+    ORDER BY j.job_id
+    LIMIT %(batch_size)s
+    FOR UPDATE OF j SKIP LOCKED
+)
+SELECT r.job_id, r.status, r.parent_id, d.missing
+FROM {schema}.jobfence_reclaim(
+    ARRAY(SELECT job_id FROM dead ORDER BY job_id),
+    ARRAY(SELECT why FROM dead ORDER BY job_id),
+    ARRAY(SELECT why FROM dead ORDER BY job_id),
+    %(base_seconds)s, %(cap_seconds)s) AS r
+JOIN dead d ON d.job_id = r.job_id;
+
+-- unverifiable_claims --
+-- Live claims by workers the cluster cannot vouch for (e.g. run by hand outside it).
+SELECT count(*) AS n FROM {schema}.jobs
+WHERE status = 'running' AND NOT is_parent AND claimed_by !~ %(claimer_pattern)s;
+
+-- unclaimed_pods --
+-- Running worker pods in the snapshot, started before the grace period, holding no live
+-- claim; a page in name order.
+SELECT p.name, p.job_name FROM pg_temp.cluster_pods p
+WHERE p.phase = 'Running' AND NOT p.deleting
+  AND coalesce(p.started_at, p.created_at) < %(listed_at)s::timestamptz - make_interval(secs => %(grace_seconds)s)
+  AND NOT EXISTS (SELECT 1 FROM {schema}.jobs j WHERE j.status = 'running' AND NOT j.is_parent
+                  AND j.claimed_by = p.name)
+  AND p.name > %(after)s
+ORDER BY p.name
+LIMIT %(limit)s;
+
+-- note_suspects --
+-- Remember a page of unclaimed pods: first seen now, or seen again.
+INSERT INTO {schema}.orphan_pod_suspects (name, job_name, first_seen, last_seen)
+SELECT x.name, x.job_name, %(listed_at)s, %(listed_at)s
+FROM jsonb_to_recordset(%(pods)s::jsonb) AS x (name text, job_name text)
+ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen, job_name = excluded.job_name
+RETURNING name, job_name, first_seen;
+
+-- forget_suspects --
+-- Suspects not seen unclaimed by this pass (they claimed work, or are gone).
+DELETE FROM {schema}.orphan_pod_suspects WHERE last_seen < %(listed_at)s;
+
+-- confirm_suspect --
+-- Just before deleting a suspect: drop it from the suspects if it holds a live claim now.
+DELETE FROM {schema}.orphan_pod_suspects s
+WHERE s.name = %(name)s
+  AND NOT EXISTS (SELECT 1 FROM {schema}.jobs j WHERE j.status = 'running' AND NOT j.is_parent
+                  AND j.claimed_by = s.name)
+RETURNING s.name;
+
+-- finished_pods_beyond_history --
+-- Finished worker pods older than the newest %(keep)s, holding no live claim (those are
+-- reconciliation's), a page in name order.
+WITH ranked AS (
+    SELECT p.name, p.job_name, row_number() OVER (
+        ORDER BY coalesce(p.started_at, p.created_at) DESC NULLS LAST, p.name) AS rn
+    FROM pg_temp.cluster_pods p
+    WHERE p.phase IN ('Succeeded', 'Failed') AND NOT p.deleting
+)
+SELECT r.name, r.job_name FROM ranked r
+WHERE r.rn > %(keep)s AND r.name > %(after)s
+  AND NOT EXISTS (SELECT 1 FROM {schema}.jobs j WHERE j.status = 'running' AND NOT j.is_parent
+                  AND j.claimed_by = r.name)
+ORDER BY r.name
+LIMIT %(limit)s;
+
+-- object_owners --
+-- For a page of (job, attempt) pairs parsed from object keys under jobfence/: 'keep' for a
+-- job's own files (no attempt: the manifest), the live claim's and the committed attempt's
+-- outputs; 'garbage' for any other attempt's (fenced out, failed, cancelled); 'gone' when
+-- the job no longer exists.
+SELECT x.job_id, x.attempt_id,
+    CASE WHEN j.job_id IS NULL THEN 'gone'
+         WHEN x.attempt_id IS NULL THEN 'keep'
+         WHEN j.attempt_id = x.attempt_id AND j.status IN ('running', 'succeeded')
+             THEN 'keep'
+         ELSE 'garbage' END AS verdict
+FROM jsonb_to_recordset(%(pairs)s::jsonb) AS x (job_id uuid, attempt_id uuid)
+LEFT JOIN {schema}.jobs j ON j.job_id = x.job_id;

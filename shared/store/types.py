@@ -1,0 +1,320 @@
+"""The store's values: what goes in (new jobs, an action's outcome, a retry policy) and
+what comes back (rows as small frozen dataclasses, their fields named like the columns of
+the statement that returns them)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from jobfence.limits import MAX_DETAIL_CHARS, storable_json, storable_text
+
+ACTIVE = ("waiting", "pending", "running")
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A validated job ready to insert (see jobfence.spec / jobfence.functions.enqueue)."""
+
+    job_id: UUID
+    actions: list[dict[str, Any]]
+    max_attempts: int
+    resource: str | None = None
+    priority: int = 0
+    after: tuple[UUID, ...] = ()
+    parent_id: UUID | None = None
+    is_parent: bool = False
+    inputs: Any = None
+    labels: dict[str, str] = field(default_factory=dict)
+    ttl_seconds: float | None = None
+    timeout_seconds: float | None = None
+    expires_in_seconds: float | None = None
+    idempotency_key: str | None = None
+    spec_hash: str | None = None
+    waiting: bool = False
+
+    @property
+    def status(self) -> str:
+        """Where a new job starts: waiting on dependencies (or on its parent); a datum
+        parent runs from the start (it is never claimed); anything else is pending."""
+        if self.after or self.waiting:
+            return "waiting"
+        return "running" if self.is_parent else "pending"
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "job_id": str(self.job_id),
+            "status": self.status,
+            "actions": self.actions,
+            "resource": self.resource,
+            "priority": self.priority,
+            "max_attempts": self.max_attempts,
+            "parent_id": str(self.parent_id) if self.parent_id else None,
+            "is_parent": self.is_parent,
+            "inputs": self.inputs,
+            "labels": self.labels,
+            "ttl_seconds": self.ttl_seconds,
+            "timeout_seconds": self.timeout_seconds,
+            "expires_in_seconds": self.expires_in_seconds,
+            "idempotency_key": self.idempotency_key,
+            "spec_hash": self.spec_hash,
+            "reason": "enqueued",
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    job_id: UUID
+    status: str
+    created: bool = True
+    """False when an idempotency key matched an existing job with the same spec."""
+    children: int | None = None
+    """For a datum parent: how many children this call created."""
+
+
+ChildBatches = Callable[[NewJob], Iterable[Sequence[NewJob]]]
+"""Makes a parent's children, batch by batch (e.g. from an S3 listing)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    job_id: UUID
+    attempt_id: UUID
+    attempt_count: int
+    max_attempts: int
+    actions: list[dict[str, Any]]
+    inputs: Any
+    parent_id: UUID | None
+    lease_expires_at: datetime
+    run_deadline_at: datetime | None
+    interruptions: int = 0
+    """SIGTERMs this job took on earlier claims (their attempts were given back)."""
+
+    @property
+    def may_resume(self) -> bool:
+        """Whether an earlier claim may have finished some actions."""
+        return self.attempt_count > 1 or self.interruptions > 0
+
+
+@dataclass(frozen=True, slots=True)
+class ActionOutcome:
+    """How one action of an attempt ended."""
+
+    index: int
+    name: str
+    succeeded: bool
+    started_at: datetime
+    result: Any = None
+    error: str | None = None
+    error_detail: str | None = None
+
+    def params(self, prefix: str = "") -> dict[str, Any]:
+        """Query parameters, made storable; ``prefix="action_"`` where they sit beside the
+        job's own."""
+        return {"action_index": self.index, f"{prefix}name": storable_text(self.name, 200),
+                f"{prefix}status": "succeeded" if self.succeeded else "failed",
+                f"{prefix}started_at": self.started_at,
+                f"{prefix}result": storable_json(self.result),
+                f"{prefix}error": storable_text(self.error),
+                f"{prefix}error_detail": storable_text(self.error_detail, MAX_DETAIL_CHARS)}
+
+
+NO_OUTCOME = {"action_index": None, "action_name": None, "action_status": None,
+              "action_started_at": None, "action_result": None, "action_error": None,
+              "action_error_detail": None}
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A job that a verb moved, and where to."""
+
+    job_id: UUID
+    status: str
+    parent_id: UUID | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Retry delay: base * 2^(attempt-1), capped, jittered (SQL: jobfence_retry_delay)."""
+
+    base_seconds: float = 10.0
+    cap_seconds: float = 3600.0
+
+    def params(self) -> dict[str, float]:
+        return {"base_seconds": self.base_seconds, "cap_seconds": self.cap_seconds}
+
+
+IMMEDIATE = RetryPolicy(0.0, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionCandidate:
+    """A top-level terminal job whose retention has run out."""
+
+    job_id: UUID
+    is_parent: bool
+    has_outputs: bool
+    """Whether an attempt registered outputs: only then can it own objects on S3 (outputs
+    are registered under the fence before they are uploaded)."""
+    due: datetime
+    """Its place in the retention order (retain_until, or finished_at without a ttl)."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """One job as ``status`` and ``list`` read it."""
+
+    job_id: UUID
+    status: str
+    actions: list[dict[str, Any]]
+    resource: str | None
+    priority: int
+    max_attempts: int
+    attempt_count: int
+    visible_at: datetime
+    attempt_id: UUID | None
+    claimed_by: str | None
+    claimed_at: datetime | None
+    heartbeat_at: datetime | None
+    run_deadline_at: datetime | None
+    parent_id: UUID | None
+    is_parent: bool
+    inputs: Any
+    labels: dict[str, str]
+    ttl: timedelta | None
+    timeout: timedelta | None
+    expires_at: datetime | None
+    idempotency_key: str | None
+    reason: str | None
+    error: str | None
+    error_detail: str | None
+    manifest: str | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    interruptions: int
+    after: list[UUID]
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Where a job's fence stands: its status, the attempt holding it, and why."""
+
+    status: str
+    attempt_id: UUID | None
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ActionResult:
+    """One recorded action result of one attempt."""
+
+    job_id: UUID
+    attempt_id: UUID
+    action_index: int
+    name: str
+    status: str
+    started_at: datetime
+    finished_at: datetime
+    result: Any
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    """One entry of a job's audit trail."""
+
+    event_id: int
+    from_status: str | None
+    to_status: str
+    attempt_id: UUID | None
+    reason: str | None
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class DrainState:
+    draining: bool
+    drain_changed_at: datetime
+    drain_reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueGauges:
+    waiting: int
+    pending: int
+    running: int
+    oldest_ready_age_seconds: float
+    draining: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionStatus:
+    """A periodic function's last run, and its last success."""
+
+    function: str
+    last_run_at: datetime
+    last_status: str
+    last_trigger: str
+    last_duration_seconds: float | None
+    last_success_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionTotal:
+    function: str
+    item: str
+    total: float
+
+
+@dataclass(frozen=True, slots=True)
+class ChildEntry:
+    """A parent's child as its manifest lists it."""
+
+    job_id: UUID
+    status: str
+    attempt_id: UUID | None
+    inputs: Any
+    error: str | None
+    outputs: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class ChildError:
+    job_id: UUID
+    status: str
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    """A worker pod of a pass's snapshot, by name, with the Job that owns it."""
+
+    name: str
+    job_name: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Suspect:
+    """A pod seen without a live claim, and since when."""
+
+    name: str
+    job_name: str | None
+    first_seen: datetime
+
+
+def transitions(rows: Iterable[dict[str, Any]]) -> list[Transition]:
+    """Transitions from rows with job_id, status and (maybe) parent_id."""
+    return [Transition(r["job_id"], r["status"], r.get("parent_id")) for r in rows]

@@ -1,0 +1,35 @@
+"""Where ports meet their adapters: the one module that builds the adapter a setting asks
+for. Ports (``jobfence.cluster``, ``jobfence.objectstore``) never import an adapter, and the
+heavy clients (``kubernetes``, ``boto3``) are imported here on first use only, so that a
+function that needs neither never pays for them at start-up.
+"""
+
+from __future__ import annotations
+
+from jobfence.cluster import Cluster
+from jobfence.objectstore import ObjectStore
+from jobfence.settings import Settings
+
+
+def open_cluster(settings: Settings) -> Cluster | None:
+    """The adapter for ``JOBFENCE_CLUSTER``; None for ``none``."""
+    if settings.cluster == "kubernetes":
+        from jobfence.adapters.kube import KubernetesCluster
+
+        return KubernetesCluster(namespace=settings.namespace,
+                                 selector=settings.worker_selector,
+                                 qps=settings.kube_qps, page_size=settings.kube_page_size)
+    if settings.cluster == "local":
+        from jobfence.adapters.local_cluster import LocalCluster
+
+        return LocalCluster()
+    return None
+
+
+def open_object_store(settings: Settings) -> ObjectStore:
+    """The S3 adapter for these settings."""
+    from jobfence.adapters.s3 import S3ObjectStore
+
+    return S3ObjectStore(endpoint_url=settings.s3_endpoint_url, region=settings.s3_region,
+                         access_key_id=settings.s3_access_key_id,
+                         secret_access_key=settings.s3_secret_access_key)
