@@ -1,5 +1,5 @@
 """SIGTERM → job no longer `running`: the worker's shutdown watcher releases the job while
-the main thread is blocked inside a long `command` action. Target ≤ 0.5 s; the seed's design
+the main thread is blocked inside a long `command` action. Target ≤ 0.5 s; Snowpack's shutdown watcher
 takes about 2 s. Measured from the signal to the moment the database shows the job released,
 polled every 2 ms on a separate connection; also the time until the worker process exits."""
 
@@ -67,13 +67,13 @@ def run(bench: Bench) -> Section:
     s = Section(
         "SIGTERM to tidy",
         "python -m bench.run --only sigterm",
-        ["measure", f"median of {n}", "p95", "vs target 0.5 s", "vs seed's ~2 s"])
+        ["measure", f"median of {n}", "p95", "vs target 0.5 s", "vs Snowpack's ~2 s"])
     s.rows.append(["SIGTERM → job not `running`", f"{median(released) * 1000:.0f} ms",
                    f"{p95(released) * 1000:.0f} ms",
                    f"{median(released) / TARGET_SECONDS:.2f}×",
                    f"{median(released) / SEED_SECONDS:.3f}×"])
     s.rows.append(["SIGTERM → worker exited (child killed)", f"{median(exited) * 1000:.0f} ms",
                    f"{p95(exited) * 1000:.0f} ms", "—", "—"])
-    s.notes.append("The job goes back to `pending` at once (attempts remain), not to the seed's "
+    s.notes.append("The job goes back to `pending` at once (attempts remain), not to Snowpack's "
                    "terminal `failed`; the child process group is SIGKILLed first.")
     return s

@@ -65,7 +65,15 @@ def main() -> int:
     p.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), help="run only these")
     p.add_argument("--quick", action="store_true", help="smaller sizes (smoke run)")
     p.add_argument("--out", type=Path, default=OUT, help="where to write the results")
+    p.add_argument("--list", action="store_true",
+                   help="import every benchmark, print their names, measure nothing")
     args = p.parse_args()
+    if args.list:
+        for name, module in BENCHMARKS.items():
+            if not callable(getattr(importlib.import_module(module), "run", None)):
+                raise SystemExit(f"{module} has no run(bench)")
+            print(name)
+        return 0
     names = args.only or list(BENCHMARKS)
     sections: list[Section] = []
     started = time.monotonic()

@@ -11,7 +11,6 @@ summary table, and cleans up after itself.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -89,7 +88,7 @@ class Demo:
     def job(self, job_id: str) -> dict[str, Any]:
         row = self.store.jobs.get(UUID(job_id))
         assert row is not None
-        return dataclasses.asdict(row)
+        return row._asdict()
 
     def taken_back(self, job_id: str) -> str:
         """Why the job's first claim was taken away, from the audit trail (the row's own

@@ -66,9 +66,17 @@ class KubeAPI:
                                        name="kube-api")
         self.thread.start()
         self.emulator, self.server = self._run(self._start())
+        self.api_client = client.ApiClient(self.configuration())
+
+    def configuration(self, backoff: float = 0.001) -> Any:
+        """A client configuration for this server, with the adapter's transport retries
+        (a short backoff: tests should not wait)."""
+        from jobfence.adapters.kube import retries
+
         cfg = client.Configuration()
         cfg.host = str(self.server.url).rstrip("/")
-        self.api_client = client.ApiClient(cfg)
+        cfg.retries = retries(backoff=backoff)
+        return cfg
 
     def _run(self, coro: Any) -> Any:
         fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)

@@ -3,12 +3,14 @@ metrics."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from uuid import UUID
 
-from jobfence import cli, metrics
+from jobfence import cli, db, metrics
 from jobfence.db import connect
-from jobfence.errors import ExitCode, InvalidSpec, JobNotFound, WaitTimeout
+from jobfence.errors import ExitCode, InvalidSpec, JobfenceError, JobNotFound, WaitTimeout
 from jobfence.ids import parse_job_id
 from jobfence.store import ACTIVE, TERMINAL, JobRow, Store
 from jobfence.store.migrations import migrate
@@ -18,7 +20,7 @@ MAX_WAIT_SECONDS = 366 * 86_400.0
 """The longest `wait --timeout`: a year (and never NaN, which compares false with all)."""
 
 
-def _job_id(text: str):  # type: ignore[no-untyped-def]
+def _job_id(text: str) -> UUID:
     try:
         return parse_job_id(text)
     except ValueError as exc:
@@ -161,10 +163,13 @@ def metrics_main(argv: list[str]) -> int:
 def wait_main(argv: list[str]) -> int:
     def body() -> int:
         p = cli.Parser(prog="jobfence wait", description="Block until a job is terminal: "
-                       "exit 0 succeeded, 1 failed or cancelled, 7 timed out.")
+                       "exit 0 succeeded, 1 failed or cancelled, 7 timed out. The database "
+                       "tells the moment it ends (LISTEN/NOTIFY); --interval is how often "
+                       "to look anyway.")
         p.add_argument("job_id")
         p.add_argument("--timeout", type=float, metavar="SECONDS")
-        p.add_argument("--interval", type=float, default=0.5, metavar="SECONDS")
+        p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
+                       help="polling fallback (default 2)")
         args = p.parse_args(argv)
         job_id = _job_id(args.job_id)
         if args.timeout is not None and not 0 <= args.timeout <= MAX_WAIT_SECONDS:
@@ -175,27 +180,40 @@ def wait_main(argv: list[str]) -> int:
         deadline = None if args.timeout is None else time.monotonic() + args.timeout
         tty = sys.stdout.isatty()
         with cli.open_store(settings, "wait") as store:
-            while True:
-                row = store.jobs.get(job_id)
-                if row is None:
-                    raise JobNotFound(job_id)
-                if tty:
-                    _progress(store, row)
-                if row.status in TERMINAL:
-                    break
-                if deadline is not None and time.monotonic() >= deadline:
-                    if tty:
-                        sys.stdout.write("\n")
-                    raise WaitTimeout(f"job {job_id} still {row.status} after "
-                                      f"{args.timeout:g}s")
-                time.sleep(args.interval if deadline is None
-                           else max(0.0, min(args.interval, deadline - time.monotonic())))
+            db.listen(store.conn, store.jobs.watch(job_id))  # before the first look
+            try:
+                row = _wait(store, job_id, deadline, args.interval, tty)
+            finally:
+                with contextlib.suppress(JobfenceError):
+                    store.jobs.unwatch(job_id)
+        if row is None:
+            if tty:
+                sys.stdout.write("\n")
+            raise WaitTimeout(f"job {job_id} did not finish within {args.timeout:g}s")
         if tty:
             sys.stdout.write("\n")
         cli.emit({"job_id": job_id, "status": row.status, "error": row.error})
         return int(ExitCode.OK if row.status == "succeeded" else ExitCode.FAILED)
 
     return cli.run_command("wait", body)
+
+
+def _wait(store: Store, job_id: UUID, deadline: float | None, interval: float,
+          tty: bool) -> JobRow | None:
+    """The job once terminal, or None at the deadline. Looks when notified, and every
+    ``interval`` anyway."""
+    while True:
+        row = store.jobs.get(job_id)
+        if row is None:
+            raise JobNotFound(job_id)
+        if tty:
+            _progress(store, row)
+        if row.terminal:
+            return row
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return None
+        db.notified(store.conn, interval if left is None else min(interval, left))
 
 
 def _progress(store: Store, row: JobRow) -> None:

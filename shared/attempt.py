@@ -238,29 +238,41 @@ class AttemptGuard:
     # -- threads ---------------------------------------------------------------------------
 
     def heartbeat_loop(self) -> None:
-        claim, lease = self.claim, self.settings.lease_seconds
         while not self.stop.is_set():
             if self._closed.wait(max(0.0, self._next_beat - self.clock())):
                 return
-            if self.stop.is_set() or self._deadline_passed():
-                return  # e.g. resumed after SIGSTOP: too late to renew, write nothing
-            sent = self.clock()
-            try:
-                renewed = self.side.call(lambda store: store.attempts.heartbeat(
-                    job_id=claim.job_id, attempt_id=claim.attempt_id, lease_seconds=lease))
-            except StoreUnavailable as exc:
-                # Keep trying while the lease lasts; the watchdog self-fences if it runs out.
-                log.warning("heartbeat_failed", job_id=str(claim.job_id), error=str(exc))
-                self._next_beat = self.clock() + min(self.settings.heartbeat, 1.0)
-                continue
-            if self._closed.is_set():
+            if not self.beat():
                 return
-            if renewed is None:
-                if self.request_stop(StopReason.FENCE_LOST):
-                    self._log_fence_lost()
-                return
-            self._deadline = sent + lease
-            self._next_beat = sent + self.settings.heartbeat
+
+    def beat(self) -> bool:
+        """One heartbeat, due now: renew the lease, or find the fence lost, or keep trying
+        sooner when the database cannot be reached (the watchdog self-fences if the lease
+        runs out meanwhile). False when the attempt's heartbeats are over."""
+        if self.stop.is_set() or self.deadline_passed():
+            return False  # e.g. resumed after SIGSTOP: too late to renew, write nothing
+        claim, lease = self.claim, self.settings.lease_seconds
+        sent = self.clock()
+        try:
+            renewed = self.side.call(lambda store: store.attempts.heartbeat(
+                job_id=claim.job_id, attempt_id=claim.attempt_id, lease_seconds=lease))
+        except StoreUnavailable as exc:
+            log.warning("heartbeat_failed", job_id=str(claim.job_id), error=str(exc))
+            self._next_beat = self.clock() + min(self.settings.heartbeat, 1.0)
+            return True
+        if self._closed.is_set():
+            return False
+        if renewed is None:
+            if self.request_stop(StopReason.FENCE_LOST):
+                self._log_fence_lost()
+            return False
+        self._deadline = sent + lease
+        self._next_beat = sent + self.settings.heartbeat
+        return True
+
+    @property
+    def next_beat(self) -> float:
+        """When the next heartbeat is due, on the guard's clock."""
+        return self._next_beat
 
     def _log_fence_lost(self) -> None:
         claim = self.claim
@@ -274,7 +286,7 @@ class AttemptGuard:
                     why=now.reason if now else None,
                     message="the fence was rotated: this attempt stops and writes nothing")
 
-    def _deadline_passed(self) -> bool:
+    def deadline_passed(self) -> bool:
         """Stop the attempt if a deadline has passed; True if it has."""
         now = self.clock()
         if self._run_deadline is not None and now >= self._run_deadline:
@@ -292,7 +304,7 @@ class AttemptGuard:
 
     def watchdog_loop(self) -> None:
         while not self.stop.is_set():
-            if self._deadline_passed():
+            if self.deadline_passed():
                 return
             now = self.clock()
             wake = min(self._deadline - self.margin,

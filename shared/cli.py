@@ -32,6 +32,8 @@ def to_jsonable(value: Any) -> Any:
         return format_duration(value)
     if is_dataclass(value) and not isinstance(value, type):
         return to_jsonable(asdict(value))
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):  # a NamedTuple row
+        return to_jsonable(value._asdict())
     if isinstance(value, dict):
         return {k: to_jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):

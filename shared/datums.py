@@ -1,4 +1,4 @@
-"""Datums on S3 (the Falconeri half of the seeds).
+"""Datums on S3, as Falconeri splits a job into datums.
 
 At enqueue, a job with ``inputs`` becomes a parent with one child per input object (or per
 ``per_datum`` objects), made page by page from the listing so that 100k inputs never sit in

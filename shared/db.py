@@ -250,3 +250,17 @@ def move_objects(conn: Connection, *, source: str, target: str, tables: Sequence
     for name, args in functions:
         execute(conn, sql.SQL("ALTER FUNCTION {}({}) SET SCHEMA {}").format(
             sql.Identifier(source, name), sql.SQL(args), sql.Identifier(target)))
+
+
+# -- notifications --------------------------------------------------------------------------
+
+
+def listen(conn: Connection, channel: str) -> None:
+    """LISTEN on ``channel`` (any text: quoted as an identifier)."""
+    execute(conn, sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+
+def notified(conn: Connection, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for one notification on a listening connection."""
+    with translated():
+        return any(True for _ in conn.notifies(timeout=max(0.0, timeout), stop_after=1))

@@ -1,4 +1,4 @@
-"""Typed errors, and the one table that maps them to the CLI's exit codes (CONTRACT.md).
+"""Typed errors, and the one table that maps them to the CLI's exit codes (docs/REFERENCE.md).
 
 psycopg errors are translated in one place, ``jobfence.db.translate``; nothing else needs to
 know what a ``UniqueViolation`` on a given index means.

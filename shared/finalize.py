@@ -1,4 +1,5 @@
-"""Finalizing a datum parent once every child is terminal (the export half of the seeds).
+"""Finalizing a datum parent once every child is terminal, as the Graph OLAP control
+plane's export reconciliation finalizes a snapshot.
 
 The parent becomes ``succeeded`` when all children succeeded, else ``failed`` with counts and
 the first errors; a JSON manifest listing each child with its status and committed output

@@ -1,7 +1,7 @@
 """The object-store port: only what the functions call, with S3 (boto3) behind it in
 ``jobfence.adapters.s3`` and an in-memory fake in ``devtools.memory_objects``.
 
-Layout under the bucket (CONTRACT.md): outputs of an attempt live under
+Layout under the bucket (docs/REFERENCE.md): outputs of an attempt live under
 ``jobfence/JOB_ID/ATTEMPT_ID/…`` so a fenced-out attempt can never overwrite the winner's,
 and a parent's manifest at ``jobfence/JOB_ID/manifest.json``.
 """

@@ -1,8 +1,8 @@
 """Job specs: what `enqueue` accepts, validated completely before anything is written.
 
-A spec is the JSON object of CONTRACT.md. Validation resolves every action by name and
-checks its params, parses ISO 8601 durations, and fills defaults from settings, so the
-store only ever sees well-formed jobs.
+A spec is the JSON object of docs/REFERENCE.md ("Job specs"). Validation resolves every
+action by name and checks its params, parses ISO 8601 durations, and fills defaults from
+settings, so the store only ever sees well-formed jobs.
 """
 
 from __future__ import annotations

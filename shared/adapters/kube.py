@@ -2,16 +2,17 @@
 
 In-cluster configuration when running in a pod, else the local kubeconfig. Lists are paged
 with ``limit``/``continue`` and read as raw JSON (no model objects: a page of 500 pods stays
-small); throttling (429) and server errors (5xx) are retried with exponential backoff and
-jitter, honouring ``Retry-After``; a client-side token bucket keeps a pass from flooding the
-API server. An expired ``continue`` token (410) means the listing cannot be completed:
-``ClusterError``, and the caller changes nothing.
+small). Throttling (429), server errors (5xx) and dropped connections are retried by the
+client's own transport — urllib3's ``Retry``, given through the client's configuration:
+exponential backoff with jitter, honouring ``Retry-After`` — and a client-side token bucket
+keeps a pass from flooding the API server. What still fails is a ``ClusterError``; an
+expired ``continue`` token (410) means the listing cannot be completed, and the caller
+changes nothing.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,11 +22,10 @@ from typing import Any, TypeVar
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
+from urllib3.util.retry import Retry
 
 from jobfence.cluster import POD_NAME_PATTERN, ClusterError, Pod
-from jobfence.logs import get_logger
 
-log = get_logger("jobfence.kube")
 T = TypeVar("T")
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -53,16 +53,30 @@ class TokenBucket:
             self.sleep(wait)
 
 
-def _load_api_client() -> client.ApiClient:
+def retries(max_attempts: int = 6, backoff: float = 0.2) -> Retry:
+    """What the client's transport retries: throttling and server errors (honouring
+    ``Retry-After``), connection and read errors, with exponential backoff and jitter. The
+    last answer is returned rather than raised, so that the client reports its status."""
+    return Retry(total=max_attempts - 1, status_forcelist=sorted(RETRY_STATUSES),
+                 allowed_methods=None, backoff_factor=backoff, backoff_max=10.0,
+                 backoff_jitter=backoff, respect_retry_after_header=True,
+                 raise_on_status=False)
+
+
+def configuration(retry: Retry | None = None) -> client.Configuration:
+    """In-cluster configuration when running in a pod, else the local kubeconfig, with the
+    transport's retries."""
+    cfg = client.Configuration()
     try:
-        config.load_incluster_config()
+        config.load_incluster_config(client_configuration=cfg)
     except config.ConfigException:
         try:
-            config.load_kube_config()
+            config.load_kube_config(client_configuration=cfg)
         except (config.ConfigException, OSError) as exc:
             raise ClusterError(f"no Kubernetes configuration (in-cluster or kubeconfig): "
                                f"{exc}") from exc
-    return client.ApiClient()
+    cfg.retries = retry or retries()
+    return cfg
 
 
 def _time(value: str | None) -> datetime | None:
@@ -83,15 +97,12 @@ class KubernetesCluster:
     claimer_pattern = POD_NAME_PATTERN
 
     def __init__(self, *, namespace: str, selector: str, qps: float = 20.0,
-                 page_size: int = 500, api_client: client.ApiClient | None = None,
-                 max_attempts: int = 6, backoff_base: float = 0.2,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 page_size: int = 500, cfg: client.Configuration | None = None) -> None:
         self.namespace, self.selector, self.page_size = namespace, selector, page_size
-        self.api_client = api_client or _load_api_client()
+        self.api_client = client.ApiClient(cfg or configuration())
         self.core = client.CoreV1Api(self.api_client)
         self.batch = client.BatchV1Api(self.api_client)
-        self.bucket = TokenBucket(qps, max(1, int(qps * 2)), sleep=sleep)
-        self.max_attempts, self.backoff_base, self.sleep = max_attempts, backoff_base, sleep
+        self.bucket = TokenBucket(qps, max(1, int(qps * 2)))
 
     # -- the port --------------------------------------------------------------------------
 
@@ -160,36 +171,10 @@ class KubernetesCluster:
         return data
 
     def _call(self, call: Callable[[], T]) -> T:
-        """Call with the rate limit; retry 429/5xx and connection errors with backoff.
-        Other API errors (404, 410, 403...) are the caller's to interpret."""
-        attempt = 0
-        while True:
-            attempt += 1
-            self.bucket.take()
-            try:
-                return call()
-            except ApiException as exc:
-                if exc.status not in RETRY_STATUSES or attempt >= self.max_attempts:
-                    raise
-                delay = self._retry_after(exc) or self._backoff(attempt)
-                log.warning("kube_retry", status=exc.status, attempt=attempt,
-                            delay_seconds=round(delay, 3))
-            except HTTPError as exc:
-                if attempt >= self.max_attempts:
-                    raise ClusterError(f"Kubernetes API unreachable: {exc}") from exc
-                delay = self._backoff(attempt)
-                log.warning("kube_retry", error=str(exc), attempt=attempt,
-                            delay_seconds=round(delay, 3))
-            self.sleep(delay)
-
-    def _backoff(self, attempt: int) -> float:
-        d: float = min(10.0, self.backoff_base * 2.0 ** (attempt - 1))
-        return d / 2 + random.uniform(0, d / 2)  # noqa: S311 (jitter, not crypto)
-
-    @staticmethod
-    def _retry_after(exc: ApiException) -> float | None:
-        value = str((exc.headers or {}).get("Retry-After") or "")
+        """Call with the rate limit (the transport retries). API errors (404, 410, 403...)
+        are the caller's to interpret; a connection that stays down is a ClusterError."""
+        self.bucket.take()
         try:
-            return min(30.0, float(value)) if value else None
-        except ValueError:
-            return None
+            return call()
+        except HTTPError as exc:
+            raise ClusterError(f"Kubernetes API unreachable: {exc}") from exc

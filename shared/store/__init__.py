@@ -23,6 +23,8 @@ Callers never write SQL; they call these verbs with keyword arguments for ids an
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from jobfence.db import Connection
 from jobfence.store.attempts import Attempts
 from jobfence.store.control import Control
@@ -58,17 +60,46 @@ DEFAULT_SCHEMA = "jobfence"
 
 
 class Store:
-    """The store's verbs over one connection, for one installation's schema."""
+    """The store's verbs over one connection, for one installation's schema. Each noun is
+    built (and its SQL rendered for the schema) on first use: a short-lived function pays
+    only for the nouns it touches."""
 
     def __init__(self, conn: Connection, schema: str = DEFAULT_SCHEMA) -> None:
         self.conn = conn
         self.schema = schema
-        self.jobs = Jobs(self)
-        self.attempts = Attempts(self)
-        self.dependencies = Dependencies(self)
-        self.parents = Parents(self)
-        self.maintenance = Maintenance(self)
-        self.runs = Runs(self)
-        self.pods = Pods(self)
-        self.control = Control(self)
-        self.queues = Queues(self)
+
+    @cached_property
+    def jobs(self) -> Jobs:
+        return Jobs(self)
+
+    @cached_property
+    def attempts(self) -> Attempts:
+        return Attempts(self)
+
+    @cached_property
+    def dependencies(self) -> Dependencies:
+        return Dependencies(self)
+
+    @cached_property
+    def parents(self) -> Parents:
+        return Parents(self)
+
+    @cached_property
+    def maintenance(self) -> Maintenance:
+        return Maintenance(self)
+
+    @cached_property
+    def runs(self) -> Runs:
+        return Runs(self)
+
+    @cached_property
+    def pods(self) -> Pods:
+        return Pods(self)
+
+    @cached_property
+    def control(self) -> Control:
+        return Control(self)
+
+    @cached_property
+    def queues(self) -> Queues:
+        return Queues(self)

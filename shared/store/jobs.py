@@ -160,6 +160,15 @@ class Jobs(Noun):
     def children_counts(self, job_id: UUID) -> dict[str, int]:
         return {r["status"]: r["n"] for r in self._all("children_counts", {"job_id": job_id})}
 
+    def watch(self, job_id: UUID) -> str:
+        """Register a waiter on a job; the channel to LISTEN on for its end (a notification
+        carries the job id)."""
+        self._execute("watch", {"job_id": job_id})
+        return f"{self.store.schema}.finished"
+
+    def unwatch(self, job_id: UUID) -> None:
+        self._execute("unwatch", {"job_id": job_id})
+
     def events(self, job_id: UUID) -> list[JobEvent]:
         """The audit trail of one job, oldest first."""
         return self._rows("events", {"job_id": job_id}, JobEvent)

@@ -98,3 +98,13 @@ SELECT status, count(*) AS n FROM {schema}.jobs WHERE parent_id = %(job_id)s GRO
 -- The audit trail of one job.
 SELECT event_id, from_status, to_status, attempt_id, reason, at
 FROM {schema}.job_events WHERE job_id = %(job_id)s ORDER BY event_id;
+
+-- watch --
+-- Register a waiter on a job (one row per job, however many wait).
+INSERT INTO {schema}.job_watchers (job_id) SELECT job_id FROM {schema}.jobs
+WHERE job_id = %(job_id)s
+ON CONFLICT (job_id) DO UPDATE SET since = now();
+
+-- unwatch --
+-- A waiter stops waiting.
+DELETE FROM {schema}.job_watchers WHERE job_id = %(job_id)s;

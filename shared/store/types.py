@@ -1,13 +1,14 @@
-"""The store's values: what goes in (new jobs, an action's outcome, a retry policy) and
-what comes back (rows as small frozen dataclasses, their fields named like the columns of
-the statement that returns them)."""
+"""The store's values: what goes in (new jobs, an action's outcome, a retry policy), as
+frozen dataclasses, and what comes back — rows as NamedTuples, their fields named like the
+columns of the statement that returns them (ten times cheaper to define than a dataclass:
+a short-lived function defines them all at every start)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from jobfence.limits import MAX_DETAIL_CHARS, storable_json, storable_text
@@ -80,8 +81,7 @@ ChildBatches = Callable[[NewJob], Iterable[Sequence[NewJob]]]
 """Makes a parent's children, batch by batch (e.g. from an S3 listing)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Claim:
+class Claim(NamedTuple):
     job_id: UUID
     attempt_id: UUID
     attempt_count: int
@@ -128,8 +128,7 @@ NO_OUTCOME = {"action_index": None, "action_name": None, "action_status": None,
               "action_error_detail": None}
 
 
-@dataclass(frozen=True, slots=True)
-class Transition:
+class Transition(NamedTuple):
     """A job that a verb moved, and where to."""
 
     job_id: UUID
@@ -155,8 +154,7 @@ class RetryPolicy:
 IMMEDIATE = RetryPolicy(0.0, 0.0)
 
 
-@dataclass(frozen=True, slots=True)
-class RetentionCandidate:
+class RetentionCandidate(NamedTuple):
     """A top-level terminal job whose retention has run out."""
 
     job_id: UUID
@@ -168,8 +166,7 @@ class RetentionCandidate:
     """Its place in the retention order (retain_until, or finished_at without a ttl)."""
 
 
-@dataclass(frozen=True, slots=True)
-class JobRow:
+class JobRow(NamedTuple):
     """One job as ``status`` and ``list`` read it."""
 
     job_id: UUID
@@ -208,8 +205,7 @@ class JobRow:
         return self.status in TERMINAL
 
 
-@dataclass(frozen=True, slots=True)
-class Fence:
+class Fence(NamedTuple):
     """Where a job's fence stands: its status, the attempt holding it, and why."""
 
     status: str
@@ -217,8 +213,7 @@ class Fence:
     reason: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class ActionResult:
+class ActionResult(NamedTuple):
     """One recorded action result of one attempt."""
 
     job_id: UUID
@@ -232,8 +227,7 @@ class ActionResult:
     error: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class JobEvent:
+class JobEvent(NamedTuple):
     """One entry of a job's audit trail."""
 
     event_id: int
@@ -244,15 +238,13 @@ class JobEvent:
     at: datetime
 
 
-@dataclass(frozen=True, slots=True)
-class DrainState:
+class DrainState(NamedTuple):
     draining: bool
     drain_changed_at: datetime
     drain_reason: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class QueueGauges:
+class QueueGauges(NamedTuple):
     waiting: int
     pending: int
     running: int
@@ -260,8 +252,7 @@ class QueueGauges:
     draining: bool
 
 
-@dataclass(frozen=True, slots=True)
-class FunctionStatus:
+class FunctionStatus(NamedTuple):
     """A periodic function's last run, and its last success."""
 
     function: str
@@ -272,15 +263,13 @@ class FunctionStatus:
     last_success_at: datetime | None
 
 
-@dataclass(frozen=True, slots=True)
-class FunctionTotal:
+class FunctionTotal(NamedTuple):
     function: str
     item: str
     total: float
 
 
-@dataclass(frozen=True, slots=True)
-class ChildEntry:
+class ChildEntry(NamedTuple):
     """A parent's child as its manifest lists it."""
 
     job_id: UUID
@@ -291,23 +280,20 @@ class ChildEntry:
     outputs: list[str]
 
 
-@dataclass(frozen=True, slots=True)
-class ChildError:
+class ChildError(NamedTuple):
     job_id: UUID
     status: str
     error: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class PodRef:
+class PodRef(NamedTuple):
     """A worker pod of a pass's snapshot, by name, with the Job that owns it."""
 
     name: str
     job_name: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class Suspect:
+class Suspect(NamedTuple):
     """A pod seen without a live claim, and since when."""
 
     name: str

@@ -45,7 +45,7 @@ def test_sigterm_with_an_action_that_ignores_stop_still_releases_and_exits(dsn: 
 def test_wait_exit_codes(dsn: str) -> None:
     ok = enqueue(dsn, 'sleep:{"seconds": 0}')
     r = run_cli(dsn, "wait", ok, "--timeout", "0.3")
-    assert r.returncode == 7 and "still pending" in r.stderr
+    assert r.returncode == 7 and "did not finish within 0.3s" in r.stderr
     waiter = spawn(dsn, "wait", ok, "--timeout", "20")
     assert run_cli(dsn, "worker", **FAST).returncode == 0
     out, err = waiter.communicate(timeout=20)
@@ -60,6 +60,25 @@ def test_wait_exit_codes(dsn: str) -> None:
     assert run_cli(dsn, "wait", cancelled).returncode == 1
     assert run_cli(dsn, "wait", "01a20000-0000-7000-8000-000000000000").returncode == 5
     assert run_cli(dsn, "wait", ok, "--timeout", "-1").returncode == 2
+
+
+def test_wait_is_told_the_moment_a_job_ends(dsn: str) -> None:
+    """The waiter polls only every 60 s: it can only return within seconds because the
+    database notifies it; and it leaves no watcher behind."""
+    job_id = enqueue(dsn, 'sleep:{"seconds": 0.5}')
+    waiter = spawn(dsn, "wait", job_id, "--interval", "60", "--timeout", "120")
+    with connect(dsn) as conn:
+        wait_for(lambda: conn.execute("SELECT count(*) AS n FROM job_watchers"
+                                      ).fetchone() == {"n": 1}, timeout=10)
+    r = run_cli(dsn, "worker", **FAST)
+    assert r.returncode == 0, r.stderr
+    finished = time.monotonic()
+    out, err = waiter.communicate(timeout=30)
+    assert waiter.returncode == 0, err
+    assert time.monotonic() - finished < 5
+    assert json.loads(out)["status"] == "succeeded"
+    with connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) AS n FROM job_watchers").fetchone() == {"n": 0}
 
 
 def test_second_concurrent_sweeper_skips_and_exits_0(dsn: str) -> None:

@@ -50,7 +50,7 @@ def cluster(request: pytest.FixtureRequest, api: KubeAPI) -> tuple[Cluster, Seed
                 "metadata": {"name": job, "namespace": ns, "annotations": annotations or {}}})
 
     kube = KubernetesCluster(namespace=ns, selector=SELECTOR, page_size=500,
-                             api_client=api.api_client)
+                             cfg=api.configuration())
     return kube, seed_kube
 
 

@@ -22,16 +22,16 @@ def api() -> Iterator[KubeAPI]:
         yield a
 
 
-def adapter(api: KubeAPI, sleeps: list[float], page_size: int = 2) -> KubernetesCluster:
+def adapter(api: KubeAPI, page_size: int = 2) -> KubernetesCluster:
     return KubernetesCluster(namespace="jobs", selector=SELECTOR, page_size=page_size,
-                             api_client=api.api_client, sleep=sleeps.append)
+                             cfg=api.configuration())
 
 
 def test_lists_only_worker_pods_with_selector_and_limit(api: KubeAPI) -> None:
     api.put("v1/pods", "jobs", pod_object("w-1"))
     api.put("v1/pods", "jobs", pod_object("web-1", labels={"app": "web"}))
     api.put("v1/pods", "other", pod_object("w-2", namespace="other"))
-    names = [p.name for page in adapter(api, []).worker_pod_pages() for p in page]
+    names = [p.name for page in adapter(api).worker_pod_pages() for p in page]
     assert names == ["w-1"]
     assert api.emulator.list_calls[0] == {"labelSelector": SELECTOR, "limit": "2"}
 
@@ -40,31 +40,29 @@ def test_throttling_and_server_errors_are_retried_with_backoff(api: KubeAPI) -> 
     for i in range(3):
         api.put("v1/pods", "jobs", pod_object(f"w-{i}"))
     api.emulator.list_faults = [429, 500, 503]
-    sleeps: list[float] = []
-    pods = [p for page in adapter(api, sleeps).worker_pod_pages() for p in page]
+    pods = [p for page in adapter(api, page_size=10).worker_pod_pages() for p in page]
     assert len(pods) == 3
-    assert len(sleeps) == 3 and all(s > 0 for s in sleeps)  # one backoff per fault
+    assert len(api.emulator.list_calls) == 4  # each fault retried by the transport
 
 
 def test_persistent_failure_raises_cluster_error(api: KubeAPI) -> None:
     api.emulator.list_faults = [503] * 10
     with pytest.raises(ClusterError, match="503"):
-        list(adapter(api, []).worker_pod_pages())
+        list(adapter(api).worker_pod_pages())
 
 
 def test_forbidden_is_not_retried(api: KubeAPI) -> None:
     api.emulator.list_faults = [403]
-    sleeps: list[float] = []
     with pytest.raises(ClusterError, match="403"):
-        list(adapter(api, sleeps).worker_pod_pages())
-    assert [s for s in sleeps if s > 0.01] == []
+        list(adapter(api).worker_pod_pages())
+    assert len(api.emulator.list_calls) == 1
 
 
 def test_expired_continue_token_means_incomplete_listing(api: KubeAPI) -> None:
     for i in range(5):
         api.put("v1/pods", "jobs", pod_object(f"w-{i}"))
     api.emulator.expire_continue = True
-    pages = adapter(api, []).worker_pod_pages()
+    pages = adapter(api).worker_pod_pages()
     assert len(next(pages)) == 2
     with pytest.raises(ClusterError, match="410"):
         next(pages)

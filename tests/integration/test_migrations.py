@@ -3,13 +3,16 @@ from two processes at once, is harmless."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
 
+import psycopg
+
 from devtools.sqlconn import connect
 from jobfence.store.migrations import available, migrate
-from tests.conftest import JOBFENCE, REPO, cli_env
+from tests.conftest import JOBFENCE, REPO, cli_env, run_cli
 from tests.pg import Databases
 from tests.schema_dump import dump
 
@@ -57,5 +60,118 @@ def test_migrate_from_two_processes_at_once(databases: Databases) -> None:
         applied = sorted(len(__import__("json").loads(o)["applied"]) for o, _ in outs)
         assert applied == [0, len(available())]
         assert dump(url) == EXPECTED.read_text()
+    finally:
+        databases.drop(url)
+
+
+def public_objects(url: str) -> set[str]:
+    """Every table, view, sequence, function and type in `public`."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("""
+            SELECT c.relkind::text || ' ' || c.relname FROM pg_class c
+            WHERE c.relnamespace = 'public'::regnamespace
+            UNION ALL SELECT 'f ' || proname FROM pg_proc
+            WHERE pronamespace = 'public'::regnamespace
+            UNION ALL SELECT 't ' || typname FROM pg_type
+            WHERE typnamespace = 'public'::regnamespace""").fetchall()
+    return {r[0] for r in rows}
+
+
+def test_migrate_beside_an_applications_own_jobs_table_leaves_it_alone(
+        databases: Databases) -> None:
+    """An application's database already has `public.jobs` and `public.job_events`:
+    jobfence's migrate succeeds, every jobfence object is in its own schema, and the
+    application's tables (and their rows) are untouched."""
+    url = databases.create(migrated=False)
+    try:
+        with psycopg.connect(url, autocommit=True) as app:
+            app.execute("CREATE TABLE jobs (id serial PRIMARY KEY, title text)")
+            app.execute("CREATE TABLE job_events (id serial PRIMARY KEY, what text)")
+            app.execute("INSERT INTO jobs (title) VALUES ('the application''s own')")
+        before = public_objects(url)
+        r = subprocess.run([*JOBFENCE, "migrate"], env=cli_env(url), cwd=REPO,
+                           capture_output=True, text=True, timeout=60, check=False)
+        assert r.returncode == 0, r.stderr
+        assert public_objects(url) == before
+        assert dump(url) == EXPECTED.read_text()
+        with psycopg.connect(url) as app:
+            assert app.execute("SELECT title FROM public.jobs").fetchall() == [
+                ("the application's own",)]
+        r = run_cli(url, "enqueue", 'sleep:{"seconds": 0}')
+        assert r.returncode == 0, r.stderr
+        r = run_cli(url, "worker")
+        assert r.returncode == 0, r.stderr
+        assert public_objects(url) == before
+    finally:
+        databases.drop(url)
+
+
+def test_two_schemas_in_one_database_are_two_installations(databases: Databases) -> None:
+    url = databases.create(migrated=False)
+    try:
+        ids = {}
+        for schema in ("jobfence", "tenant_b"):
+            env = {"JOBFENCE_SCHEMA": schema}
+            assert run_cli(url, "migrate", **env).returncode == 0
+            r = run_cli(url, "enqueue", 'sleep:{"seconds": 0}', "--resource", "db.t", **env)
+            assert r.returncode == 0, r.stderr  # the same resource, another installation
+            ids[schema] = json.loads(r.stdout)["job_id"]
+        assert dump(url, "tenant_b") == EXPECTED.read_text().replace("jobfence.", "tenant_b.")\
+            .replace("search_path=jobfence", "search_path=tenant_b")
+        r = run_cli(url, "worker", JOBFENCE_SCHEMA="tenant_b")
+        assert json.loads(r.stdout)["jobs"] == [{"job_id": ids["tenant_b"],
+                                                "outcome": "succeeded"}]
+        for schema, expected in (("jobfence", "pending"), ("tenant_b", "succeeded")):
+            r = run_cli(url, "status", ids[schema], "-o", "json", JOBFENCE_SCHEMA=schema)
+            assert json.loads(r.stdout)["status"] == expected
+        assert run_cli(url, "status", ids["jobfence"], JOBFENCE_SCHEMA="tenant_b"
+                       ).returncode == 5
+    finally:
+        databases.drop(url)
+
+
+def test_a_database_migrated_by_the_previous_release_moves_forward_intact(
+        databases: Databases) -> None:
+    """The previous release kept its objects in the first schema of the search path
+    (`public`): they move into `jobfence` with every job, event and result, and the
+    installation goes on from there."""
+    url = databases.create(migrated=False)
+    old = [m for m in available() if m.version <= 8]  # what the previous release shipped
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("""CREATE TABLE jobfence_schema_migrations (
+                version integer PRIMARY KEY, name text NOT NULL,
+                applied_at timestamptz NOT NULL DEFAULT now())""")
+            for m in old:
+                with conn.transaction():
+                    conn.execute(m.sql)
+                    conn.execute("INSERT INTO jobfence_schema_migrations VALUES (%s, %s)",
+                                 (m.version, m.name))
+            conn.execute("""INSERT INTO jobs (job_id, status, actions, max_attempts)
+                SELECT gen_random_uuid(), 'pending',
+                       '[{"name": "sleep", "params": {"seconds": 0}}]', 3
+                FROM generate_series(1, 5)""")
+            done = conn.execute("""INSERT INTO jobs (job_id, status, actions, max_attempts,
+                    attempt_count, finished_at) VALUES (gen_random_uuid(), 'succeeded',
+                    '[]', 3, 1, now()) RETURNING job_id""").fetchone()
+            assert done is not None
+        old_events = 6
+        r = run_cli(url, "migrate")
+        assert r.returncode == 0, r.stderr
+        report = json.loads(r.stdout)
+        assert report["moved_from_schema"] == "public"
+        assert report["applied"] == [f"{m.version:04d}_{m.name}" for m in available()
+                                     if m.version > 8]
+        assert not {o for o in public_objects(url) if "job" in o}, public_objects(url)
+        assert dump(url) == EXPECTED.read_text()
+        with connect(url) as conn:
+            assert conn.execute("SELECT count(*) AS n FROM jobs").fetchone() == {"n": 6}
+            assert conn.execute("SELECT count(*) AS n FROM job_events").fetchone() == {
+                "n": old_events}
+        r = run_cli(url, "worker", "--max-jobs", "10")
+        assert r.returncode == 0 and json.loads(r.stdout)["succeeded"] == 5, r.stderr
+        r = run_cli(url, "status", str(done[0]), "-o", "json")
+        assert json.loads(r.stdout)["status"] == "succeeded"
+        assert json.loads(run_cli(url, "migrate").stdout)["applied"] == []
     finally:
         databases.drop(url)

@@ -21,7 +21,7 @@ CRDS = REPO / "tests" / "fixtures" / "crds"
 # kubernetes-validate ships schemas for 1.25-1.37; 1.32 is the kubectl on our machines.
 KUBERNETES_VERSION = "1.32"
 
-# CONTRACT.md, "Entrypoints": the functions started by a CronJob, with their schedules.
+# docs/REFERENCE.md, "Entrypoints": the functions started by a CronJob, with their schedules.
 PERIODIC: dict[str, str] = {
     "sweeper": "* * * * *",
     "reconciliation": "*/2 * * * *",

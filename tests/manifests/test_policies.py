@@ -1,8 +1,8 @@
-"""What the base promises beyond schema validity: every periodic function of CONTRACT.md
+"""What the base promises beyond schema validity: every periodic function of the reference
 has a CronJob that cannot overlap itself and cannot run or linger forever; every pod runs
 non-root on a read-only root filesystem with no capabilities, knows its own name and
 namespace, gets the DSN only from the Secret, and carries the labels reconciliation relies
-on; RBAC names every verb it grants; the KEDA objects are wired as CONTRACT.md's KEDA
+on; RBAC names every verb it grants; the KEDA objects are wired as the reference's KEDA
 section says; no secret value is committed anywhere."""
 
 from __future__ import annotations
@@ -61,19 +61,6 @@ def test_every_periodic_function_has_a_cronjob_on_its_schedule(base: list[Obj]) 
     for name, schedule in PERIODIC.items():
         assert crons[name]["metadata"]["name"] == f"jobfence-{name}"
         assert crons[name]["spec"]["schedule"] == schedule, name
-
-
-def test_the_periodic_functions_are_those_of_the_contract() -> None:
-    """CONTRACT.md lives beside the repository (../shared); its entrypoints table says
-    which functions a CronJob starts."""
-    contract = REPO.parent / "shared" / "CONTRACT.md"
-    if not contract.exists():
-        pytest.skip(f"{contract} is not beside the repository")
-    rows = re.findall(r"^\| `([a-z-]+)` \| functions/\S+ \| ([^|]+)\|", contract.read_text(),
-                      re.MULTILINE)
-    assert rows
-    assert {name for name, started_by in rows if started_by.strip().startswith("CronJob")} \
-        == set(PERIODIC)
 
 
 @pytest.mark.parametrize("field", ["startingDeadlineSeconds", "successfulJobsHistoryLimit",

@@ -1,5 +1,5 @@
 """Retention settings are ISO 8601 durations read by the real parser: defaults, every form
-the seed's parser missed, and a clear ConfigError naming the variable otherwise."""
+a string-slicing parser misses, and a clear ConfigError naming the variable otherwise."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ def test_full_spec_is_accepted() -> None:
     ("P2W", timedelta(days=14)), ("P7D", timedelta(days=7)), ("pt1m", timedelta(minutes=1)),
     ("PT1.5H", timedelta(minutes=90)),
 ])
-def test_iso_durations_the_seed_parser_missed(text: str, expected: timedelta) -> None:
+def test_iso_durations_a_string_slicing_parser_misses(text: str, expected: timedelta) -> None:
     assert parse_duration(text) == expected
 
 
