@@ -14,6 +14,7 @@ CHAOS_ARGS ?=
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= jobfence:$(VERSION)
 NAMESPACE ?= jobfence
+INSTALLATION ?=
 KUBECTL ?= kubectl
 DOCKER ?= docker
 OVERLAY := build/deploy
@@ -74,6 +75,7 @@ image: ## build the one image of every function (IMAGE=jobfence:VERSION)
 # overlay inside the repository: build/ is ignored by git).
 overlay:
 	@mkdir -p $(OVERLAY)
+	@cp manifests/installation-label.yaml $(OVERLAY)/
 	@image='$(IMAGE)'; \
 	case "$$image" in \
 	  *@*) name="$${image%%@*}"; ref="  digest: $${image#*@}" ;; \
@@ -91,9 +93,17 @@ overlay:
 	  echo "  - name: jobfence"; \
 	  echo "    newName: $$name"; \
 	  if [ -n "$$ref" ]; then echo "  $$ref"; fi; \
+	  if [ -n "$(INSTALLATION)" ]; then \
+	    echo "# The installation's identity, and the worker pods' label copied from it again."; \
+	    echo "patches:"; \
+	    echo "  - target: {kind: ConfigMap, name: jobfence-config}"; \
+	    echo "    patch: '[{\"op\": \"replace\", \"path\": \"/data/JOBFENCE_INSTALLATION\", \"value\": \"$(INSTALLATION)\"}]'"; \
+	    echo "replacements:"; \
+	    echo "  - path: installation-label.yaml"; \
+	  fi; \
 	} > $(OVERLAY)/kustomization.yaml
 
-render: overlay ## print what `make deploy` applies (NAMESPACE=jobfence IMAGE=jobfence:VERSION)
+render: overlay ## print what `make deploy` applies (NAMESPACE=jobfence IMAGE=jobfence:VERSION INSTALLATION=...)
 	@$(KUBECTL) kustomize $(OVERLAY)
 
 deploy: overlay ## kubectl apply -k the base into NAMESPACE with IMAGE, then wait for the migration Job

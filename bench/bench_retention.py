@@ -25,6 +25,7 @@ from typing import Any
 from bench.common import JOBFENCE, Bench, Section, peak_rss_mb
 from devtools import sqlconn
 from devtools.s3 import moto_server
+from jobfence.store import Store
 
 BUCKET = "bench-retention"
 CHILDREN_PER_PARENT = 100
@@ -54,7 +55,8 @@ FILL = [
     FROM jobs WHERE attempt_id IS NOT NULL""",
     """INSERT INTO job_outputs (job_id, attempt_id, path, url, status, size_bytes)
     SELECT j.job_id, j.attempt_id, 'o' || k,
-           's3://' || %(bucket)s || '/jobfence/' || j.job_id || '/' || j.attempt_id || '/o' || k,
+           's3://' || %(bucket)s || '/jobfence/' || %(installation)s || '/' || j.job_id || '/'
+               || j.attempt_id || '/o' || k,
            'done', 1
     FROM (SELECT job_id, attempt_id FROM jobs
           WHERE parent_id IS NULL AND NOT is_parent ORDER BY job_id DESC LIMIT %(outputs)s) j,
@@ -63,7 +65,7 @@ FILL = [
     "ANALYZE",
 ]
 """Statements that fill a migrated database; parameters n, parents, children, outputs,
-bucket (each statement gets the ones it names)."""
+bucket, installation (each statement gets the ones it names)."""
 
 BARE_DELETES = [
     "DELETE FROM jobs WHERE job_id IN "
@@ -77,15 +79,16 @@ BARE_DELETES = [
 
 def fill(dsn: str, n: int) -> list[str]:
     """Fill the database; the S3 keys the jobs own (outputs and manifests)."""
-    params = {"n": n, "parents": max(1, n // 10_000), "children": CHILDREN_PER_PARENT,
-              "outputs": n // 100, "bucket": BUCKET}
     with sqlconn.connect(dsn) as conn:
+        installation = Store(conn).control.identity().installation
+        params = {"n": n, "parents": max(1, n // 10_000), "children": CHILDREN_PER_PARENT,
+                  "outputs": n // 100, "bucket": BUCKET, "installation": installation}
         for statement in FILL:
             conn.execute(statement, {k: v for k, v in params.items()
                                      if f"%({k})s" in statement} or None)
         keys = [r[0].removeprefix(f"s3://{BUCKET}/") for r in conn.execute(
             "SELECT url FROM job_outputs ORDER BY url")]
-        keys += [f"jobfence/{r[0]}/manifest.json" for r in conn.execute(
+        keys += [f"jobfence/{installation}/{r[0]}/manifest.json" for r in conn.execute(
             "SELECT job_id FROM jobs WHERE is_parent")]
     return keys
 

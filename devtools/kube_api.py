@@ -123,14 +123,20 @@ def kube_api() -> Iterator[KubeAPI]:
         api.close()
 
 
+INSTALLATION = "jf-test"
+"""The installation the fake cluster's worker pods belong to unless told otherwise."""
+
+
 def pod_object(name: str, *, namespace: str = "jobs", phase: str = "Running",
                labels: dict[str, str] | None = None, job: str | None = None,
-               started: str = "2026-01-01T00:00:00Z") -> dict[str, Any]:
+               started: str = "2026-01-01T00:00:00Z",
+               installation: str = INSTALLATION) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": namespace,
                             "creationTimestamp": started,
                             "labels": labels if labels is not None else {
                                 "app.kubernetes.io/name": "jobfence",
-                                "app.kubernetes.io/component": "worker"}}
+                                "app.kubernetes.io/component": "worker",
+                                "jobfence.io/installation": installation}}
     if job:
         meta["ownerReferences"] = [{"apiVersion": "batch/v1", "kind": "Job", "name": job,
                                     "uid": f"uid-{job}", "controller": True}]

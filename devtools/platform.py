@@ -2,10 +2,12 @@
 with when there is no cluster.
 
 * **KEDA stand-in**: every ``poll_seconds`` it runs the worker ScaledJob's own trigger query
-  (``queue_keda_count``, the text manifests/ embeds) and applies KEDA's ``default`` scaling
-  strategy — start ``min(max, ceil(value / target)) - running`` new workers — each a
-  ``jobfence worker`` process (one job, then exit, as a ScaledJob pod does) whose worker id
-  is ``local:HOST:PID``, so the ``local`` cluster can vouch for it.
+  (``Queues.scaler_value``, the text manifests/ embeds) and applies KEDA's ``default``
+  scaling strategy — start ``min(max, ceil(value / target)) - running`` new workers — each
+  a ``jobfence worker`` process (one job, then exit, as a ScaledJob pod does) started with
+  the installation's identity in its environment, so its worker id is
+  ``local:INSTALLATION:HOST:PID`` and the ``local`` cluster of this installation (and no
+  other) can vouch for it.
 * **CronJob stand-in**: each periodic function runs as its own short-lived process on a
   compressed schedule; a run still going when the next tick comes is skipped
   (``concurrencyPolicy: Forbid``).
@@ -50,6 +52,7 @@ class LocalPlatform:
                  worker_args: tuple[str, ...] = ()) -> None:
         self.dsn, self.env, self.logs = dsn, {**env, "JOBFENCE_CLUSTER": "local"}, logs
         self.schema = self.env.get("JOBFENCE_SCHEMA", "jobfence")
+        self.installation: str | None = None
         self.schedules = schedules
         self.poll_seconds, self.max_workers, self.target = poll_seconds, max_workers, target
         self.worker_args = worker_args
@@ -58,6 +61,8 @@ class LocalPlatform:
         self.exits: Counter[str] = Counter()
         self.function_runs: Counter[str] = Counter()
         self.workers_started = 0
+        self.worker_pids: set[int] = set()
+        """Every worker process it ever started."""
         self.paused = False
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -69,8 +74,25 @@ class LocalPlatform:
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> LocalPlatform:
+        self.identify()
         self._thread.start()
         return self
+
+    def identify(self) -> str:
+        """The installation's identity, from its (migrated) database. Every process the
+        platform starts carries it, as a pool's pods carry its label: the local cluster
+        vouches for (and signals) exactly those."""
+        if self.installation is None:
+            conn = connect(self.dsn, application_name="jobfence-local-platform")
+            try:
+                identity = Store(conn, self.schema).control.identity(
+                    self.env.get("JOBFENCE_INSTALLATION"))
+            finally:
+                conn.close()
+            assert identity.installation is not None
+            self.installation = identity.installation
+            self.env["JOBFENCE_INSTALLATION"] = self.installation
+        return self.installation
 
     def stop(self, kill_workers: bool = True) -> None:
         self._stop.set()
@@ -136,6 +158,7 @@ class LocalPlatform:
             self.spawn_worker()
 
     def spawn_worker(self) -> Proc:
+        self.identify()
         self.workers_started += 1
         name = f"worker-{self.workers_started}"
         log = self.logs / f"{name}.log"
@@ -145,6 +168,7 @@ class LocalPlatform:
         proc = Proc(name, popen, log)
         with self._lock:
             self.workers.append(proc)
+            self.worker_pids.add(popen.pid)
         if self.on_spawn:
             self.on_spawn(proc)
         return proc

@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "wait": ("ops:wait_main", "block until a job is terminal"),
     "cancel": ("ops:cancel_main", "cancel a job (and a parent's children)"),
     "drain": ("ops:drain_main", "drain mode on|off|status"),
+    "info": ("ops:info_main", "which installation this is (schema, identity, version)"),
     "metrics": ("ops:metrics_main", "print metrics in the Prometheus text format"),
 }
 

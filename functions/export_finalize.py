@@ -45,7 +45,8 @@ def run_once(settings: Settings, deps: Deps) -> Report:
         for parent_id in ids:
             ready += 1
             try:
-                t = finalize_parent(store, lambda: deps.objects, settings.s3_bucket, parent_id)
+                t = finalize_parent(store, lambda: deps.objects, settings.s3_bucket,
+                                    deps.installation, parent_id)
             except StoreUnavailable:
                 raise  # the database itself is gone: the pass cannot go on
             except JobfenceError as exc:

@@ -87,7 +87,8 @@ def _finalize_parents(settings: Settings, deps: Deps, done: Sequence[Transition]
     parents = {t.parent_id for t in done if t.terminal and t.parent_id is not None}
     for parent_id in sorted(parents, key=str):
         try:
-            t = finalize_parent(deps.store, lambda: deps.objects, settings.s3_bucket, parent_id)
+            t = finalize_parent(deps.store, lambda: deps.objects, settings.s3_bucket,
+                                deps.installation, parent_id)
         except JobfenceError as exc:
             log.warning("inline_finalize_failed", job_id=str(parent_id), error=str(exc))
             continue

@@ -35,10 +35,11 @@ def migrate_main(argv: list[str]) -> int:
         conn = connect(settings.database_url, application_name="jobfence-migrate",
                        connect_timeout=settings.connect_timeout_seconds)
         try:
-            report = migrate(conn, settings.schema_name)
+            report = migrate(conn, settings.schema_name, settings.installation)
         finally:
             conn.close()
         out: dict[str, object] = {"function": "migrate", "schema": settings.schema_name,
+                                  "installation": report.installation,
                                   "applied": list(report.applied), "version": report.current}
         if report.relocated_from:
             out["moved_from_schema"] = report.relocated_from
@@ -125,6 +126,23 @@ def cancel_main(argv: list[str]) -> int:
     return cli.run_command("cancel", body)
 
 
+def info_main(argv: list[str]) -> int:
+    def body() -> int:
+        cli.Parser(prog="jobfence info", description="Which installation this is: its "
+                   "schema, identity and schema version.").parse_args(argv)
+        settings = cli.setup("info")
+        with cli.open_store(settings, "info") as store:
+            identity = store.control.identity(settings.installation)
+            state = store.control.drain_status()
+            version = store.control.schema_version()
+        cli.emit({"schema": settings.schema_name, "installation": identity.installation,
+                  "identified_at": identity.identified_at, "schema_version": version,
+                  "draining": state.draining})
+        return 0
+
+    return cli.run_command("info", body)
+
+
 def drain_main(argv: list[str]) -> int:
     def body() -> int:
         p = cli.Parser(prog="jobfence drain", description="Quiesce: refuse new work, let "
@@ -139,8 +157,10 @@ def drain_main(argv: list[str]) -> int:
             state = store.control.drain_status()
             running = store.control.running_count()
             scaler = store.queues.scaler_value()
-        cli.emit({"draining": state.draining, "since": state.drain_changed_at,
-                  "reason": state.drain_reason, "running": running, "scaler_value": scaler})
+            identity = store.control.identity(settings.installation)
+        cli.emit({"installation": identity.installation, "draining": state.draining,
+                  "since": state.drain_changed_at, "reason": state.drain_reason,
+                  "running": running, "scaler_value": scaler})
         return 0
 
     return cli.run_command("drain", body)

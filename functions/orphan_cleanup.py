@@ -5,8 +5,9 @@
   level and deleted with its Job (deleting only the pod would make Kubernetes start
   another). Its claim is re-checked right before the delete.
 * **Finished worker pods beyond the history limit** — deleted with their Jobs, newest kept.
-* **S3 objects under ``jobfence/``** that belong to a fenced-out, failed or cancelled
-  attempt, or to a job that no longer exists, once older than the grace period. A live
+* **S3 objects under the installation's prefix ``jobfence/INSTALLATION/``** that belong to
+  a fenced-out, failed or cancelled attempt, or to a job that no longer exists, once older
+  than the grace period. Nothing outside that prefix is ever listed. A live
   claim's outputs, a winning attempt's committed outputs and a parent's manifest are never
   touched.
 
@@ -27,7 +28,7 @@ from uuid import UUID
 from jobfence.cluster import Cluster
 from jobfence.errors import ClusterError
 from jobfence.logs import get_logger
-from jobfence.objectstore import PREFIX, ObjectInfo, ObjectStore, ObjectStoreError
+from jobfence.objectstore import ObjectInfo, ObjectStore, ObjectStoreError, installation_prefix
 from jobfence.runner import Deps, run_pass
 from jobfence.settings import Settings
 from jobfence.store import Store
@@ -65,10 +66,10 @@ class Report:
 # -- objects ---------------------------------------------------------------------------
 
 
-def owner_of(key: str) -> tuple[UUID, UUID | None] | None:
-    """``jobfence/JOB/ATTEMPT/…`` → (job, attempt); ``jobfence/JOB/file`` → (job, None);
-    anything else None (not ours to judge)."""
-    parts = key[len(PREFIX):].split("/") if key.startswith(PREFIX) else []
+def owner_of(key: str, prefix: str) -> tuple[UUID, UUID | None] | None:
+    """``PREFIX/JOB/ATTEMPT/…`` → (job, attempt); ``PREFIX/JOB/file`` → (job, None);
+    anything else None (not ours to judge). ``prefix`` is the installation's own."""
+    parts = key[len(prefix):].split("/") if key.startswith(prefix) else []
     if len(parts) < 2 or not parts[-1]:
         return None
     try:
@@ -88,14 +89,17 @@ def _pages(objects: Iterator[ObjectInfo]) -> Iterator[list[ObjectInfo]]:
         yield page
 
 
-def clean_objects(store: Store, objects: ObjectStore, bucket: str, *,
+def clean_objects(store: Store, objects: ObjectStore, bucket: str, installation: str, *,
                   cutoff: datetime, c: Report) -> None:
-    for n, page in enumerate(_pages(objects.iter_objects(bucket, PREFIX))):
+    """Only the installation's own prefix is listed and judged: another installation's
+    objects in a shared bucket, or anything else there, are never this pass's business."""
+    prefix = installation_prefix(installation)
+    for n, page in enumerate(_pages(objects.iter_objects(bucket, prefix))):
         if n >= MAX_OBJECT_PAGES:
             log.info("object_scan_capped", pages=n, message="the next pass goes on")
             break
         c.objects_scanned += len(page)
-        owned = [(obj, owner_of(obj.key)) for obj in page]
+        owned = [(obj, owner_of(obj.key, prefix)) for obj in page]
         c.objects_unrecognized += sum(1 for _, o in owned if o is None)
         verdicts = store.pods.object_owners(sorted({o for _, o in owned if o is not None},
                                               key=str))
@@ -175,7 +179,8 @@ def run_once(settings: Settings, deps: Deps) -> Report:
         now = deps.store.pods.now(deps.now)
         cutoff = now - timedelta(seconds=settings.orphan_object_grace_seconds)
         try:
-            clean_objects(deps.store, deps.objects, settings.s3_bucket, cutoff=cutoff, c=c)
+            clean_objects(deps.store, deps.objects, settings.s3_bucket, deps.installation,
+                          cutoff=cutoff, c=c)
         except ObjectStoreError as exc:  # the listing itself failed: the next pass retries
             log.error("object_scan_failed", error=str(exc))
             c.orphaned_objects_cleanup_failures += 1

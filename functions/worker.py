@@ -106,6 +106,10 @@ class Worker:
         self.guards = GuardThreads(join_timeout=settings.heartbeat + 6)
         self.report = Report(worker_id=settings.worker)
         self._conn = self._connect()
+        # A worker of another installation stops here (exit 2), before it claims anything.
+        identity = self.store.control.identity(settings.installation)
+        assert identity.installation is not None
+        self.installation: str = identity.installation
         self._lock = threading.Lock()
         self._current: AttemptGuard | None = None
         self._want_next = False
@@ -215,7 +219,7 @@ class Worker:
                "JOBFENCE_OUTPUT_DIR": str(dirs.root / "outputs")}
         files = AttemptFiles(job_id=claim.job_id, attempt_id=claim.attempt_id,
                              inputs=claim.inputs, objects=self.objects,
-                             bucket=self.settings.s3_bucket,
+                             bucket=self.settings.s3_bucket, installation=self.installation,
                              write=lambda fn: self._write(guard, fn))
         for index in todo:
             spec = claim.actions[index]
@@ -326,7 +330,8 @@ class Worker:
         if claim.parent_id is None:
             return
         try:
-            finalize_parent(self.store, self.objects, self.settings.s3_bucket, claim.parent_id)
+            finalize_parent(self.store, self.objects, self.settings.s3_bucket,
+                            self.installation, claim.parent_id)
         except JobfenceError as exc:
             log.warning("inline_finalize_failed", job_id=str(claim.parent_id), error=str(exc))
 

@@ -75,5 +75,10 @@ class Cluster(Protocol):
 POD_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 
 
-def local_claimer_pattern(host: str) -> str:
-    return "^local:" + re.escape(host) + ":[0-9]+$"
+def local_claimer_pattern(installation: str, host: str) -> str:
+    return "^local:" + re.escape(installation) + ":" + re.escape(host) + ":[0-9]+$"
+
+
+INSTALLATION_LABEL = "jobfence.io/installation"
+"""The label every worker pod of an installation carries; the Kubernetes adapter adds
+``INSTALLATION_LABEL=<installation>`` to every selector it lists pods with."""

@@ -84,8 +84,9 @@ class AttemptFiles:
     """Inputs in, outputs out, for one attempt of one job."""
 
     def __init__(self, *, job_id: UUID, attempt_id: UUID, inputs: Any,
-                 objects: Callable[[], ObjectStore], bucket: str | None,
+                 objects: Callable[[], ObjectStore], bucket: str | None, installation: str,
                  write: FencedWrite) -> None:
+        self.installation = installation
         self.job_id = job_id
         self.attempt_id = attempt_id
         self.inputs = inputs if isinstance(inputs, dict) else None
@@ -118,7 +119,7 @@ class AttemptFiles:
             return []
         if not self.bucket:
             raise ConfigError("the job wrote outputs but JOBFENCE_S3_BUCKET is not set")
-        prefix = attempt_prefix(self.job_id, self.attempt_id)
+        prefix = attempt_prefix(self.installation, self.job_id, self.attempt_id)
         entries = [(p.relative_to(src).as_posix(), p) for p in files]
         for rel, _ in entries:
             try:

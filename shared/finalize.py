@@ -3,7 +3,8 @@ plane's export reconciliation finalizes a snapshot.
 
 The parent becomes ``succeeded`` when all children succeeded, else ``failed`` with counts and
 the first errors; a JSON manifest listing each child with its status and committed output
-URLs is written to ``s3://BUCKET/jobfence/PARENT/manifest.json`` and linked from the job.
+URLs is written to ``s3://BUCKET/jobfence/INSTALLATION/PARENT/manifest.json`` and linked from
+the job.
 
 Any number of finalizers may race — the worker that finished the last child, and
 ``export-finalize`` as the safety net: they write the same manifest (it is deterministic:
@@ -32,7 +33,7 @@ ZERO = UUID(int=0)
 
 
 def finalize_parent(store: Store, objects: Callable[[], ObjectStore], bucket: str | None,
-                    parent_id: UUID) -> Transition | None:
+                    installation: str, parent_id: UUID) -> Transition | None:
     """Finalize ``parent_id`` if it is running and all its children are terminal.
 
     Returns the parent's transition when this call made it terminal, None otherwise (a
@@ -48,11 +49,12 @@ def finalize_parent(store: Store, objects: Callable[[], ObjectStore], bucket: st
     succeeded = ok == total
     manifest = None
     if bucket:
-        manifest = s3_url(bucket, manifest_key(parent_id))
+        key = manifest_key(installation, parent_id)
+        manifest = s3_url(bucket, key)
         with tempfile.NamedTemporaryFile("w+", suffix=".json", encoding="utf-8") as f:
             _write_manifest(f, store, parent, counts)
             f.flush()
-            objects().upload(bucket, manifest_key(parent_id), Path(f.name))
+            objects().upload(bucket, key, Path(f.name))
     else:
         log.warning("manifest_skipped", job_id=str(parent_id),
                     reason="JOBFENCE_S3_BUCKET is not set")

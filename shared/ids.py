@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from datetime import UTC, datetime
 
 
 def uuid7() -> uuid.UUID:
@@ -20,6 +21,11 @@ def uuid7() -> uuid.UUID:
     value |= 0b10 << 62                              # RFC 4122 variant
     value |= rand & 0x3FFF_FFFF_FFFF_FFFF            # rand_b, 62 bits
     return uuid.UUID(int=value)
+
+
+def created_at(job_id: uuid.UUID) -> datetime:
+    """When a time-ordered id was made (its first 48 bits, in milliseconds)."""
+    return datetime.fromtimestamp((job_id.int >> 80) / 1000, UTC)
 
 
 def parse_job_id(text: str) -> uuid.UUID:

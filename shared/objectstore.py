@@ -1,9 +1,12 @@
 """The object-store port: only what the functions call, with S3 (boto3) behind it in
 ``jobfence.adapters.s3`` and an in-memory fake in ``devtools.memory_objects``.
 
-Layout under the bucket (docs/REFERENCE.md): outputs of an attempt live under
-``jobfence/JOB_ID/ATTEMPT_ID/…`` so a fenced-out attempt can never overwrite the winner's,
-and a parent's manifest at ``jobfence/JOB_ID/manifest.json``.
+Layout under the bucket (docs/REFERENCE.md): everything an installation writes lives under
+``jobfence/INSTALLATION/`` — outputs of an attempt under ``…/JOB_ID/ATTEMPT_ID/…`` so a
+fenced-out attempt can never overwrite the winner's, a parent's manifest at
+``…/JOB_ID/manifest.json`` — so installations sharing a bucket never see each other's
+objects. Releases before the installation identity wrote ``jobfence/JOB_ID/…``
+(``legacy_job_prefix``): those objects stay readable and go with their job's retention.
 """
 
 from __future__ import annotations
@@ -70,16 +73,26 @@ def s3_url(bucket: str, key: str) -> str:
     return f"s3://{bucket}/{key}"
 
 
-def attempt_prefix(job_id: UUID, attempt_id: UUID) -> str:
-    return f"{PREFIX}{job_id}/{attempt_id}/"
+def installation_prefix(installation: str) -> str:
+    """Everything one installation writes to its bucket, and all orphan-cleanup looks at."""
+    return f"{PREFIX}{installation}/"
 
 
-def job_prefix(job_id: UUID) -> str:
+def job_prefix(installation: str, job_id: UUID) -> str:
+    return f"{PREFIX}{installation}/{job_id}/"
+
+
+def attempt_prefix(installation: str, job_id: UUID, attempt_id: UUID) -> str:
+    return f"{PREFIX}{installation}/{job_id}/{attempt_id}/"
+
+
+def manifest_key(installation: str, job_id: UUID) -> str:
+    return f"{PREFIX}{installation}/{job_id}/manifest.json"
+
+
+def legacy_job_prefix(job_id: UUID) -> str:
+    """Where a release before the installation identity wrote a job's objects."""
     return f"{PREFIX}{job_id}/"
-
-
-def manifest_key(job_id: UUID) -> str:
-    return f"{PREFIX}{job_id}/manifest.json"
 
 
 def output_bucket(settings: Settings) -> str:

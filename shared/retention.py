@@ -20,8 +20,9 @@ from uuid import UUID
 
 from jobfence.budget import Budget
 from jobfence.errors import ObjectStoreError
+from jobfence.ids import created_at
 from jobfence.logs import get_logger
-from jobfence.objectstore import job_prefix
+from jobfence.objectstore import job_prefix, legacy_job_prefix
 from jobfence.runner import Deps
 from jobfence.settings import Settings
 from jobfence.store import RetentionCandidate
@@ -162,9 +163,19 @@ class Retention:
             return []
         assert self._pool is not None, "only during run()"
         _ = self.deps.objects  # built here, once, before the threads share it
-        results = list(self._pool.map(self._purge, [job_prefix(j) for j in job_ids]))
+        results = list(self._pool.map(self._purge_job, job_ids))
         self.objects_deleted += sum(n for n, _ in results)
         return [error for _, error in results]
+
+    def _purge_job(self, job_id: UUID) -> tuple[int, str | None]:
+        """Everything a job owns: under the installation's prefix, and for a job made
+        before the installation had an identity, under the prefix releases before it
+        used (the job's id, time-ordered, says when it was made)."""
+        deleted, error = self._purge(job_prefix(self.deps.installation, job_id))
+        if error is None and job_id.version == 7 and created_at(job_id) < self.deps.identified_at:
+            more, error = self._purge(legacy_job_prefix(job_id))
+            deleted += more
+        return deleted, error
 
     def _purge(self, prefix: str) -> tuple[int, str | None]:
         """Delete every object under ``prefix``, a listing page (≤ 1000 keys) at a time: how

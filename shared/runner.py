@@ -23,6 +23,7 @@ from jobfence.logs import get_logger
 from jobfence.objectstore import ObjectStore
 from jobfence.settings import Settings
 from jobfence.store import Store
+from jobfence.store.types import Identity
 from jobfence.wiring import open_cluster, open_object_store
 
 
@@ -45,12 +46,31 @@ class Deps:
     now: datetime | None = None
     """The pass's notion of now; None means the database's clock (production). Tests inject
     a time here so that TTLs, timeouts and expiries are tested without sleeping."""
+    identity: Identity | None = None
+
+    @property
+    def installation(self) -> str:
+        """This installation's identity, from its database (checked against
+        JOBFENCE_INSTALLATION when the deployment sets it)."""
+        if self.identity is None:
+            self.identity = self.store.control.identity(self.settings.installation)
+        assert self.identity.installation is not None
+        return self.identity.installation
+
+    @property
+    def identified_at(self) -> datetime:
+        """Since when the installation has had its identity: jobs made before may own
+        objects under the prefix releases before it used."""
+        _ = self.installation
+        assert self.identity is not None and self.identity.identified_at is not None
+        return self.identity.identified_at
 
     @property
     def cluster(self) -> Cluster | None:
-        """The cluster adapter for JOBFENCE_CLUSTER (None when it is ``none``)."""
+        """The cluster adapter for JOBFENCE_CLUSTER, seeing only this installation's worker
+        pods (None when it is ``none``)."""
         if self.cluster_port is None:
-            self.cluster_port = open_cluster(self.settings)
+            self.cluster_port = open_cluster(self.settings, self.installation)
         return self.cluster_port
 
     @property
@@ -99,6 +119,7 @@ def run_pass(name: str, argv: list[str] | None, run_once: RunOnce, description: 
         settings = cli.setup(name, batch_size=args.batch_size)
         with cli.open_store(settings, name) as store:
             deps = Deps(store, settings)
+            _ = deps.installation  # a pass of another installation stops here (exit 2)
             trigger = detect_trigger(settings, deps)
             if not store.runs.try_lock(name):
                 store.runs.run_started(function=name, trigger=trigger, skipped=True)

@@ -26,7 +26,8 @@ def self_fence_margin(lease_seconds: float) -> float:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="JOBFENCE_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix="JOBFENCE_", extra="ignore", frozen=True,
+                                      env_ignore_empty=True)
 
     database_url: str = Field(min_length=1, repr=False)
     """PostgreSQL DSN (URL or key=value). Required: the database is the source of truth."""
@@ -37,6 +38,14 @@ class Settings(BaseSettings):
     created by ``jobfence migrate``; nothing goes to ``public``. Two installations can share
     a database with two schemas. A plain lower-case identifier of at most 48 characters, so
     that the role names made from it (``<schema>_maintainer``) fit PostgreSQL's limit."""
+
+    installation: str | None = Field(default=None,
+                                     pattern=r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
+    """This installation's identity (a DNS label, at most 40 characters), as the deployment
+    knows it: the label on its worker pods, the prefix of its objects. The database keeps
+    the identity it was first migrated with; a function whose setting differs refuses to
+    run (exit 2) rather than act on another installation's pods or objects. Unset: the
+    database's (local workers without it are never signalled by orphan-cleanup)."""
 
     connect_timeout_seconds: float = Field(default=5.0, gt=0, le=600)
     """How long to wait for a database connection before reporting it unavailable (exit 4).
@@ -194,7 +203,8 @@ class Settings(BaseSettings):
                     "minus its self-fencing margin), so that a renewal may fail once before "
                     "the worker stops")
         if self.worker_id is None:
-            object.__setattr__(self, "worker_id", default_worker_id(self.cluster))
+            object.__setattr__(self, "worker_id",
+                               default_worker_id(self.cluster, self.installation))
         return self
 
     @property
@@ -208,13 +218,16 @@ class Settings(BaseSettings):
         return self.worker_id
 
 
-def default_worker_id(cluster: str) -> str:
+def default_worker_id(cluster: str, installation: str | None) -> str:
+    """The pod name; for a worker process of the ``local`` cluster started with its
+    installation in its environment, ``local:INSTALLATION:HOST:PID`` (the local cluster
+    vouches for exactly those); else ``HOST:PID`` (a claim no cluster can vouch for)."""
     pod = os.environ.get("POD_NAME")
     if pod:
         return pod
     host = socket.gethostname()
-    if cluster == "local":
-        return f"local:{host}:{os.getpid()}"
+    if cluster == "local" and installation:
+        return f"local:{installation}:{host}:{os.getpid()}"
     return f"{host}:{os.getpid()}"
 
 

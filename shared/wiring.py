@@ -11,18 +11,19 @@ from jobfence.objectstore import ObjectStore
 from jobfence.settings import Settings
 
 
-def open_cluster(settings: Settings) -> Cluster | None:
-    """The adapter for ``JOBFENCE_CLUSTER``; None for ``none``."""
+def open_cluster(settings: Settings, installation: str) -> Cluster | None:
+    """The adapter for ``JOBFENCE_CLUSTER``, seeing only ``installation``'s worker pods;
+    None for ``none``."""
     if settings.cluster == "kubernetes":
         from jobfence.adapters.kube import KubernetesCluster
 
         return KubernetesCluster(namespace=settings.namespace,
-                                 selector=settings.worker_selector,
+                                 selector=settings.worker_selector, installation=installation,
                                  qps=settings.kube_qps, page_size=settings.kube_page_size)
     if settings.cluster == "local":
         from jobfence.adapters.local_cluster import LocalCluster
 
-        return LocalCluster()
+        return LocalCluster(installation)
     return None
 
 

@@ -18,3 +18,8 @@ def new_job(**kw: Any) -> NewJob:
 
 def enqueue_one(store: Store, **kw: Any) -> UUID:
     return store.jobs.enqueue([new_job(**kw)])[0].job_id
+
+
+def installation(store: Store) -> str:
+    """The installation the test's database belongs to."""
+    return str(store.control.identity().installation)

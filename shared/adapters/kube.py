@@ -24,7 +24,7 @@ from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 from urllib3.util.retry import Retry
 
-from jobfence.cluster import POD_NAME_PATTERN, ClusterError, Pod
+from jobfence.cluster import INSTALLATION_LABEL, POD_NAME_PATTERN, ClusterError, Pod
 
 T = TypeVar("T")
 
@@ -83,6 +83,14 @@ def _time(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
 
 
+def installation_selector(selector: str, installation: str) -> str:
+    """``selector`` narrowed to one installation's pods, whatever it says: the installation
+    label is added here, so a hand-edited selector cannot drop it (and one that names
+    another installation selects nothing)."""
+    terms = [t.strip() for t in selector.split(",") if t.strip()]
+    return ",".join([*terms, f"{INSTALLATION_LABEL}={installation}"])
+
+
 def pod_from_json(obj: dict[str, Any]) -> Pod:
     meta, status = obj.get("metadata") or {}, obj.get("status") or {}
     owner = next((o["name"] for o in meta.get("ownerReferences") or []
@@ -96,9 +104,11 @@ def pod_from_json(obj: dict[str, Any]) -> Pod:
 class KubernetesCluster:
     claimer_pattern = POD_NAME_PATTERN
 
-    def __init__(self, *, namespace: str, selector: str, qps: float = 20.0,
-                 page_size: int = 500, cfg: client.Configuration | None = None) -> None:
-        self.namespace, self.selector, self.page_size = namespace, selector, page_size
+    def __init__(self, *, namespace: str, selector: str, installation: str,
+                 qps: float = 20.0, page_size: int = 500,
+                 cfg: client.Configuration | None = None) -> None:
+        self.namespace, self.page_size = namespace, page_size
+        self.selector = installation_selector(selector, installation)
         self.api_client = client.ApiClient(cfg or configuration())
         self.core = client.CoreV1Api(self.api_client)
         self.batch = client.BatchV1Api(self.api_client)

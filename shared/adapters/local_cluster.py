@@ -1,7 +1,11 @@
 """The cluster port over worker processes on this machine (the demo's stand-in for
-Kubernetes). A "pod" is a running ``jobfence worker`` process; its name is the worker id
-such a process claims under, ``local:HOST:PID``. A process that has exited but not been
-reaped yet (a zombie) is a pod in phase ``Failed``; one that is gone is missing.
+Kubernetes). A "pod" is a running ``jobfence worker`` process of this installation — one
+started with ``JOBFENCE_INSTALLATION`` set to it in its environment, as the local platform
+starts them; its name is the worker id such a process claims under,
+``local:INSTALLATION:HOST:PID``. Any other process, a worker of another installation or one
+started by hand, is never listed, so never judged and never signalled. A process that has
+exited but not been reaped yet (a zombie) is a pod in phase ``Failed``; one that is gone is
+missing.
 
 Its start time is part of the pod: when a PID is reused, the new process started after the
 claim, so the claim is not its own.
@@ -36,10 +40,14 @@ def is_worker(argv: Sequence[str]) -> bool:
 
 
 class LocalCluster:
-    def __init__(self, host: str | None = None, proc: Path = Path("/proc")) -> None:
+    def __init__(self, installation: str, host: str | None = None,
+                 proc: Path = Path("/proc")) -> None:
+        self.installation = installation
         self.host = host or socket.gethostname()
         self.proc = proc
-        self.claimer_pattern = local_claimer_pattern(self.host)
+        self.claimer_pattern = local_claimer_pattern(installation, self.host)
+        self._marker = f"JOBFENCE_INSTALLATION={installation}".encode()
+        self._ours: dict[tuple[int, int], bool] = {}
         self._boot = self._boot_time()
         self._hz = os.sysconf("SC_CLK_TCK")
 
@@ -64,13 +72,25 @@ class LocalCluster:
         state, start_ticks = fields[0], int(fields[19])
         if state in ("Z", "X"):
             phase = "Failed"  # exited; a zombie keeps no cmdline, so check before argv
-        elif not is_worker(argv):
+        elif not is_worker(argv) or not self._belongs(pid, start_ticks):
             return None
         else:
             phase = "Running"
         started = datetime.fromtimestamp(self._boot + start_ticks / self._hz, UTC)
-        return Pod(name=f"local:{self.host}:{pid}", phase=phase, created_at=started,
-                   started_at=started)
+        return Pod(name=f"local:{self.installation}:{self.host}:{pid}", phase=phase,
+                   created_at=started, started_at=started)
+
+    def _belongs(self, pid: int, start_ticks: int) -> bool:
+        """Whether the process was started as a worker of this installation: its initial
+        environment says so. Unreadable (another user's process) means no."""
+        key = (pid, start_ticks)
+        if key not in self._ours:
+            try:
+                environ = (self.proc / str(pid) / "environ").read_bytes().split(b"\0")
+            except OSError:
+                environ = []
+            self._ours[key] = self._marker in environ
+        return self._ours[key]
 
     def worker_pod_pages(self) -> Iterator[list[Pod]]:
         page: list[Pod] = []
@@ -78,7 +98,7 @@ class LocalCluster:
             if not entry.name.isdigit():
                 continue
             pod = self.pod(int(entry.name))
-            if pod is None or (pod.phase == "Failed" and not self._was_worker(int(entry.name))):
+            if pod is None or (pod.phase == "Failed" and not self._was_ours(int(entry.name))):
                 continue
             page.append(pod)
             if len(page) == PAGE:
@@ -86,16 +106,13 @@ class LocalCluster:
                 page = []
         yield page
 
-    def _was_worker(self, pid: int) -> bool:
-        """A zombie has no command line left; its comm tells whether it was Python."""
-        try:
-            comm = (self.proc / str(pid) / "comm").read_text().strip()
-        except OSError:
-            return False
-        return comm.startswith(("python", "jobfence"))
+    def _was_ours(self, pid: int) -> bool:
+        """A zombie has no command line or environment left: it was one of ours if an
+        earlier listing saw it running as one."""
+        return any(p == pid and ours for (p, _), ours in self._ours.items())
 
     def _pid(self, name: str) -> int | None:
-        prefix = f"local:{self.host}:"
+        prefix = f"local:{self.installation}:{self.host}:"
         if not name.startswith(prefix) or not name[len(prefix):].isdigit():
             return None
         return int(name[len(prefix):])

@@ -3,9 +3,11 @@ enqueue is refused, no claim is made, the KEDA trigger reads 0, and running jobs
 
 from __future__ import annotations
 
-from jobfence.errors import Drained
+import secrets
+
+from jobfence.errors import ConfigError, Drained, NotMigrated
 from jobfence.store.base import Noun
-from jobfence.store.types import DrainState
+from jobfence.store.types import DrainState, Identity
 
 
 class Control(Noun):
@@ -27,6 +29,34 @@ class Control(Noun):
         state = self._row("set_drain", {"draining": on, "reason": reason}, DrainState)
         assert state is not None
         return state
+
+    def identity(self, configured: str | None = None) -> Identity:
+        """This installation's identity. ``configured`` (JOBFENCE_INSTALLATION, when the
+        deployment sets it) must be the database's: a worker or a pass of another
+        installation must never act on this one's pods or objects."""
+        found = self._row("identity", None, Identity)
+        if found is None or found.installation is None:
+            raise NotMigrated("the database has no installation identity yet: run "
+                              "`jobfence migrate`")
+        if configured is not None and configured != found.installation:
+            raise ConfigError(
+                f"JOBFENCE_INSTALLATION is {configured!r} but this database belongs to "
+                f"installation {found.installation!r}: a deployment of one installation "
+                "is pointed at another's database")
+        return found
+
+    def claim_identity(self, configured: str | None) -> Identity:
+        """Fill in the identity at the first migrate (``configured``, or a generated name);
+        afterwards check ``configured`` against it."""
+        proposed = configured or f"jf-{secrets.token_hex(6)}"
+        found = self._row("claim_identity", {"installation": proposed}, Identity)
+        assert found is not None
+        return self.identity(configured)
+
+    def schema_version(self) -> int:
+        """The newest migration applied."""
+        row = self._one("schema_version")
+        return int(row["version"]) if row and row["version"] is not None else 0
 
     def running_count(self) -> int:
         """Live claims: how many jobs still run (what drain waits for)."""

@@ -19,3 +19,18 @@ RETURNING draining, drain_changed_at, drain_reason;
 -- running_count --
 -- Live claims (drain status: how many jobs still run).
 SELECT count(*) AS n FROM {schema}.jobs WHERE status = 'running' AND NOT is_parent;
+
+-- identity --
+-- The installation's identity (NULL until `jobfence migrate` fills it in), and since when.
+SELECT installation, identified_at FROM {schema}.jobfence_control;
+
+-- claim_identity --
+-- Fill in the identity once; afterwards it never changes (the row says which it is).
+UPDATE {schema}.jobfence_control
+SET installation = coalesce(installation, %(installation)s),
+    identified_at = coalesce(identified_at, now())
+RETURNING installation, identified_at;
+
+-- schema_version --
+-- The newest migration applied to this schema.
+SELECT max(version) AS version FROM {schema}.jobfence_schema_migrations;

@@ -24,6 +24,7 @@ from typing import LiteralString
 
 from jobfence import db
 from jobfence.db import Connection
+from jobfence.store import Store
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
@@ -52,6 +53,8 @@ class MigrateReport:
     already: int
     relocated_from: str | None = None
     """The schema an earlier release's objects were moved from, if this run moved them."""
+    installation: str | None = None
+    """The installation's identity (filled in by the first migrate, then fixed)."""
 
     @property
     def current(self) -> int:
@@ -114,8 +117,11 @@ class Migrations:
         return True
 
 
-def migrate(conn: Connection, schema: str = "jobfence") -> MigrateReport:
-    """Apply every migration not applied yet; safe to run repeatedly and concurrently."""
+def migrate(conn: Connection, schema: str = "jobfence",
+            installation: str | None = None) -> MigrateReport:
+    """Apply every migration not applied yet, then fill in the installation's identity
+    (``installation``, or a generated name) if it has none yet — a ConfigError if it has
+    another. Safe to run repeatedly and concurrently."""
     m = Migrations(conn, schema)
     with db.transaction(conn):
         m.lock()
@@ -130,4 +136,6 @@ def migrate(conn: Connection, schema: str = "jobfence") -> MigrateReport:
         m.table_create()
         already = len(m.applied())
     applied = tuple(f"{mig.version:04d}_{mig.name}" for mig in available() if m.apply(mig))
-    return MigrateReport(applied=applied, already=already, relocated_from=relocated)
+    identity = Store(conn, schema).control.claim_identity(installation)
+    return MigrateReport(applied=applied, already=already, relocated_from=relocated,
+                         installation=identity.installation)

@@ -244,6 +244,13 @@ class DrainState(NamedTuple):
     drain_reason: str | None
 
 
+class Identity(NamedTuple):
+    """Which installation a database belongs to (see migration 0011)."""
+
+    installation: str | None
+    identified_at: datetime | None
+
+
 class QueueGauges(NamedTuple):
     waiting: int
     pending: int

@@ -138,7 +138,9 @@ def test_denied_s3_deletes_keep_the_rows_until_a_later_pass(
     assert r.returncode == 0, r.stderr
     s3, bucket = S3ObjectStore(endpoint_url=s3_env["JOBFENCE_S3_ENDPOINT_URL"]), \
         s3_env["JOBFENCE_S3_BUCKET"]
-    prefix = job_prefix(job(dsn, job_id)["job_id"])
+    with connect(dsn) as conn:
+        mine = str(Store(conn).control.identity().installation)
+    prefix = job_prefix(mine, job(dsn, job_id)["job_id"])
     assert len(list(s3.iter_objects(bucket, prefix))) == 1
     sql(dsn, "UPDATE jobs SET retain_until = now() - interval '1 second' WHERE job_id = %s",
         job_id)

@@ -1,8 +1,9 @@
 """Reconciliation and orphan-cleanup through the real CLI with the `local` cluster (worker
-processes on this machine, as in the demo): a worker SIGKILLed mid-job has its job back to
-`pending` after one reconciliation pass — long before its lease would run out — whether its
-process is a zombie (status drift) or gone (missing pod); a live worker is left alone; a
-second concurrent run skips."""
+processes on this machine started with their installation in their environment, as the
+local platform starts them): a worker SIGKILLed mid-job has its job back to `pending` after
+one reconciliation pass — long before its lease would run out — whether its process is a
+zombie or gone; a live worker is left alone; a worker started without its installation is
+never judged; a second concurrent run skips."""
 
 from __future__ import annotations
 
@@ -29,21 +30,31 @@ def reconcile(dsn: str) -> dict[str, object]:
     return dict(json.loads(r.stdout))
 
 
-def running_worker(dsn: str) -> tuple[str, subprocess.Popen[str]]:
+def installation(dsn: str) -> str:
+    with connect(dsn) as conn:
+        return str(Store(conn).control.identity().installation)
+
+
+def running_worker(dsn: str, **env: str) -> tuple[str, subprocess.Popen[str]]:
     job_id = enqueue(dsn, 'sleep:{"seconds": 60}')
-    worker = spawn(dsn, "worker", **LONG_LEASE, JOBFENCE_CLUSTER="local")
+    env = {"JOBFENCE_INSTALLATION": installation(dsn), **env}
+    worker = spawn(dsn, "worker", **LONG_LEASE, JOBFENCE_CLUSTER="local", **env)
     wait_for(lambda: job(dsn, job_id)["status"] == "running")
     return job_id, worker
 
 
-def test_sigkilled_worker_zombie_is_status_drift_and_job_is_back_at_once(dsn: str) -> None:
+def test_sigkilled_worker_zombie_is_reclaimed_at_once(dsn: str) -> None:
     job_id, worker = running_worker(dsn)
+    mine = installation(dsn)
+    assert job(dsn, job_id)["claimed_by"].startswith(f"local:{mine}:")
     assert job(dsn, job_id)["claimed_by"].endswith(f":{worker.pid}")
     started = time.monotonic()
     os.kill(worker.pid, signal.SIGKILL)
-    wait_for(lambda: getattr(LocalCluster().pod(worker.pid), "phase", None) == "Failed")
+    wait_for(lambda: getattr(LocalCluster(mine).pod(worker.pid), "phase", None) == "Failed")
     report = reconcile(dsn)
-    assert report["status_drift_detected"] == 1 and report["retried"] == 1
+    # A zombie keeps no environment: nothing vouches for it any more, so it is missing.
+    assert report["missing_pods_detected"] + report["status_drift_detected"] == 1
+    assert report["retried"] == 1
     row = job(dsn, job_id)
     assert row["status"] == "pending" and row["attempt_id"] is None
     assert time.monotonic() - started < 30  # the lease alone would take 120 s
@@ -77,6 +88,21 @@ def test_live_worker_is_left_alone(dsn: str) -> None:
         kill_quietly(worker)
 
 
+def test_a_worker_started_without_its_installation_is_never_judged(dsn: str) -> None:
+    """Started by hand, without JOBFENCE_INSTALLATION: no local cluster vouches for it, so
+    reconciliation leaves its claim to the sweeper and orphan-cleanup never signals it."""
+    job_id, worker = running_worker(dsn, JOBFENCE_INSTALLATION="")
+    try:
+        assert not job(dsn, job_id)["claimed_by"].startswith("local:")
+        report = reconcile(dsn)
+        assert report["unverifiable_claims"] == 1 and report["retried"] == 0
+        r = run_cli(dsn, "orphan-cleanup", **LOCAL, JOBFENCE_ORPHAN_POD_GRACE_SECONDS="0")
+        assert r.returncode == 0 and json.loads(r.stdout)["orphaned_pods_cleaned"] == 0
+        assert worker.poll() is None and job(dsn, job_id)["status"] == "running"
+    finally:
+        kill_quietly(worker)
+
+
 def test_second_concurrent_run_skips_and_exits_0(dsn: str) -> None:
     with connect(dsn) as holder:
         assert Store(holder).runs.try_lock("reconciliation")
@@ -92,5 +118,5 @@ def test_worker_command_lines_are_recognised() -> None:
     assert is_worker(["python", "-m", "jobfence.functions.worker"])
     assert not is_worker(["python", "-m", "jobfence.functions.cli", "sweeper"])
     assert not is_worker(["worker"])
-    me = LocalCluster().pod(os.getpid())
+    me = LocalCluster("jf-test").pod(os.getpid())
     assert me is None  # pytest is not a worker

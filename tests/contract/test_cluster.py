@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from devtools.kube_api import KubeAPI, kube_api, pod_object
+from devtools.kube_api import INSTALLATION, KubeAPI, kube_api, pod_object
 from devtools.memory_cluster import MemoryCluster
 from jobfence.adapters.kube import KubernetesCluster
 from jobfence.cluster import Cluster, Pod
@@ -49,7 +49,8 @@ def cluster(request: pytest.FixtureRequest, api: KubeAPI) -> tuple[Cluster, Seed
                 "apiVersion": "batch/v1", "kind": "Job",
                 "metadata": {"name": job, "namespace": ns, "annotations": annotations or {}}})
 
-    kube = KubernetesCluster(namespace=ns, selector=SELECTOR, page_size=500,
+    kube = KubernetesCluster(namespace=ns, selector=SELECTOR, installation=INSTALLATION,
+                             page_size=500,
                              cfg=api.configuration())
     return kube, seed_kube
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from devtools.kube_api import KubeAPI, kube_api, pod_object
+from devtools.kube_api import INSTALLATION, KubeAPI, kube_api, pod_object
 from jobfence.adapters.kube import KubernetesCluster, TokenBucket, pod_from_json
 from jobfence.errors import ClusterError
 
@@ -23,7 +23,8 @@ def api() -> Iterator[KubeAPI]:
 
 
 def adapter(api: KubeAPI, page_size: int = 2) -> KubernetesCluster:
-    return KubernetesCluster(namespace="jobs", selector=SELECTOR, page_size=page_size,
+    return KubernetesCluster(namespace="jobs", selector=SELECTOR, installation=INSTALLATION,
+                             page_size=page_size,
                              cfg=api.configuration())
 
 
@@ -33,7 +34,26 @@ def test_lists_only_worker_pods_with_selector_and_limit(api: KubeAPI) -> None:
     api.put("v1/pods", "other", pod_object("w-2", namespace="other"))
     names = [p.name for page in adapter(api).worker_pod_pages() for p in page]
     assert names == ["w-1"]
-    assert api.emulator.list_calls[0] == {"labelSelector": SELECTOR, "limit": "2"}
+    assert api.emulator.list_calls[0] == {
+        "labelSelector": f"{SELECTOR},jobfence.io/installation={INSTALLATION}", "limit": "2"}
+
+
+def test_the_selector_always_names_the_installation(api: KubeAPI) -> None:
+    """Two installations' worker pods in one namespace: each adapter lists only its own,
+    whatever selector it was configured with — even one that names the other."""
+    api.put("v1/pods", "jobs", pod_object("mine", installation="prod"))
+    api.put("v1/pods", "jobs", pod_object("theirs", installation="staging"))
+    api.put("v1/pods", "jobs", pod_object("unlabelled", labels={
+        "app.kubernetes.io/name": "jobfence", "app.kubernetes.io/component": "worker"}))
+    for selector in (SELECTOR, "app.kubernetes.io/component=worker",
+                     f"{SELECTOR},jobfence.io/installation=staging"):
+        prod = KubernetesCluster(namespace="jobs", selector=selector, installation="prod",
+                                 cfg=api.configuration())
+        names = {p.name for page in prod.worker_pod_pages() for p in page}
+        assert names <= {"mine"}, (selector, names)
+    prod = KubernetesCluster(namespace="jobs", selector=SELECTOR, installation="prod",
+                             cfg=api.configuration())
+    assert [p.name for page in prod.worker_pod_pages() for p in page] == ["mine"]
 
 
 def test_throttling_and_server_errors_are_retried_with_backoff(api: KubeAPI) -> None:

@@ -16,6 +16,9 @@ from jobfence.objectstore import (
     ObjectStore,
     ObjectStoreError,
     attempt_prefix,
+    installation_prefix,
+    job_prefix,
+    legacy_job_prefix,
     manifest_key,
     parse_s3_url,
 )
@@ -64,8 +67,11 @@ def test_delete_many_reports_nothing_when_all_deleted(objects: tuple[ObjectStore
 
 def test_layout_helpers() -> None:
     job, attempt = uuid7(), uuid7()
-    assert attempt_prefix(job, attempt) == f"jobfence/{job}/{attempt}/"
-    assert manifest_key(job) == f"jobfence/{job}/manifest.json"
+    assert attempt_prefix("prod", job, attempt) == f"jobfence/prod/{job}/{attempt}/"
+    assert manifest_key("prod", job) == f"jobfence/prod/{job}/manifest.json"
+    assert job_prefix("prod", job) == f"jobfence/prod/{job}/"
+    assert installation_prefix("prod") == "jobfence/prod/"
+    assert legacy_job_prefix(job) == f"jobfence/{job}/"
     assert parse_s3_url("s3://bucket/some/prefix") == ("bucket", "some/prefix")
     assert parse_s3_url("s3://bucket") == ("bucket", "")
     with pytest.raises(InvalidSpec):

@@ -18,11 +18,12 @@ from devtools.memory_objects import MemoryObjectStore
 from jobfence import budget, retention
 from jobfence.datums import child_batches
 from jobfence.finalize import finalize_parent
-from jobfence.objectstore import job_prefix, manifest_key
+from jobfence.ids import uuid7
+from jobfence.objectstore import job_prefix, legacy_job_prefix, manifest_key
 from jobfence.runner import Deps
 from jobfence.settings import Settings, load_settings
 from jobfence.store import ActionOutcome, Store
-from tests.factories import enqueue_one, new_job
+from tests.factories import enqueue_one, installation, new_job
 
 BUCKET = "out"
 HOUR = timedelta(hours=1)
@@ -66,7 +67,7 @@ def finish_with_outputs(store: Store, objects: MemoryObjectStore, job_id: UUID,
     assert claim.job_id == job_id
     urls = []
     for i in range(files):
-        key = f"{job_prefix(job_id)}{claim.attempt_id}/o{i}"
+        key = f"{job_prefix(installation(store), job_id)}{claim.attempt_id}/o{i}"
         objects.put_bytes(BUCKET, key, b"x")
         urls.append((f"o{i}", f"s3://{BUCKET}/{key}"))
     assert store.attempts.register_outputs(job_id=job_id, attempt_id=claim.attempt_id, outputs=urls)
@@ -158,7 +159,7 @@ def test_a_timed_out_last_child_finalizes_its_parent(store: Store, dsn: str) -> 
     row = store.jobs.get(parent)
     assert row is not None and row.status == "failed"
     assert f"{kids[1]}: failed: timed out" in row.error
-    assert keys(objects) == [manifest_key(parent)]
+    assert keys(objects) == [manifest_key(installation(store), parent)]
 
 
 def test_many_timeouts_go_in_bounded_batches(store: Store, dsn: str) -> None:
@@ -239,8 +240,9 @@ def test_a_finished_job_past_its_ttl_loses_its_objects_then_its_rows(
     assert store.jobs.get(old) is None
     for table in ("job_outputs", "job_action_results"):
         assert count(store, table, old) == 0
-    assert keys(objects, job_prefix(old)) == []
-    assert len(keys(objects, job_prefix(young))) == 2 and store.jobs.get(young) is not None
+    assert keys(objects, job_prefix(installation(store), old)) == []
+    assert len(keys(objects, job_prefix(installation(store), young))) == 2
+    assert store.jobs.get(young) is not None
     assert store.jobs.events(old), "the audit trail outlives the job"
     assert store.jobs.get(dependent.job_id) is not None
 
@@ -273,12 +275,12 @@ def test_a_parent_goes_after_its_children_and_every_object_they_own(
     parent, kids = make_parent(store, 5, ttl_seconds=60)
     claims = store.attempts.claim(worker_id="w", lease_seconds=600, limit=5)
     for c in claims:
-        key = f"{job_prefix(c.job_id)}{c.attempt_id}/out"
+        key = f"{job_prefix(installation(store), c.job_id)}{c.attempt_id}/out"
         objects.put_bytes(BUCKET, key, b"x")
         assert store.attempts.register_outputs(job_id=c.job_id, attempt_id=c.attempt_id,
                                       outputs=[("out", f"s3://{BUCKET}/{key}")])
         assert store.attempts.finish(job_id=c.job_id, attempt_id=c.attempt_id, succeeded=True)
-    assert finalize_parent(store, lambda: objects, BUCKET, parent) is not None
+    assert finalize_parent(store, lambda: objects, BUCKET, installation(store), parent) is not None
     assert len(keys(objects)) == 6  # five outputs and the manifest
     report = run(store, dsn, now=db_now(store) + HOUR, objects=objects, batch_size=2)
     assert report.retention_jobs_deleted == 1 and report.retention_children_deleted == 5
@@ -294,14 +296,14 @@ def test_objects_that_cannot_be_deleted_keep_every_row_until_the_next_pass(
     finish_with_outputs(store, objects, stuck, files=3)
     fine = enqueue_one(store, ttl_seconds=60)
     finish_with_outputs(store, objects, fine)
-    objects.fail_deletes.add(job_prefix(stuck))
+    objects.fail_deletes.add(job_prefix(installation(store), stuck))
     later = db_now(store) + HOUR
     report = run(store, dsn, now=later, objects=objects, batch_size=1)
     assert report.retention_failures == 1 and report.retention_jobs_deleted == 1
     assert store.jobs.get(stuck) is not None and store.jobs.get(fine) is None
     assert count(store, "job_outputs", stuck) == 3
     assert count(store, "job_action_results", stuck) == 1
-    assert len(keys(objects, job_prefix(stuck))) == 3
+    assert len(keys(objects, job_prefix(installation(store), stuck))) == 3
     objects.fail_deletes.clear()
     retry = run(store, dsn, now=later, objects=objects)
     assert (retry.retention_failures, retry.retention_jobs_deleted) == (0, 1)
@@ -313,18 +315,18 @@ def test_a_child_whose_objects_remain_keeps_the_whole_parent(
     objects = MemoryObjectStore()
     parent, kids = make_parent(store, 3, ttl_seconds=60)
     for c in store.attempts.claim(worker_id="w", lease_seconds=600, limit=3):
-        key = f"{job_prefix(c.job_id)}{c.attempt_id}/out"
+        key = f"{job_prefix(installation(store), c.job_id)}{c.attempt_id}/out"
         objects.put_bytes(BUCKET, key, b"x")
         store.attempts.register_outputs(job_id=c.job_id, attempt_id=c.attempt_id,
                                outputs=[("out", f"s3://{BUCKET}/{key}")])
         store.attempts.finish(job_id=c.job_id, attempt_id=c.attempt_id, succeeded=True)
-    finalize_parent(store, lambda: objects, BUCKET, parent)
-    objects.fail_deletes.add(job_prefix(kids[1]))
+    finalize_parent(store, lambda: objects, BUCKET, installation(store), parent)
+    objects.fail_deletes.add(job_prefix(installation(store), kids[1]))
     later = db_now(store) + HOUR
     report = run(store, dsn, now=later, objects=objects)
     assert report.retention_failures == 1 and report.retention_jobs_deleted == 0
     assert count(store, "jobs", parent) == 4  # the parent and all three children
-    assert manifest_key(parent) in keys(objects)
+    assert manifest_key(installation(store), parent) in keys(objects)
     objects.fail_deletes.clear()
     assert run(store, dsn, now=later, objects=objects).retention_jobs_deleted == 1
     assert count(store, "jobs", parent) == 0 and keys(objects) == []
@@ -421,8 +423,9 @@ def test_a_job_with_more_objects_than_one_delete_call_takes_loses_them_all(
     job_id = enqueue_one(store, ttl_seconds=60)
     attempt = finish_with_outputs(store, objects, job_id, files=1)
     for i in range(2500):  # e.g. files of an attempt that lost its fence mid-upload
-        objects.put_bytes(BUCKET, f"{job_prefix(job_id)}{attempt}/extra/{i:05d}", b"x")
-    objects.fail_deletes.add(f"{job_prefix(job_id)}{attempt}/extra/02")
+        objects.put_bytes(BUCKET, f"{job_prefix(installation(store), job_id)}{attempt}"
+                                  f"/extra/{i:05d}", b"x")
+    objects.fail_deletes.add(f"{job_prefix(installation(store), job_id)}{attempt}/extra/02")
     later = db_now(store) + HOUR
     partial = run(store, dsn, now=later, objects=objects)
     assert partial.retention_failures == 1 and store.jobs.get(job_id) is not None
@@ -450,3 +453,33 @@ def test_retention_stops_for_the_pass_when_the_object_store_keeps_failing(
     assert all(store.jobs.get(j) is not None for j in jobs)
     objects.fail_deletes.clear()
     assert run(store, dsn, now=later, objects=objects).retention_jobs_deleted == 10
+
+
+def test_retention_also_deletes_what_a_job_wrote_before_the_installation_had_a_name(
+        store: Store, dsn: str) -> None:
+    """An upgraded installation: jobs made before its identity wrote under
+    jobfence/JOB_ID/; retention deletes those objects with their job."""
+    objects = MemoryObjectStore()
+    old = enqueue_one(store, ttl_seconds=60)
+    finish_with_outputs(store, objects, old)
+    legacy = f"{legacy_job_prefix(old)}{uuid7()}/part-0"
+    objects.put_bytes(BUCKET, legacy, b"x")
+    store.conn.execute("UPDATE jobfence_control SET identified_at = now() + interval '1 day'")
+    new = enqueue_one(store, ttl_seconds=60, job_id=uuid7())  # still before the identity
+    finish_with_outputs(store, objects, new)
+    report = run(store, dsn, now=db_now(store) + HOUR, objects=objects)
+    assert report.retention_jobs_deleted == 2 and report.retention_failures == 0
+    assert keys(objects) == []
+
+
+def test_retention_never_lists_the_old_layout_for_a_job_made_since(
+        store: Store, dsn: str) -> None:
+    objects = MemoryObjectStore()
+    job_id = enqueue_one(store, ttl_seconds=60)
+    finish_with_outputs(store, objects, job_id)
+    # Not this job's (it was made after the identity): never looked at, so never deleted.
+    stranger = f"{legacy_job_prefix(job_id)}stranger"
+    objects.put_bytes(BUCKET, stranger, b"x")
+    report = run(store, dsn, now=db_now(store) + HOUR, objects=objects)
+    assert report.retention_jobs_deleted == 1
+    assert keys(objects) == [stranger]

@@ -132,18 +132,33 @@ def test_a_failed_listing_changes_nothing(store: Store, dsn: str) -> None:
 
 
 def test_owner_of_parses_the_layout() -> None:
-    j, a = uuid4(), uuid4()
-    assert owner_of(f"jobfence/{j}/{a}/out/x.csv") == (j, a)
-    assert owner_of(f"jobfence/{j}/manifest.json") == (j, None)
-    assert owner_of("jobfence/not-a-uuid/x") is None
-    assert owner_of(f"elsewhere/{j}/{a}/x") is None
-    assert owner_of(f"jobfence/{j}/") is None
+    j, a, mine = uuid4(), uuid4(), "jobfence/prod/"
+    assert owner_of(f"jobfence/prod/{j}/{a}/out/x.csv", mine) == (j, a)
+    assert owner_of(f"jobfence/prod/{j}/manifest.json", mine) == (j, None)
+    assert owner_of("jobfence/prod/not-a-uuid/x", mine) is None
+    assert owner_of(f"jobfence/staging/{j}/{a}/x", mine) is None  # another installation's
+    assert owner_of(f"jobfence/{j}/{a}/x", mine) is None  # an earlier release's layout
+    assert owner_of(f"elsewhere/{j}/{a}/x", mine) is None
+    assert owner_of(f"jobfence/prod/{j}/", mine) is None
 
 
-def put(objects: MemoryObjectStore, job: UUID, attempt: UUID | None, name: str) -> str:
-    key = (attempt_prefix(job, attempt) + name) if attempt else manifest_key(job)
+def put(objects: MemoryObjectStore, job: UUID, attempt: UUID | None, name: str,
+        installation: str = "") -> str:
+    installation = installation or INSTALLATION[0]
+    key = (attempt_prefix(installation, job, attempt) + name) if attempt \
+        else manifest_key(installation, job)
     objects.put_bytes(BUCKET, key, b"x")
     return key
+
+
+INSTALLATION: list[str] = []
+"""The installation of the test's database (set by the fixture below)."""
+
+
+@pytest.fixture(autouse=True)
+def _installation(store: Store) -> None:
+    identity = store.control.identity()
+    INSTALLATION[:] = [str(identity.installation)]
 
 
 def test_objects_nothing_owns_go_and_owned_ones_stay(store: Store, dsn: str) -> None:
@@ -169,10 +184,16 @@ def test_objects_nothing_owns_go_and_owned_ones_stay(store: Store, dsn: str) -> 
     gone = [put(objects, won, c1.attempt_id, "part-0"), put(objects, failed, c4.attempt_id, "p"),
             put(objects, cancelled, c5.attempt_id, "p"), put(objects, uuid4(), uuid4(), "p"),
             put(objects, uuid4(), None, "")]
-    objects.put_bytes(BUCKET, "jobfence/README", b"not ours")
+    objects.put_bytes(BUCKET, f"jobfence/{INSTALLATION[0]}/README", b"not a job's")
+    # Another installation's garbage in the same bucket, and an earlier release's layout:
+    # never listed, never judged.
+    foreign = [put(objects, uuid4(), uuid4(), "p", installation="another"),
+               put(objects, uuid4(), None, "", installation="another")]
+    legacy = f"jobfence/{uuid4()}/{uuid4()}/p"
+    objects.put_bytes(BUCKET, legacy, b"x")
     report = run(store, s, objects=objects, at=timedelta(minutes=5))
     left = {k for b, k in objects.objects if b == BUCKET}
-    assert left == {*keep, "jobfence/README"}
+    assert left == {*keep, f"jobfence/{INSTALLATION[0]}/README", *foreign, legacy}
     assert (report.objects_scanned, report.orphaned_objects_deleted) == (9, len(gone))
     assert report.objects_unrecognized == 1
     # Young garbage waits for the grace period.
@@ -189,3 +210,27 @@ def test_object_delete_failures_are_counted(store: Store, dsn: str) -> None:
     objects.fail_deletes = {stuck}
     report = run(store, s, objects=objects, at=timedelta(minutes=1))
     assert (report.orphaned_objects_deleted, report.orphaned_objects_cleanup_failures) == (1, 1)
+
+
+def test_through_the_kubernetes_adapter_only_its_own_orphan_is_deleted(
+        store: Store, dsn: str) -> None:
+    """Two installations' worker pods in one namespace, every one unclaimed: this
+    installation's orphan-cleanup deletes its own orphan, and never sees the other's."""
+    from devtools.kube_api import kube_api, pod_object
+    from jobfence.adapters.kube import KubernetesCluster
+
+    mine = INSTALLATION[0]
+    old = "2026-01-01T00:00:00Z"
+    with kube_api() as api:
+        for name, installation in (("mine", mine), ("theirs", "staging")):
+            api.put("v1/pods", "jobs", pod_object(name, installation=installation,
+                                                  started=old))
+        cluster = KubernetesCluster(namespace="jobs", installation=mine,
+                                    selector="app.kubernetes.io/component=worker",
+                                    cfg=api.configuration())
+        s = settings(dsn, orphan_pod_grace_seconds=0)
+        deps = Deps(store, s, cluster_port=cluster, now=datetime.now(UTC))
+        report = orphan_cleanup.run_once(s, deps)
+        assert report.pods_listed == 1 and report.orphaned_pods_cleaned == 1
+        assert not api.exists("v1/pods", "jobs", "mine")
+        assert api.exists("v1/pods", "jobs", "theirs")

@@ -14,7 +14,7 @@ from jobfence.datums import child_batches
 from jobfence.finalize import finalize_parent
 from jobfence.objectstore import manifest_key
 from jobfence.store import IMMEDIATE, Claim, Store
-from tests.factories import enqueue_one, new_job
+from tests.factories import enqueue_one, installation, new_job
 
 BUCKET = "out"
 
@@ -67,11 +67,11 @@ def test_last_child_finalizes_with_manifest_of_committed_outputs(store: Store) -
     objects = MemoryObjectStore()
     parent, kids = make_parent(store, 2)
     winners = [run_child(store, k) for k in kids]
-    assert finalize_parent(store, lambda: objects, BUCKET, parent) is not None
+    assert finalize_parent(store, lambda: objects, BUCKET, installation(store), parent) is not None
     row = store.jobs.get(parent)
     assert row is not None and row.status == "succeeded"
-    assert row.manifest == f"s3://{BUCKET}/{manifest_key(parent)}"
-    manifest = json.loads(objects.get_bytes(BUCKET, manifest_key(parent)))
+    assert row.manifest == f"s3://{BUCKET}/{manifest_key(installation(store), parent)}"
+    manifest = json.loads(objects.get_bytes(BUCKET, manifest_key(installation(store), parent)))
     assert manifest["children"] == {"total": 2, "succeeded": 2}
     for item, kid, attempt in zip(manifest["items"], kids, winners, strict=True):
         assert item["job_id"] == str(kid) and item["attempt_id"] == str(attempt)
@@ -93,8 +93,8 @@ def test_outputs_of_a_fenced_out_attempt_are_never_committed(store: Store) -> No
     assert not store.attempts.confirm_outputs(job_id=kid, attempt_id=first.attempt_id, outputs=[
         {"path": "o0", "status": "done", "size_bytes": 1, "error": None}])
     second = run_child(store, kid)
-    finalize_parent(store, lambda: objects, BUCKET, parent)
-    manifest = json.loads(objects.get_bytes(BUCKET, manifest_key(parent)))
+    finalize_parent(store, lambda: objects, BUCKET, installation(store), parent)
+    manifest = json.loads(objects.get_bytes(BUCKET, manifest_key(installation(store), parent)))
     assert manifest["items"][0]["outputs"] == [f"s3://{BUCKET}/jobfence/{kid}/{second}/o0"]
 
 
@@ -104,14 +104,15 @@ def test_a_failed_child_fails_the_parent_with_counts_and_first_errors(
     parent, kids = make_parent(store, 3, max_attempts=1)
     run_child(store, kids[0])
     run_child(store, kids[1], ok=False)
-    assert finalize_parent(store, lambda: objects, BUCKET, parent) is None  # one left
+    one_left = finalize_parent(store, lambda: objects, BUCKET, installation(store), parent)
+    assert one_left is None
     run_child(store, kids[2])
-    t = finalize_parent(store, lambda: objects, BUCKET, parent)
+    t = finalize_parent(store, lambda: objects, BUCKET, installation(store), parent)
     assert t is not None and t.status == "failed"
     row = store.jobs.get(parent)
     assert row is not None
     assert row.error.startswith(f"1 of 3 children did not succeed ({kids[1]}: failed: boom")
-    manifest = json.loads(objects.get_bytes(BUCKET, manifest_key(parent)))
+    manifest = json.loads(objects.get_bytes(BUCKET, manifest_key(installation(store), parent)))
     assert [i["outputs"] != [] for i in manifest["items"]] == [True, False, True]
 
 
@@ -123,9 +124,11 @@ def test_racing_finalizers_finalize_exactly_once(dsn: str, store: Store) -> None
     conns = [connect(dsn) for _ in range(12)]
     barrier = threading.Barrier(len(conns))
 
+    mine = installation(store)
+
     def finalize(i: int):  # type: ignore[no-untyped-def]
         barrier.wait()
-        return finalize_parent(Store(conns[i]), lambda: objects, BUCKET, parent)
+        return finalize_parent(Store(conns[i]), lambda: objects, BUCKET, mine, parent)
 
     try:
         with ThreadPoolExecutor(len(conns)) as pool:

@@ -8,10 +8,12 @@ section says; no secret value is committed anywhere."""
 from __future__ import annotations
 
 import re
+import subprocess
 import tomllib
 from typing import Any
 
 import pytest
+import yaml
 
 from jobfence.db import queries
 from jobfence.functions.cli import COMMANDS
@@ -388,3 +390,31 @@ def test_every_job_spec_is_a_single_pod_run(base: list[Obj]) -> None:
     for where, spec in job_specs(base):
         assert spec.get("parallelism", 1) == 1 and spec.get("completions", 1) == 1, where
         assert spec["template"]["spec"]["restartPolicy"] == "Never", where
+
+
+# -- the installation's identity -------------------------------------------------------------
+
+def installation_label(obj: Obj) -> str:
+    labels = obj["spec"]["jobTargetRef"]["template"]["metadata"]["labels"]
+    return str(labels["jobfence.io/installation"])
+
+
+def test_every_worker_pod_carries_the_configured_installation(base: list[Obj]) -> None:
+    value = one(base, "ConfigMap", "jobfence-config")["data"]["JOBFENCE_INSTALLATION"]
+    for scaled in of_kind(base, "ScaledJob"):
+        assert installation_label(scaled) == value
+        [worker] = scaled["spec"]["jobTargetRef"]["template"]["spec"]["containers"]
+        [env] = [e for e in worker["env"] if e["name"] == "JOBFENCE_INSTALLATION"]
+        # The worker claims for the installation its own label says: never another.
+        assert env["valueFrom"]["fieldRef"]["fieldPath"] == \
+            "metadata.labels['jobfence.io/installation']"
+
+
+def test_make_deploy_installation_relabels_every_worker_pod() -> None:
+    out = subprocess.run(["make", "-s", "render", "INSTALLATION=staging"], cwd=REPO,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    objects = [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+    assert one(objects, "ConfigMap", "jobfence-config")["data"][
+        "JOBFENCE_INSTALLATION"] == "staging"
+    assert {installation_label(o) for o in of_kind(objects, "ScaledJob")} == {"staging"}
