@@ -64,6 +64,10 @@ bench: $(BENCH_STAMP) ## run the benchmarks beside pgbench and the peers, write 
 chaos: $(STAMP) ## fault-injection run: thousands of jobs, SIGKILL/SIGTERM/SIGSTOP, DB restart; judged by the audit trail (CHAOS_ARGS="--jobs 300 --quick" for a short one)
 	$(PY) -m bench.chaos $(CHAOS_ARGS)
 
+pools: $(STAMP) ## render manifests/pools.yaml into the pools' KEDA ScaledJobs (manifests/pools.generated.yaml)
+	$(VENV)/bin/jobfence pools render manifests/pools.yaml > manifests/pools.generated.yaml.tmp
+	mv manifests/pools.generated.yaml.tmp manifests/pools.generated.yaml
+
 verify: $(STAMP) ## render the manifests and validate them, check migrations give the expected schema, test the wheel
 	$(KUBECTL) kustomize manifests/ >/dev/null
 	$(PY) -m pytest $(PYTEST_ARGS) tests/manifests tests/integration/test_migrations.py
@@ -120,5 +124,5 @@ schema-snapshot: $(STAMP) ## regenerate tests/integration/expected_schema.txt af
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache build *.egg-info
 
-.PHONY: help venv postgres-check lint test demo bench chaos verify image overlay render \
+.PHONY: help venv postgres-check lint test demo bench chaos pools verify image overlay render \
 	deploy schema-snapshot clean

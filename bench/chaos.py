@@ -1,9 +1,11 @@
 """`make chaos`: jobfence under fire, judged by its audit trail.
 
 Thousands of jobs of every kind — plain, on exclusive resources, flaky with retries, with
-run timeouts, chained by dependencies, datum parents on S3 — while worker processes are
-started continuously the way KEDA would (demo/platform.py, the ScaledJob's own query) and
-the periodic functions run on a compressed schedule. A fault injector meanwhile SIGKILLs,
+run timeouts, chained by dependencies, datum parents on S3 — in three queues, while worker
+processes are started continuously the way KEDA would (devtools/platform.py, each pool's
+own trigger query): one job per pod for maintenance work, draining workers for short work,
+and draining workers of a queue limited to 2 running jobs. The periodic functions run on a
+compressed schedule. A fault injector meanwhile SIGKILLs,
 SIGTERMs and pauses workers past their lease (SIGSTOP, then SIGCONT), terminates worker
 database connections, cancels jobs, and restarts PostgreSQL once.
 
@@ -40,6 +42,7 @@ from jobfence.adapters.s3 import S3ObjectStore
 from jobfence.errors import JobfenceError, ResourceBusy, StoreUnavailable
 from jobfence.functions.cli import COMMANDS
 from jobfence.functions.enqueue import run_once as enqueue
+from jobfence.pools import Pool
 from jobfence.settings import Settings
 from jobfence.spec import parse_specs
 from jobfence.store import ACTIVE, Store
@@ -48,10 +51,21 @@ from jobfence.store.migrations import migrate
 REPO = Path(__file__).resolve().parent.parent
 
 LEASE = 3.0
+LIMIT = 2
 BUCKET = "chaos"
 RESOURCES = [f"db.table_{i}" for i in range(12)]
 SCHEDULE = {"sweeper": 1.0, "reconciliation": 1.5, "export-finalize": 1.0, "lifecycle": 2.0,
             "orphan-cleanup": 3.0}
+
+
+def pools(workers: int) -> tuple[Pool, ...]:
+    """Three pools as manifests/pools.yaml declares them: maintenance work one job per
+    pod, short work on draining workers, and a draining pool whose queue is limited."""
+    half = max(1, workers // 2)
+    return (Pool(name="default", mode="one-per-pod", maxPods=half),
+            Pool(name="datums", mode="draining", maxJobs=20, maxSeconds=20,
+                 maxPods=max(1, workers - half)),
+            Pool(name="limited", mode="draining", maxJobs=20, maxSeconds=20, maxPods=4))
 
 
 def chaos_env(dsn: str, s3: str) -> dict[str, str]:
@@ -96,10 +110,18 @@ class Feeder(threading.Thread):
         self.datums = 0
 
     def _spec(self) -> dict[str, Any]:
+        spec = self._kind()
+        self.counts[f"queue: {spec.setdefault('queue', 'default')}"] += 1
+        return spec
+
+    def _kind(self) -> dict[str, Any]:
         r = random.random()
-        if r < 0.35:
+        if r < 0.2:
             self.counts["kind: plain"] += 1
-            return {"actions": [sleep_action(0.02, 0.4)]}
+            return {"actions": [sleep_action(0.02, 0.4)], "queue": "datums"}
+        if r < 0.35:
+            self.counts["kind: plain, on a queue limited to 2"] += 1
+            return {"actions": [sleep_action(0.02, 0.4)], "queue": "limited"}
         if r < 0.55:
             self.counts["kind: exclusive resource"] += 1
             return {"actions": [sleep_action(0.05, 0.6), sleep_action(0, 0.2)],
@@ -120,7 +142,8 @@ class Feeder(threading.Thread):
             for i in range(random.randint(3, 8)):
                 self.objects.put_bytes(BUCKET, f"{prefix}part-{i}.txt", f"datum {i}\n".encode())
             return {"actions": [{"name": "command", "params": {"argv": ["sh", "-c", UPPER]}}],
-                    "inputs": f"s3://{BUCKET}/{prefix}", "max_attempts": 4}
+                    "inputs": f"s3://{BUCKET}/{prefix}", "max_attempts": 4,
+                    "queue": "datums"}
         self.counts["kind: plain"] += 1
         return {"actions": [sleep_action(0.02, 0.4)]}
 
@@ -274,7 +297,8 @@ def main() -> int:
     p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", type=int, default=3000, help="jobs to enqueue (children count)")
-    p.add_argument("--workers", type=int, default=6, help="most worker processes at once")
+    p.add_argument("--workers", type=int, default=6, help="most worker processes at once in the default and datums pools (the "
+                        "limited pool adds at most 2: its trigger is capped at the limit)")
     p.add_argument("--fault-period", type=float, default=1.0, help="seconds between faults")
     p.add_argument("--drain-timeout", type=float, default=300.0)
     p.add_argument("--seed", type=int, default=None)
@@ -296,13 +320,14 @@ def main() -> int:
         objects = S3ObjectStore(endpoint_url=s3)
         objects.client.create_bucket(Bucket=BUCKET)
         settings = Settings(database_url=pg.dsn, s3_bucket=BUCKET, s3_endpoint_url=s3)
+        with connect(pg.dsn) as conn:
+            Store(conn).queues.configure("limited", limit=LIMIT, set_limit=True)
         schedule = {f: every for f, every in SCHEDULE.items() if f in COMMANDS}
         platform = LocalPlatform(pg.dsn, env, work / "logs", schedules=schedule,
-                                 poll_seconds=0.3, max_workers=args.workers,
-                                 worker_args=("--max-jobs", "20"))
+                                 poll_seconds=0.3, pools=pools(args.workers))
         stack.callback(platform.stop)
         feeder = Feeder(settings, objects, args.jobs, kinds)
-        print(f"chaos: seed {seed}, {args.jobs} jobs, up to {args.workers} workers, "
+        print(f"chaos: seed {seed}, {args.jobs} jobs, up to {args.workers + LIMIT} workers, "
               f"PostgreSQL on 127.0.0.1:{pg.port}, S3 on {s3}", flush=True)
         platform.start()
         feeder.start()

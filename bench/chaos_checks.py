@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from devtools.audit import queue_limit_violations
 from jobfence.db import Connection
 from jobfence.objectstore import ObjectStore, parse_s3_url
 
@@ -110,6 +111,8 @@ def check_database(conn: Connection) -> list[Verdict]:
     for name, sql in CHECKS.items():
         rows = conn.execute(sql).fetchall()  # type: ignore[call-overload]
         out.append(Verdict(name, [dict(r) for r in rows]))
+    out.append(Verdict("a queue's limit on running jobs is never exceeded (invariant 10)",
+                       queue_limit_violations(conn)))
     return out
 
 

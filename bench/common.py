@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import yaml
 
 from devtools.embedded_pg import EmbeddedPostgres
 from devtools.sqlconn import connect
@@ -79,6 +80,13 @@ class Bench:
         self._n += 1
         return create_database(self.pg, f"bench_{os.getpid()}_{self._n}", migrated=migrated)
 
+    def deployed_env(self, dsn: str) -> dict[str, str]:
+        """The environment of a jobfence process as the shipped manifests configure it: the
+        log settings of manifests/config.yaml and the default log level (info)."""
+        env = self.env(dsn, **shipped_log_settings())
+        env.pop("JOBFENCE_LOG_LEVEL")
+        return env
+
     def env(self, dsn: str, **extra: str) -> dict[str, str]:
         """The environment of a jobfence process. Bytecode is cached, as in the image, where
         pip compiled it at install time: a machine that sets PYTHONDONTWRITEBYTECODE would
@@ -90,6 +98,13 @@ class Bench:
         env.update({"JOBFENCE_DATABASE_URL": dsn,
                     "JOBFENCE_LOG_LEVEL": "warning", **extra})
         return env
+
+
+def shipped_log_settings() -> dict[str, str]:
+    """The JOBFENCE_LOG_* settings manifests/config.yaml gives every pod."""
+    config = next(d for d in yaml.safe_load_all((REPO / "manifests" / "config.yaml").read_text())
+                  if d["metadata"]["name"] == "jobfence-config")["data"]
+    return {k: str(v) for k, v in config.items() if k.startswith("JOBFENCE_LOG")}
 
 
 @contextlib.contextmanager

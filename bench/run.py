@@ -33,6 +33,7 @@ BENCHMARKS = {
     "listing": "bench.bench_listing",
     "enqueue": "bench.bench_enqueue",
     "dependents": "bench.bench_dependents",
+    "pools": "bench.bench_pools",
 }
 
 OUT = REPO / "docs" / "BENCHMARKS.md"

@@ -1,12 +1,15 @@
 """`make demo`: the whole story on one machine, no cluster and no cloud.
 
 A throwaway PostgreSQL (or $JOBFENCE_DATABASE_URL), moto's S3 server on 127.0.0.1, and the
-`local` platform standing in for KEDA (workers started from the ScaledJob's own query) and
-for the CronJobs (every periodic function on a compressed schedule). A realistic mix — table
-maintenance on exclusive resources, a dependency, a flaky job, a datum job from S3 inputs —
-while one worker is SIGKILLed (reconciliation recovers its job in seconds) and one is paused
-past its lease (the sweeper recovers it; the fence rejects its late write). Ends with a
-summary table, and cleans up after itself.
+`local` platform standing in for KEDA and for the CronJobs (every periodic function on a
+compressed schedule). KEDA runs the two pools manifests/pools.yaml ships, each from its own
+trigger query: `default` (table maintenance, one job per pod) and `datums` (short work,
+draining pods). A realistic mix — table maintenance on exclusive resources, a dependency, a
+flaky job, a scheduled job, a datum job from S3 inputs held in its paused queue — while one
+worker is SIGKILLed (reconciliation recovers its job in seconds) and one is paused past its
+lease (the sweeper recovers it; the fence rejects its late write). Then the datums queue is
+resumed and a few draining pods run all its work. Ends with a summary table, and cleans up
+after itself.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from devtools.platform import JOBFENCE, LocalPlatform, Proc
 from devtools.s3 import moto_server
 from devtools.sqlconn import connect
 from jobfence.functions.cli import COMMANDS
+from jobfence.pools import Pool, Pools
 from jobfence.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,6 +52,16 @@ SCHEDULE = {"sweeper": 2.0, "reconciliation": 2.0, "export-finalize": 2.0,
             "lifecycle": 5.0, "orphan-cleanup": 5.0}
 BUCKET = "jobfence-demo"
 DATUMS = 12
+# The pools the manifests ship, sized for one machine.
+POOL_SIZES = {"default": 4, "datums": 3}
+
+
+def shipped_pools() -> tuple[Pool, ...]:
+    import yaml
+
+    pools = Pools.model_validate(yaml.safe_load((REPO / "manifests" / "pools.yaml").read_text()))
+    return tuple(p.model_copy(update={"max_pods": POOL_SIZES.get(p.name, 2)})
+                 for p in pools.pools)
 
 
 class Demo:
@@ -98,6 +112,15 @@ class Demo:
             WHERE job_id = %s AND from_status = 'running' AND to_status IN ('pending', 'failed')
             ORDER BY event_id LIMIT 1""", (job_id,)).fetchone()
         return str(row["reason"]) if row and row["reason"] else "reclaimed"
+
+    def claims_per_worker(self, parent: str) -> list[int]:
+        """How many of a parent's children each worker claimed, from the audit trail."""
+        rows = self.conn.execute("""
+            SELECT e.reason, count(*) AS n FROM job_events e
+            JOIN jobs j ON j.job_id = e.job_id
+            WHERE j.parent_id = %s AND e.to_status = 'running' AND e.attempt_id IS NOT NULL
+            GROUP BY e.reason ORDER BY n DESC""", (parent,)).fetchall()
+        return [int(r["n"]) for r in rows]
 
     def wait_until(self, what: str, fn: Callable[[], object], timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -153,21 +176,31 @@ def story(d: Demo, platform: LocalPlatform) -> int:
                       "--resource", "db.clicks")
     d.cli("enqueue", 'sleep:{"seconds": 1}', "--resource", "db.events", expect=3)
     d.say("a second job on db.events is refused by the database's unique index (exit 3)")
+    report = d.enqueue('command:{"argv": ["echo", "rebuilding the clicks report"]}',
+                       "--delay", "PT8S")
+    d.say("the clicks report is scheduled: not claimed, nor counted by KEDA, for 8 s")
     d.cli("list")
+    d.cli("queue", "pause", "datums", "--reason", "the export's target is being migrated")
     upper = ('for f in "$JOBFENCE_INPUT_DIR"/*; do tr a-z A-Z < "$f" > '
              '"$JOBFENCE_OUTPUT_DIR/$(basename "$f" .txt).out"; done')
     spec = {"actions": [{"name": "command", "params": {"argv": ["sh", "-c", upper]}}],
-            "inputs": f"s3://{BUCKET}/inputs/day=2026-11-22/", "labels": {"kind": "export"}}
+            "inputs": f"s3://{BUCKET}/inputs/day=2026-11-22/", "labels": {"kind": "export"},
+            "queue": "datums"}
     datum = json.loads(d.cli("enqueue", "--spec", "-", stdin=json.dumps(spec), show=False))
     parent = str(datum["job_id"])
-    d.say(f"datum job {parent[:8]}…: {datum['children']} children, one per input file")
+    d.say(f"datum job {parent[:8]}… in the paused queue `datums`: {datum['children']} "
+          "children, one per input file, all held")
 
-    d.step("3. the local platform starts: KEDA's query spawns workers, CronJobs tick")
+    d.step("3. the local platform starts: each pool's KEDA query spawns its workers, "
+           "CronJobs tick")
     platform.start()
     d.wait_until("db.orders and db.users to be claimed", lambda: all(
         d.job(j)["status"] == "running" for j in (orders, users)))
-    d.say(f"KEDA stand-in: value of the ScaledJob query = {d.store.queues.scaler_value()} "
-          f"(ready + claimed), {len(platform.live_workers())} workers running")
+    d.say(f"KEDA stand-in: default pool's query = {d.store.queues.scaler_value('default')} "
+          f"(ready + claimed), {len(platform.live_workers('default'))} one-job workers; "
+          f"datums pool's query = {d.store.queues.scaler_value('datums')} (paused), "
+          f"{len(platform.live_workers('datums'))} workers")
+    d.cli("queue", "status")
     time.sleep(1.0)
     killed = worker_of(platform, d.job(orders)["claimed_by"])
     killed.popen.send_signal(signal.SIGKILL)
@@ -213,10 +246,23 @@ def story(d: Demo, platform: LocalPlatform) -> int:
     d.say(f"the 'succeeded' it would have written, replayed by hand with its old attempt_id: "
           f"{GREEN}{'matched no row' if late is None else 'ACCEPTED?!'}{RESET} — the fence")
 
-    d.step("7. everything else finishes; the last child's worker finalizes the datum job")
-    d.wait_until("every job to finish", lambda: all(
+    d.wait_until("the default queue to drain", lambda: all(
         d.job(j)["status"] in ("succeeded", "failed", "cancelled")
-        for j in (orders, users, events, expiry, flaky, parent)), timeout=90)
+        for j in (orders, users, events, expiry, flaky, report)), timeout=90)
+    held = d.store.queues.status("datums")[0]
+    d.say(f"the default queue drained; `datums` still holds {held.pending} ready jobs, "
+          f"paused, with {len(platform.live_workers('datums'))} workers")
+
+    d.step("7. resume `datums`: a few draining pods run every child; the last one "
+           "finalizes the datum job")
+    d.cli("queue", "resume", "datums")
+    d.wait_until("the datum job to finish", lambda: d.job(parent)["status"] in (
+        "succeeded", "failed", "cancelled"), timeout=90)
+    per_worker = d.claims_per_worker(parent)
+    d.say(f"{len(per_worker)} draining workers ran the {DATUMS} children: "
+          + ", ".join(f"{n} jobs" for n in per_worker)
+          + f" (each start-up paid once; {platform.workers_started['default']} one-job "
+          "pods ran the maintenance work)")
     p = d.job(parent)
     bucket, key = p["manifest"].removeprefix("s3://").split("/", 1)
     manifest = json.loads(s3.get_bytes(bucket, key))
@@ -232,7 +278,8 @@ def story(d: Demo, platform: LocalPlatform) -> int:
         ("db.users", users, f"{paused.name} paused → sweeper; late write fenced"),
         ("db.events", events, ""), ("db.events.snapshots", expiry, "after db.events"),
         ("db.clicks", flaky, "failed once, retried with backoff"),
-        (f"export ({DATUMS} datums)", parent, "finalized once, manifest on S3")])
+        ("clicks report", report, "scheduled: not before its delay"),
+        (f"export ({DATUMS} datums)", parent, "held while paused; finalized once")])
 
 
 def summary(d: Demo, platform: LocalPlatform, rows: list[tuple[str, str, str]]) -> int:
@@ -272,7 +319,8 @@ def summary(d: Demo, platform: LocalPlatform, rows: list[tuple[str, str, str]]) 
         runs = sum(v for k, v in totals.get(name, {}).items() if k.startswith("run:"))
         print(f"   {name:<18}{runs:<7g}{s.last_status:<11}{counts or '—'}")
     exits = ", ".join(f"{k}: {v}" for k, v in sorted(platform.exits.items()) if "worker" in k)
-    print(f"\n   workers started by the KEDA stand-in: {platform.workers_started} ({exits})")
+    started = ", ".join(f"{pool} {n}" for pool, n in sorted(platform.workers_started.items()))
+    print(f"\n   workers started by the KEDA stand-in: {started} ({exits})")
     print(f"   jobs still running: {running['n'] if running else '?'}; "
           f"jobs with two terminal writes: {twice['n'] if twice else '?'}")
     verdict = (f"{GREEN}every job finished exactly once; nothing lost, nothing stuck{RESET}"
@@ -297,7 +345,8 @@ def main() -> int:
         demo = Demo(dsn, s3, work)
         stack.callback(demo.conn.close)
         schedule = {f: every for f, every in SCHEDULE.items() if f in COMMANDS}
-        platform = LocalPlatform(dsn, demo.env, work / "logs", schedules=schedule)
+        platform = LocalPlatform(dsn, demo.env, work / "logs", schedules=schedule,
+                                 pools=shipped_pools())
         stack.callback(platform.stop)
         code = story(demo, platform)
     print(f"{DIM}demo took {time.monotonic() - started:.0f}s{RESET}")

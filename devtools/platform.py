@@ -1,13 +1,15 @@
 """KEDA and the CronJobs, on one machine: what the demo and the chaos run schedule jobfence
 with when there is no cluster.
 
-* **KEDA stand-in**: every ``poll_seconds`` it runs the worker ScaledJob's own trigger query
-  (``Queues.scaler_value``, the text manifests/ embeds) and applies KEDA's ``default``
-  scaling strategy — start ``min(max, ceil(value / target)) - running`` new workers — each
-  a ``jobfence worker`` process (one job, then exit, as a ScaledJob pod does) started with
-  the installation's identity in its environment, so its worker id is
-  ``local:INSTALLATION:HOST:PID`` and the ``local`` cluster of this installation (and no
-  other) can vouch for it.
+* **KEDA stand-in**: every ``poll_seconds``, for each pool (``jobfence.pools.Pool``, as
+  manifests/pools.yaml declares them), it runs the pool's own trigger query
+  (``Queues.scaler_value``, the text its ScaledJob embeds) and applies KEDA's ``default``
+  scaling strategy — start ``min(maxPods, ceil(value / 1)) - running`` new workers of
+  that pool — each a ``jobfence worker`` process with the pool's arguments (one job, or
+  draining with its budgets), started after ``pod_start_seconds`` (a pod's scheduling,
+  image pull and start-up; KEDA counts the Job from its creation) with the installation's
+  identity in its environment, so its worker id is ``local:INSTALLATION:HOST:PID`` and the
+  ``local`` cluster of this installation (and no other) can vouch for it.
 * **CronJob stand-in**: each periodic function runs as its own short-lived process on a
   compressed schedule; a run still going when the next tick comes is skipped
   (``concurrencyPolicy: Forbid``).
@@ -30,6 +32,7 @@ from pathlib import Path
 
 from jobfence.db import Connection, connect
 from jobfence.errors import JobfenceError
+from jobfence.pools import Pool
 from jobfence.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -41,6 +44,7 @@ class Proc:
     name: str
     popen: subprocess.Popen[bytes]
     log: Path
+    pool: str = ""
     started: float = field(default_factory=time.monotonic)
     exit_code: int | None = None
 
@@ -48,22 +52,22 @@ class Proc:
 class LocalPlatform:
     def __init__(self, dsn: str, env: dict[str, str], logs: Path, *,
                  schedules: dict[str, float], poll_seconds: float = 0.5,
-                 max_workers: int = 8, target: int = 1,
-                 worker_args: tuple[str, ...] = ()) -> None:
+                 pools: tuple[Pool, ...] = (Pool(name="default", maxPods=8),),
+                 pod_start_seconds: float = 0.0) -> None:
         self.dsn, self.env, self.logs = dsn, {**env, "JOBFENCE_CLUSTER": "local"}, logs
         self.schema = self.env.get("JOBFENCE_SCHEMA", "jobfence")
         self.installation: str | None = None
         self.schedules = schedules
-        self.poll_seconds, self.max_workers, self.target = poll_seconds, max_workers, target
-        self.worker_args = worker_args
+        self.poll_seconds, self.pod_start_seconds = poll_seconds, pod_start_seconds
+        self.pools = {p.name: p for p in pools}
         self.workers: list[Proc] = []
         self.functions: dict[str, Proc] = {}
         self.exits: Counter[str] = Counter()
         self.function_runs: Counter[str] = Counter()
-        self.workers_started = 0
+        self.workers_started: Counter[str] = Counter()
+        """Worker processes started, by pool."""
         self.worker_pids: set[int] = set()
         """Every worker process it ever started."""
-        self.paused = False
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="local-platform", daemon=True)
@@ -108,9 +112,10 @@ class LocalPlatform:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.popen.wait(timeout=30)
 
-    def live_workers(self) -> list[Proc]:
+    def live_workers(self, pool: str | None = None) -> list[Proc]:
         with self._lock:
-            return [w for w in self.workers if w.popen.poll() is None]
+            return [w for w in self.workers if w.popen.poll() is None
+                    and (pool is None or w.pool == pool)]
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -119,8 +124,6 @@ class LocalPlatform:
         try:
             while not self._stop.wait(self.poll_seconds):
                 self._reap()
-                if self.paused:
-                    continue
                 try:
                     conn = conn if conn is not None and not conn.closed else connect(
                         self.dsn, application_name="jobfence-local-keda")
@@ -142,7 +145,7 @@ class LocalPlatform:
                 code = w.popen.poll()
                 if code is not None and w.exit_code is None:
                     w.exit_code = code
-                    self.exits[f"worker exit {code}"] += 1
+                    self.exits[f"{w.pool} worker exit {code}"] += 1
             self.workers = [w for w in self.workers if w.exit_code is None]
             for name, p in list(self.functions.items()):
                 code = p.popen.poll()
@@ -151,21 +154,29 @@ class LocalPlatform:
                     del self.functions[name]
 
     def _scale(self, conn: Connection) -> None:
-        value = Store(conn, self.schema).queues.scaler_value()
-        running = len(self.live_workers())
-        wanted = min(self.max_workers, math.ceil(value / self.target)) - running
-        for _ in range(max(0, wanted)):
-            self.spawn_worker()
+        queues = Store(conn, self.schema).queues
+        for pool in self.pools.values():
+            value = queues.scaler_value(pool.queue)
+            running = len(self.live_workers(pool.name))  # a Job counts from its creation
+            wanted = min(pool.max_pods, math.ceil(value)) - running
+            for _ in range(max(0, wanted)):
+                self.spawn_worker(pool.name)
 
-    def spawn_worker(self) -> Proc:
+    def spawn_worker(self, pool: str = "default") -> Proc:
+        """Start one worker of ``pool`` as its ScaledJob would: after the pod's start-up
+        (the process waits it out, then becomes the worker: same pid)."""
         self.identify()
-        self.workers_started += 1
-        name = f"worker-{self.workers_started}"
+        self.workers_started[pool] += 1
+        name = f"{pool}-worker-{self.workers_started[pool]}"
         log = self.logs / f"{name}.log"
+        argv = [*JOBFENCE, *self.pools[pool].args]
+        if self.pod_start_seconds > 0:
+            argv = ["sh", "-c", 'sleep "$0" && exec "$@"', str(self.pod_start_seconds),
+                    *argv]
         with log.open("wb") as f:
-            popen = subprocess.Popen([*JOBFENCE, "worker", *self.worker_args], env=self.env,
-                                     cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
-        proc = Proc(name, popen, log)
+            popen = subprocess.Popen(argv, env=self.env, cwd=REPO, stdout=f,
+                                     stderr=subprocess.STDOUT)
+        proc = Proc(name, popen, log, pool)
         with self._lock:
             self.workers.append(proc)
             self.worker_pids.add(popen.pid)

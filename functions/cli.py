@@ -29,6 +29,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("ops:cancel_main", "cancel a job (and a parent's children)"),
     "drain": ("ops:drain_main", "drain mode on|off|status"),
     "info": ("ops:info_main", "which installation this is (schema, identity, version)"),
+    "queue": ("ops:queue_main", "a queue's state; pause, resume or limit it"),
+    "pools": ("pools:main", "render the KEDA ScaledJobs of the worker pools"),
     "metrics": ("ops:metrics_main", "print metrics in the Prometheus text format"),
 }
 

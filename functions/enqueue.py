@@ -49,6 +49,9 @@ def to_new_job(spec: JobSpec, settings: Settings) -> NewJob:
         expires_in_seconds=seconds(spec.expires_in),
         idempotency_key=spec.idempotency_key,
         spec_hash=spec.fingerprint() if spec.idempotency_key else None,
+        queue=spec.queue,
+        run_at=spec.run_at,
+        delay_seconds=seconds(spec.delay),
     )
 
 
@@ -89,6 +92,12 @@ def parser() -> cli.Parser:
     p.add_argument("--expires-in", metavar="DUR")
     p.add_argument("--inputs", metavar="s3://BUCKET/PREFIX")
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--queue", metavar="Q", help="the queue (default: default)")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--run-at", metavar="TIMESTAMP",
+                      help="not before this RFC 3339 time (2026-11-23T18:00:00Z)")
+    when.add_argument("--delay", metavar="DUR", help="not before this ISO 8601 duration "
+                      "from now (PT10M)")
     return p
 
 
@@ -98,7 +107,8 @@ def specs_from_args(argv: list[str]) -> list[JobSpec]:
         "resource": args.resource, "max_attempts": args.max_attempts,
         "priority": args.priority, "after": args.after or None,
         "idempotency_key": args.idempotency_key, "ttl": args.ttl, "timeout": args.timeout,
-        "expires_in": args.expires_in, "inputs": args.inputs,
+        "expires_in": args.expires_in, "inputs": args.inputs, "queue": args.queue,
+        "run_at": args.run_at, "delay": args.delay,
     }
     if args.spec:
         if args.actions or any(v is not None for v in flags.values()) or args.label:

@@ -1,17 +1,19 @@
 """Operator commands over the fenced store: migrate, status, list, wait, cancel, drain,
-metrics."""
+queue, info, metrics."""
 
 from __future__ import annotations
 
 import contextlib
 import sys
 import time
+from datetime import UTC, datetime
 from uuid import UUID
 
 from jobfence import cli, db, metrics
 from jobfence.db import connect
 from jobfence.errors import ExitCode, InvalidSpec, JobfenceError, JobNotFound, WaitTimeout
 from jobfence.ids import parse_job_id
+from jobfence.spec import queue_name
 from jobfence.store import ACTIVE, TERMINAL, JobRow, Store
 from jobfence.store.migrations import migrate
 from jobfence.views import job_views, render_text
@@ -83,24 +85,32 @@ def list_main(argv: list[str]) -> int:
         p.add_argument("--status", choices=[*ACTIVE, *TERMINAL])
         p.add_argument("--resource")
         p.add_argument("--parent", metavar="JOB_ID")
+        p.add_argument("--queue", metavar="Q")
         p.add_argument("--limit", type=int, default=50)
         p.add_argument("-o", "--output", choices=["text", "json"], default="text")
         args = p.parse_args(argv)
         if not 1 <= args.limit <= 10_000:
             raise InvalidSpec("--limit must be between 1 and 10000")
         parent = _job_id(args.parent) if args.parent else None
+        queue = _queue(args.queue) if args.queue else None
         settings = cli.setup("list")
         with cli.open_store(settings, "list") as store:
-            views = job_views(store, store.jobs.page(status=args.status, resource=args.resource,
-                                                parent_id=parent, limit=args.limit))
+            views = job_views(store, store.jobs.page(
+                status=args.status, resource=args.resource, parent_id=parent, queue=queue,
+                limit=args.limit))
         if args.output == "json":
             cli.emit(views)
             return 0
-        print(f"{'JOB_ID':<36}  {'STATUS':<9}  {'ATTEMPT':>7}  {'RESOURCE':<20}  ACTIONS")
+        print(f"{'JOB_ID':<36}  {'STATUS':<9}  {'ATTEMPT':>7}  {'QUEUE':<12}  "
+              f"{'RESOURCE':<20}  ACTIONS")
+        now = datetime.now(UTC)
         for v in views:
             actions = ",".join(a["name"] for a in v["actions"])
-            print(f"{v['job_id']!s:<36}  {v['status']:<9}  "
-                  f"{v['attempt_count']:>3}/{v['max_attempts']:<3}  "
+            status = v["status"]
+            if status == "pending" and v["run_at"] and v["run_at"] > now:
+                status = "scheduled"
+            print(f"{v['job_id']!s:<36}  {status:<9}  "
+                  f"{v['attempt_count']:>3}/{v['max_attempts']:<3}  {v['queue'][:12]:<12}  "
                   f"{(v['resource'] or '-')[:20]:<20}  {actions}")
         return 0
 
@@ -124,6 +134,75 @@ def cancel_main(argv: list[str]) -> int:
         return 0
 
     return cli.run_command("cancel", body)
+
+
+def _queue(text: str) -> str:
+    try:
+        return queue_name(text)
+    except ValueError as exc:
+        raise InvalidSpec(str(exc)) from None
+
+
+QUEUE_FIELDS = ("queue", "paused", "limit", "pending", "scheduled", "running")
+"""The JSON object of one queue (docs/REFERENCE.md)."""
+
+
+def queue_main(argv: list[str]) -> int:
+    def body() -> int:
+        p = cli.Parser(prog="jobfence queue", description="A queue's state and settings: "
+                       "pause (it keeps accepting jobs, claims none), resume, and limit "
+                       "(at most N running jobs of the queue across every pod).")
+        sub = p.add_subparsers(dest="verb", required=True, metavar="status|pause|resume|limit")
+        status = sub.add_parser("status", help="paused, limit, pending, scheduled, running")
+        status.add_argument("queue", nargs="?")
+        status.add_argument("-o", "--output", choices=["text", "json"], default="text")
+        pause = sub.add_parser("pause", help="claim nothing from the queue")
+        pause.add_argument("queue")
+        pause.add_argument("--reason")
+        resume = sub.add_parser("resume", help="claim from the queue again")
+        resume.add_argument("queue")
+        limit = sub.add_parser("limit", help="at most N running jobs of the queue")
+        limit.add_argument("queue")
+        limit.add_argument("n", metavar="N|none")
+        args = p.parse_args(argv)
+        queue = _queue(args.queue) if args.queue is not None else None
+        n: int | None = None
+        if args.verb == "limit" and args.n != "none":
+            if not args.n.isdigit() or not 0 <= int(args.n) <= 1_000_000:
+                raise InvalidSpec(f"limit {args.n[:40]!r}: give a number from 0 to 1000000, "
+                                  "or none")
+            n = int(args.n)
+        settings = cli.setup("queue")
+        with cli.open_store(settings, "queue") as store:
+            if args.verb == "pause":
+                store.queues.configure(str(queue), paused=True, reason=args.reason)
+            elif args.verb == "resume":
+                store.queues.configure(str(queue), paused=False)
+            elif args.verb == "limit":
+                store.queues.configure(str(queue), limit=n, set_limit=True)
+            rows = store.queues.status(queue)
+        views = [r._asdict() for r in rows] or [
+            {"queue": queue, "paused": False, "limit": None, "pending": 0, "scheduled": 0,
+             "running": 0, "waiting": 0, "oldest_ready_age_seconds": 0.0}]
+        if args.verb == "status" and args.output == "text":
+            _print_queues(views)
+            return 0
+        objects = [{k: v[k] for k in QUEUE_FIELDS} for v in views]
+        cli.emit(objects[0] if queue is not None else objects)
+        return 0
+
+    return cli.run_command("queue", body)
+
+
+def _print_queues(views: list[dict[str, object]]) -> None:
+    print(f"{'QUEUE':<24} {'STATE':<7} {'LIMIT':>6} {'PENDING':>8} {'SCHEDULED':>9} "
+          f"{'RUNNING':>8} {'WAITING':>8} {'OLDEST READY':>12}")
+    for v in views:
+        limit = "-" if v["limit"] is None else str(v["limit"])
+        age = float(str(v["oldest_ready_age_seconds"]))
+        print(f"{v['queue']!s:<24} {'paused' if v['paused'] else 'active':<7} {limit:>6} "
+              f"{v['pending']:>8} {v['scheduled']:>9} {v['running']:>8} {v['waiting']:>8} "
+              f"{age:>11.0f}s")
 
 
 def info_main(argv: list[str]) -> int:
@@ -156,7 +235,7 @@ def drain_main(argv: list[str]) -> int:
                 store.control.set_drain(on=args.mode == "on", reason=args.reason)
             state = store.control.drain_status()
             running = store.control.running_count()
-            scaler = store.queues.scaler_value()
+            scaler = store.queues.pending_total()
             identity = store.control.identity(settings.installation)
         cli.emit({"installation": identity.installation, "draining": state.draining,
                   "since": state.drain_changed_at, "reason": state.drain_reason,

@@ -1,83 +1,55 @@
-"""worker: claim a job (or up to ``--max-jobs``), run its actions in order under lease and
-heartbeat, record each action's result under the attempt's fence, and write the terminal
-state — fenced. Exit 0 when every claimed job succeeded (or there was nothing to claim),
-1 otherwise: a failed action, a lost fence, or SIGTERM.
+"""worker: claim jobs of one queue and run each one's actions in order under lease and
+heartbeat, recording each action's result under the attempt's fence and writing the
+terminal state — fenced. Exit 0 when every claimed job succeeded (or there was nothing to
+claim), 1 otherwise: a failed action, a lost fence, or SIGTERM.
 
-A KEDA ScaledJob starts one worker pod per unit of ready work; each pod runs one job and
-exits, so a worker never lives longer than its job.
-
-The worker process is the reaper of everything its jobs start (``jobfence.proctree``): after
-each action, whatever the action left running — daemons included — is killed. A terminal
-write that the database refuses for a reason of its own (not its availability) is replaced
-by a fenced ``failed`` naming that reason: a job whose work finished is never left running
-for the sweeper to run again.
+A pool of one job per pod (KEDA starts a pod per unit of ready work) runs one job and
+exits. A draining pool keeps claiming — ``--max-jobs N``, ``--max-seconds S`` — until
+nothing is ready, N jobs were claimed or S seconds passed; each job still has its own
+fence and lease, no claim is made after SIGTERM, and SIGTERM gives back the job in hand
+within the same bound as a one-job worker. The next claim rides on the previous job's
+terminal write: one round trip and one commit per job.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import threading
-import traceback
-from collections.abc import Callable
+import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from enum import StrEnum
-from pathlib import Path
-from typing import TypeVar
+from functools import partial
 
 from jobfence import cli
-from jobfence.actions import ActionContext, AttemptDirs, StopRequested, get_action
-from jobfence.actions.builtin import ActionFailed
-from jobfence.attempt import AttemptGuard, GuardThreads, SideChannel, StopReason
-from jobfence.datums import AttemptFiles
-from jobfence.db import Connection, connect
-from jobfence.errors import FenceLost, JobfenceError, StoreUnavailable
-from jobfence.finalize import finalize_parent
+from jobfence.errors import InvalidSpec
+from jobfence.execution import AttemptRunner, Outcome
 from jobfence.logs import get_logger
-from jobfence.objectstore import ObjectStore
-from jobfence.proctree import become_subreaper, kill_descendants
+from jobfence.proctree import become_subreaper
 from jobfence.settings import Settings
 from jobfence.shutdown import on_termination
-from jobfence.store import ActionOutcome, Claim, RetryPolicy, Store, Transition
-from jobfence.wiring import open_object_store
+from jobfence.spec import queue_name
+from jobfence.store import Claim
 
 log = get_logger("jobfence.worker")
-T = TypeVar("T")
 
 # After SIGTERM the watcher has released the job; the main thread gets this long to come
 # back from the action before the process exits regardless.
 EXIT_GRACE_SECONDS = 2.0
 
 
-class WriteRefused(Exception):
-    """A fenced write failed for a reason of its own (a value the database would not take,
-    a constraint): retrying it cannot help."""
-
-    def __init__(self, cause: JobfenceError) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-class Outcome(StrEnum):
-    SUCCEEDED = "succeeded"
-    RETRY = "retry"            # released back to pending, attempts remain
-    FAILED = "failed"          # terminal failure
-    LOST = "lost"              # fence lost or self-fenced: wrote nothing
-    TERMINATED = "terminated"  # SIGTERM: released by the watcher
-
-
 @dataclass
 class Report:
     function: str = "worker"
     worker_id: str = ""
+    queue: str = "default"
     claimed: int = 0
     succeeded: int = 0
     retried: int = 0
     failed: int = 0
     lost: int = 0
     terminated: bool = False
+    stopped_by: str = ""
+    """Why the worker stopped claiming: nothing_ready, max_jobs, max_seconds or sigterm."""
     jobs: list[dict[str, str]] = field(default_factory=list)
 
     def count(self, job_id: object, outcome: Outcome) -> None:
@@ -98,79 +70,63 @@ class Report:
         return self.succeeded == self.claimed and not self.terminated
 
 
-class Worker:
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.retry = RetryPolicy(settings.retry_base_seconds, settings.retry_max_seconds)
-        self.side = SideChannel(settings)
-        self.guards = GuardThreads(join_timeout=settings.heartbeat + 6)
-        self.report = Report(worker_id=settings.worker)
-        self._conn = self._connect()
-        # A worker of another installation stops here (exit 2), before it claims anything.
-        identity = self.store.control.identity(settings.installation)
-        assert identity.installation is not None
-        self.installation: str = identity.installation
-        self._lock = threading.Lock()
-        self._current: AttemptGuard | None = None
-        self._want_next = False
-        """Whether the loop will run another job after this one (then the next claim rides
-        on this one's terminal write)."""
-        self._next: Claim | None = None
-        self._terminating = False
+class Worker(AttemptRunner):
+    def __init__(self, settings: Settings, queue: str | None = None) -> None:
+        super().__init__(settings, queue or settings.queue)
+        self.report = Report(worker_id=settings.worker, queue=self.queue)
         self._main_done = threading.Event()
-        self._objects: ObjectStore | None = None
 
-    def objects(self) -> ObjectStore:
-        """The object store, built on first use: a job without S3 never imports boto3."""
-        if self._objects is None:
-            self._objects = open_object_store(self.settings)
-        return self._objects
+    def run(self, max_jobs: int, max_seconds: float | None = None) -> Report:
+        deadline = None if max_seconds is None else time.monotonic() + max_seconds
 
-    def _connect(self) -> Connection:
-        conn = connect(self.settings.database_url, application_name="jobfence-worker",
-                       connect_timeout=self.settings.connect_timeout_seconds)
-        self.store = Store(conn, self.settings.schema_name)
-        return conn
+        def time_left() -> bool:
+            return deadline is None or time.monotonic() < deadline
 
-    # -- the loop --------------------------------------------------------------------------
+        def another(claimed: int) -> bool:
+            """Asked at a job's terminal write: whether to claim the next one with it."""
+            return claimed < max_jobs and time_left()
 
-    def run(self, max_jobs: int) -> Report:
         with on_termination(self._on_signal) as terminated:
             try:
                 pending: Claim | None = None
                 for n in range(max_jobs):
                     if pending is None:
                         if terminated.is_set():
+                            self.report.stopped_by = "sigterm"
                             break
-                        claims = self.store.attempts.claim(worker_id=self.settings.worker,
-                                                  lease_seconds=self.settings.lease_seconds)
+                        if not time_left():
+                            self.report.stopped_by = "max_seconds"
+                            break
+                        claims = self.store.attempts.claim(
+                            worker_id=self.settings.worker, queue=self.queue,
+                            lease_seconds=self.settings.lease_seconds)
                         if not claims:
-                            log.info("nothing_to_claim")
+                            log.info("nothing_to_claim", queue=self.queue)
+                            self.report.stopped_by = "nothing_ready"
                             break
                         pending = claims[0]
                     # A claim made together with the last terminal write is run even after
-                    # SIGTERM: _run_attempt gives it straight back.
+                    # SIGTERM: run_attempt gives it straight back.
                     claim, pending = pending, None
-                    self._want_next = n + 1 < max_jobs
+                    self.want_next = partial(another, n + 1)
                     self.report.claimed += 1
-                    self.report.count(claim.job_id, self._run_attempt(claim))
-                    pending, self._next = self._next, None
+                    self.report.count(claim.job_id, self.run_attempt(claim))
+                    pending, self.next_claim = self.next_claim, None
+                else:
+                    self.report.stopped_by = "max_jobs"
             finally:
                 self._main_done.set()
             if terminated.is_set():
                 self.report.terminated = True
-        self.guards.close()  # its threads end before the connections they use
-        self.side.close_quietly()
-        self._conn.close()
+                self.report.stopped_by = "sigterm"
+        self.close()
         return self.report
 
     def _on_signal(self, signum: int) -> None:
         """Runs on the shutdown watcher thread, while the main thread may be blocked in an
         action: fenced clean-up first, then leave."""
         log.warning("sigterm_received", signal=signum)
-        with self._lock:
-            self._terminating = True
-            guard = self._current
+        guard = self.current_guard()
         if guard is not None:
             guard.release_on_sigterm()
         if not self._main_done.wait(EXIT_GRACE_SECONDS):
@@ -180,235 +136,37 @@ class Worker:
             sys.stderr.flush()
             os._exit(1)
 
-    # -- one attempt -----------------------------------------------------------------------
 
-    def _run_attempt(self, claim: Claim) -> Outcome:
-        log.info("job_claimed", job_id=str(claim.job_id), attempt_id=str(claim.attempt_id),
-                 attempt=claim.attempt_count, max_attempts=claim.max_attempts)
-        guard = AttemptGuard(claim, self.settings, self.side, self.guards)
-        with self._lock:
-            self._current = guard
-            terminating = self._terminating
-        try:
-            if terminating:  # SIGTERM arrived while the claim was being made
-                guard.release_on_sigterm()
-                return Outcome.TERMINATED
-            dirs = AttemptDirs(Path(tempfile.gettempdir()) / f"jobfence-{claim.attempt_id}")
-            try:
-                with guard:
-                    try:
-                        return self._run_actions(claim, guard, dirs)
-                    except WriteRefused as exc:
-                        return self._refused(claim, guard, exc)
-            finally:
-                dirs.cleanup()
-        finally:
-            with self._lock:
-                self._current = None
-
-    def _run_actions(self, claim: Claim, guard: AttemptGuard, dirs: AttemptDirs) -> Outcome:
-        # A first attempt has nothing to resume; a retry skips what earlier ones finished.
-        done = self.store.attempts.succeeded_actions(claim.job_id) if claim.may_resume else set()
-        todo = [i for i in range(len(claim.actions)) if i not in done]
-        if done:
-            log.info("resuming", job_id=str(claim.job_id), after_actions=sorted(done))
-        if not todo:  # every action finished in an earlier attempt
-            return self._finish(claim, guard, None)
-        env = {"JOBFENCE_JOB_ID": str(claim.job_id), "JOBFENCE_ATTEMPT_ID": str(claim.attempt_id),
-               "JOBFENCE_INPUT_DIR": str(dirs.root / "inputs"),
-               "JOBFENCE_OUTPUT_DIR": str(dirs.root / "outputs")}
-        files = AttemptFiles(job_id=claim.job_id, attempt_id=claim.attempt_id,
-                             inputs=claim.inputs, objects=self.objects,
-                             bucket=self.settings.s3_bucket, installation=self.installation,
-                             write=lambda fn: self._write(guard, fn))
-        for index in todo:
-            spec = claim.actions[index]
-            started = datetime.now(UTC)
-            log.info("action_started", job_id=str(claim.job_id), index=index, action=spec["name"])
-            try:
-                action = get_action(spec["name"])
-                ctx = ActionContext(job_id=claim.job_id, attempt_id=claim.attempt_id,
-                                    action_index=index, dirs=dirs, stop=guard.stop,
-                                    track_process=guard.track, untrack_process=guard.untrack,
-                                    files=files, env=env)
-                try:
-                    result = action.run(ctx, spec.get("params", {}))
-                finally:
-                    kill_descendants(reap_children=True)  # daemons and strays die with it
-            except StopRequested:
-                return self._stopped(claim, guard, index, spec["name"], started)
-            except FenceLost:
-                return self._lost(claim, guard)
-            except WriteRefused:
-                raise
-            except Exception as exc:
-                if guard.stop.is_set():  # the child died because we killed it
-                    return self._stopped(claim, guard, index, spec["name"], started)
-                detail = exc.detail if isinstance(exc, ActionFailed) else traceback.format_exc()
-                outcome = ActionOutcome(index, spec["name"], False, started,
-                                        error=str(exc) or type(exc).__name__,
-                                        error_detail=detail)
-                return self._fail(claim, guard, outcome)
-            if guard.stop.is_set():
-                return self._stopped(claim, guard, index, spec["name"], started)
-            outcome = ActionOutcome(index, spec["name"], True, started,
-                                    result=dict(result) if result else None)
-            log.info("action_succeeded", job_id=str(claim.job_id), index=index,
-                     action=spec["name"])
-            if index == todo[-1]:
-                return self._finish(claim, guard, outcome)
-            if not self._record(claim, guard, outcome):
-                return self._lost(claim, guard)
-        raise AssertionError("unreachable: the last action finishes the job")
-
-    def _record(self, claim: Claim, guard: AttemptGuard, outcome: ActionOutcome) -> bool:
-        return bool(self._write(guard, lambda s: s.attempts.record_action(
-            job_id=claim.job_id, attempt_id=claim.attempt_id, outcome=outcome)))
-
-    def _finish(self, claim: Claim, guard: AttemptGuard,
-                outcome: ActionOutcome | None) -> Outcome:
-        t: Transition | None = None
-        combined = False
-        if self._want_next and not self._terminating and guard.lease_live() \
-                and not guard.stop.is_set():
-            try:
-                t, self._next = self.store.attempts.finish_and_claim(
-                    job_id=claim.job_id, attempt_id=claim.attempt_id, outcome=outcome,
-                    worker_id=self.settings.worker, lease_seconds=self.settings.lease_seconds)
-                combined = True
-            except JobfenceError as exc:
-                # Unavailable: whether it committed is unknown; refused: nothing committed.
-                # Either way finish alone (fenced, so a repeat is harmless); a claim that did
-                # commit is reclaimed when its lease runs out.
-                log.warning("write_retry", error=str(exc))
-        if not combined:
-            t = self._write(guard, lambda s: s.attempts.finish(
-                job_id=claim.job_id, attempt_id=claim.attempt_id, succeeded=True,
-                outcome=outcome))
-        if t is None and not self._won_anyway(claim, "succeeded"):
-            return self._lost(claim, guard)
-        log.info("job_succeeded", job_id=str(claim.job_id), attempt=claim.attempt_count)
-        self._finalize_parent(claim)
-        return Outcome.SUCCEEDED
-
-    def _fail(self, claim: Claim, guard: AttemptGuard, outcome: ActionOutcome) -> Outcome:
-        log.warning("action_failed", job_id=str(claim.job_id), index=outcome.index,
-                    action=outcome.name, error=outcome.error)
-        reason = f"action {outcome.index + 1} ({outcome.name}) failed: {outcome.error}"
-        t = self._write(guard, lambda s: s.attempts.release(
-            job_id=claim.job_id, attempt_id=claim.attempt_id, reason=reason[:2000],
-            retry=self.retry, outcome=outcome, error=outcome.error,
-            error_detail=outcome.error_detail))
-        return self._released(claim, guard, t)
-
-    def _stopped(self, claim: Claim, guard: AttemptGuard, index: int, name: str,
-                 started: datetime) -> Outcome:
-        reason = guard.reason
-        if reason is StopReason.SIGTERM:
-            return Outcome.TERMINATED
-        if reason is StopReason.TIMED_OUT:
-            error = "timed out"
-            outcome = ActionOutcome(index, name, False, started, error=error)
-            t = self._write(guard, lambda s: s.attempts.release(
-                job_id=claim.job_id, attempt_id=claim.attempt_id, reason="timed out",
-                retry=self.retry, outcome=outcome, error=error), even_if_stopped=True)
-            return self._released(claim, guard, t)
-        return self._lost(claim, guard)
-
-    def _released(self, claim: Claim, guard: AttemptGuard, t: Transition | None) -> Outcome:
-        if t is None:
-            return self._lost(claim, guard)
-        log.info("job_released", job_id=str(claim.job_id), status=t.status)
-        if t.status == "failed":
-            self._finalize_parent(claim)
-            return Outcome.FAILED
-        return Outcome.RETRY
-
-    def _finalize_parent(self, claim: Claim) -> None:
-        """Inline finalization when this was a parent's last child; export-finalize is the
-        safety net if this fails or the worker dies first."""
-        if claim.parent_id is None:
-            return
-        try:
-            finalize_parent(self.store, self.objects, self.settings.s3_bucket,
-                            self.installation, claim.parent_id)
-        except JobfenceError as exc:
-            log.warning("inline_finalize_failed", job_id=str(claim.parent_id), error=str(exc))
-
-    def _refused(self, claim: Claim, guard: AttemptGuard, exc: WriteRefused) -> Outcome:
-        """A write of this attempt was refused: end the job ``failed`` with the reason,
-        under the fence, without what could not be stored."""
-        error = f"the attempt's result could not be stored: {exc}"
-        log.error("write_refused", job_id=str(claim.job_id), error=str(exc))
-        try:
-            t = self._write(guard, lambda s: s.attempts.finish(
-                job_id=claim.job_id, attempt_id=claim.attempt_id, succeeded=False,
-                reason=error, error=error))
-        except WriteRefused as again:
-            log.error("write_refused", job_id=str(claim.job_id), error=str(again),
-                      message="the job stays running until its lease runs out")
-            return Outcome.LOST
-        if t is None:
-            return self._lost(claim, guard)
-        self._finalize_parent(claim)
-        return Outcome.FAILED
-
-    def _lost(self, claim: Claim, guard: AttemptGuard) -> Outcome:
-        if guard.reason is None:  # a write found the fence gone before the heartbeat did
-            guard.request_stop(StopReason.FENCE_LOST)
-            log.warning("writeback_stale_attempt", job_id=str(claim.job_id),
-                        attempt_id=str(claim.attempt_id),
-                        message="the fence was rotated: this attempt stops and writes nothing")
-        return Outcome.LOST
-
-    # -- fenced writes that survive a dropped connection -----------------------------------
-
-    def _write(self, guard: AttemptGuard, fn: Callable[[Store], T],
-               even_if_stopped: bool = False) -> T | None:
-        """Run a fenced write while the lease is valid, reconnecting if the connection
-        dropped. None when this attempt may not (or can no longer) write."""
-        while True:
-            if not guard.lease_live() or (guard.stop.is_set() and not even_if_stopped):
-                return None
-            try:
-                return fn(self.store)
-            except StoreUnavailable as exc:
-                log.warning("write_retry", error=str(exc))
-                if guard.stop.wait(0.2) and not even_if_stopped:
-                    return None
-                try:
-                    self._conn.close()
-                    self._conn = self._connect()
-                except StoreUnavailable:
-                    continue
-            except JobfenceError as exc:
-                raise WriteRefused(exc) from exc
-
-    def _won_anyway(self, claim: Claim, status: str) -> bool:
-        """After a retried terminal write matched nothing: had the first try committed?"""
-        try:
-            now = self.store.attempts.fence(claim.job_id)
-        except StoreUnavailable:
-            return False
-        return bool(now and now.status == status and now.attempt_id == claim.attempt_id)
-
-
-def run_once(settings: Settings, max_jobs: int = 1) -> Report:
-    return Worker(settings).run(max_jobs)
+def run_once(settings: Settings, max_jobs: int = 1, max_seconds: float | None = None,
+             queue: str | None = None) -> Report:
+    return Worker(settings, queue).run(max_jobs, max_seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
     def body() -> int:
         p = cli.Parser(prog="jobfence worker", description=__doc__)
+        p.add_argument("--queue", metavar="Q",
+                       help="the queue to serve (default: JOBFENCE_QUEUE, else default)")
         p.add_argument("--max-jobs", type=int, default=1, metavar="N",
-                       help="jobs to run before exiting (default 1, as a KEDA pod does)")
+                       help="jobs to claim before exiting (default 1, as a pod of a "
+                            "one-job-per-pod pool does)")
+        p.add_argument("--max-seconds", type=float, metavar="S",
+                       help="claim no job after this many seconds (a draining pool's "
+                            "budget; the job in hand finishes)")
         args = p.parse_args(sys.argv[1:] if argv is None else argv)
-        if args.max_jobs < 1:
-            cli.error("--max-jobs must be at least 1")
-            return 2
+        if not 1 <= args.max_jobs <= 10_000_000:
+            raise InvalidSpec("--max-jobs must be between 1 and 10000000")
+        if args.max_seconds is not None and not 0 < args.max_seconds <= 7 * 86_400:
+            raise InvalidSpec("--max-seconds must be more than 0 and at most 604800 (7 days)")
+        queue = None
+        if args.queue is not None:
+            try:
+                queue = queue_name(args.queue)
+            except ValueError as exc:
+                raise InvalidSpec(f"--queue: {exc}") from None
         settings = cli.setup("worker")
         become_subreaper()  # this process runs nothing but jobs
-        report = run_once(settings, args.max_jobs)
+        report = run_once(settings, args.max_jobs, args.max_seconds, queue)
         cli.emit(report)
         return 0 if report.ok else 1
 

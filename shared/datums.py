@@ -73,7 +73,8 @@ def _child(parent: NewJob, bucket: str, base: str, keys: list[str]) -> NewJob:
         job_id=uuid7(), actions=parent.actions, max_attempts=parent.max_attempts,
         priority=parent.priority, parent_id=parent.job_id, labels=parent.labels,
         timeout_seconds=parent.timeout_seconds, waiting=bool(parent.after),
-        inputs={"bucket": bucket, "base": base, "keys": keys},
+        inputs={"bucket": bucket, "base": base, "keys": keys}, queue=parent.queue,
+        run_at=parent.run_at, delay_seconds=parent.delay_seconds,
     )
 
 

@@ -224,6 +224,13 @@ def pipeline(conn: Connection) -> Iterator[Callable[[], None]]:
         yield p.sync
 
 
+def literal_fill(template: LiteralString, **values: str) -> LiteralString:
+    """A statement with ``{name}`` fields filled in as SQL literals: for a statement that
+    runs without parameters (a KEDA trigger query)."""
+    filled = sql.SQL(template).format(**{k: sql.Literal(v) for k, v in values.items()})
+    return filled.as_string(None)
+
+
 def lock_params(name: str) -> dict[str, int]:
     """Advisory-lock keys for a lock name (e.g. a function's name)."""
     return {"namespace": LOCK_NAMESPACE, "key": zlib.crc32(name.encode()) & 0x7FFFFFFF}

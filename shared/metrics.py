@@ -2,7 +2,7 @@
 
 Every value comes from the store — run counters and counted items from
 ``function_totals``, the last run and last success from ``function_status``, the queue
-from partial-index counts — so a counter never restarts with a pod, and the last success
+from partial-index counts, by queue — so a counter never restarts with a pod, and the last success
 survives failed runs. After each pass, when ``JOBFENCE_PUSHGATEWAY_URL`` is set, a function
 pushes its own metrics grouped by function (never by pod: the gateway never forgets a
 group) and the queue's under ``function="queue"``; ``jobfence metrics`` prints all of it in
@@ -26,8 +26,8 @@ QUEUE_GROUP = "queue"
 
 class StoreCollector:
     """A prometheus_client collector over the store: the functions' metrics (one function's,
-    or every function's when ``function`` is None; none with ``runs=False``) and the queue
-    gauges (unless ``queue=False``)."""
+    or every function's when ``function`` is None; none with ``runs=False``) and each
+    queue's gauges (unless ``queue=False``)."""
 
     def __init__(self, store: Store, *, function: str | None = None, runs: bool = True,
                  queue: bool = True) -> None:
@@ -69,19 +69,36 @@ class StoreCollector:
                     duration.add_metric([status.function], status.last_duration_seconds)
             yield from (runs, items, success, duration)
         if self.queue:
-            q = self.store.queues.gauges()
-            jobs = GaugeMetricFamily("jobfence_jobs", "Active jobs by status.",
-                                     labels=["status"])
-            for state, n in (("waiting", q.waiting), ("pending", q.pending),
+            yield from self._queues()
+
+    def _queues(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        jobs = GaugeMetricFamily("jobfence_jobs", "Active jobs by queue and status (pending "
+                                 "includes scheduled jobs).", labels=["queue", "status"])
+        scheduled = GaugeMetricFamily("jobfence_jobs_scheduled", "Pending jobs whose run_at "
+                                      "has not come yet.", labels=["queue"])
+        oldest = GaugeMetricFamily(
+            "jobfence_queue_oldest_ready_age_seconds",
+            "How long the queue's oldest claimable job has been waiting for a worker.",
+            labels=["queue"])
+        paused = GaugeMetricFamily("jobfence_queue_paused", "1 while the queue is paused.",
+                                   labels=["queue"])
+        limit = GaugeMetricFamily("jobfence_queue_limit", "The queue's limit on running "
+                                  "jobs (absent when it has none).", labels=["queue"])
+        for q in self.store.queues.status():
+            for state, n in (("waiting", q.waiting), ("pending", q.pending + q.scheduled),
                              ("running", q.running)):
-                jobs.add_metric([state], float(n))
-            yield jobs
-            yield GaugeMetricFamily(
-                "jobfence_queue_oldest_ready_age_seconds",
-                "How long the oldest claimable job has been waiting for a worker.",
-                value=float(q.oldest_ready_age_seconds))
-            yield GaugeMetricFamily("jobfence_draining", "1 while drain mode is on.",
-                                    value=1.0 if q.draining else 0.0)
+                jobs.add_metric([q.queue, state], float(n))
+            scheduled.add_metric([q.queue], float(q.scheduled))
+            oldest.add_metric([q.queue], float(q.oldest_ready_age_seconds))
+            paused.add_metric([q.queue], 1.0 if q.paused else 0.0)
+            if q.limit is not None:
+                limit.add_metric([q.queue], float(q.limit))
+        yield from (jobs, scheduled, oldest, paused, limit)
+        draining = self.store.control.drain_status().draining
+        yield GaugeMetricFamily("jobfence_draining", "1 while drain mode is on.",
+                                value=1.0 if draining else 0.0)
 
 
 def _registry(collector: StoreCollector) -> Any:

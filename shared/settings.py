@@ -91,6 +91,9 @@ class Settings(BaseSettings):
     ISO 8601 duration. A run every minute is ~43k rows a month per function: enough
     history to see when a pass last succeeded, bounded."""
 
+    queue: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    """The queue a worker serves when it is not given ``--queue`` (a pool's pods are)."""
+
     worker_id: str | None = None
     """Claimer identity written on every claim; default the pod name from the downward API
     (``POD_NAME``), so that reconciliation can match a claim to its pod; else host:pid."""

@@ -9,20 +9,45 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from jobfence.actions import get_action
 from jobfence.durations import Duration
 from jobfence.errors import InvalidSpec
-from jobfence.limits import MAX_SPEC_BYTES, Unstorable, check_structure
+from jobfence.limits import MAX_DURATION, MAX_SPEC_BYTES, Unstorable, check_structure
 
 MAX_SPECS_PER_CALL = 100_000
+
+QUEUE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+"""A queue's name: a DNS label (it names a pool, a ScaledJob, a label value)."""
+
+
+RFC3339 = re.compile(r"^\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d:\d\d(\.\d{1,9})?([Zz]|[+-]\d\d:\d\d)$")
+"""The shape of an RFC 3339 timestamp (the values are checked by the parser after it)."""
+
+
+def queue_name(value: str) -> str:
+    """``value`` if it can name a queue; ValueError saying what one is otherwise."""
+    if not QUEUE_NAME.fullmatch(value):
+        raise ValueError(f"{value[:70]!r} is not a queue name (a DNS label: lower-case "
+                         "letters, digits and '-', at most 63, starting and ending with a "
+                         "letter or a digit)")
+    return value
 
 
 class ActionSpec(BaseModel):
@@ -61,6 +86,38 @@ class JobSpec(BaseModel):
     expires_in: Duration | None = None
     inputs: InputsSpec | None = None
     labels: dict[str, str] = Field(default_factory=dict, max_length=64)
+    queue: str = "default"
+    run_at: AwareDatetime | None = None
+    delay: Duration | None = None
+
+    @field_validator("queue")
+    @classmethod
+    def _queue_name(cls, value: str) -> str:
+        return queue_name(value)
+
+    @field_validator("run_at", mode="wrap")
+    @classmethod
+    def _run_at_bounded(cls, value: object, handler: Any) -> datetime | None:
+        try:
+            if not (value is None or isinstance(value, datetime)
+                    or (isinstance(value, str) and RFC3339.fullmatch(value))):
+                raise ValidationError.from_exception_data("run_at", [])  # a Unix time, say
+            parsed: datetime | None = handler(value)
+        except ValidationError:
+            raise ValueError(f"{str(value)[:60]!r} is not an RFC 3339 timestamp with an "
+                             "offset (e.g. 2026-11-23T18:00:00Z)") from None
+        value = parsed
+        if value is not None:
+            now = datetime.now(UTC)
+            if not now - MAX_DURATION <= value <= now + MAX_DURATION:
+                raise ValueError("must be within 100 years of now")
+        return value
+
+    @model_validator(mode="after")
+    def _one_schedule(self) -> JobSpec:
+        if self.run_at is not None and self.delay is not None:
+            raise ValueError("give run_at or delay, not both")
+        return self
 
     @field_validator("labels")
     @classmethod

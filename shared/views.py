@@ -14,7 +14,7 @@ _FIELDS = (
     "job_id", "status", "attempt_count", "max_attempts", "resource", "priority", "reason",
     "error", "created_at", "started_at", "finished_at", "claimed_by", "attempt_id",
     "parent_id", "labels", "idempotency_key", "ttl", "timeout", "expires_at", "manifest",
-    "interruptions",
+    "interruptions", "queue", "run_at",
 )
 
 
@@ -67,7 +67,8 @@ def render_text(view: dict[str, Any]) -> str:
     """A person's view of one job."""
     lines = [f"job {view['job_id']}  {view['status'].upper()}  "
              f"(attempt {view['attempt_count']}/{view['max_attempts']})"]
-    facts = [("resource", view["resource"]), ("priority", view["priority"]),
+    facts = [("queue", view["queue"]), ("resource", view["resource"]),
+             ("priority", view["priority"]), ("scheduled for", view["run_at"]),
              ("parent", view["parent_id"]), ("claimed by", view["claimed_by"]
                                                  if view["status"] == "running" else None),
              ("created", view["created_at"]), ("started", view["started_at"]),

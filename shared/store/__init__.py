@@ -15,7 +15,7 @@ maintenance   reclaim expired leases, run timeouts, pending expiry, retention
 runs          runs of the periodic functions and their totals
 pods          a pass's snapshot of the worker pods: dead claims, orphan suspects, objects
 control       drain mode
-queues        the KEDA trigger's count, the queue gauges
+queues        each pool's KEDA trigger count, each queue's state and settings
 ============  ==========================================================================
 
 Callers never write SQL; they call these verbs with keyword arguments for ids and fences.

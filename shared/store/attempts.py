@@ -37,10 +37,28 @@ def _texts(**values: str | None) -> dict[str, str | None]:
 class Attempts(Noun):
     sql_file = "attempts.sql"
 
-    def claim(self, *, worker_id: str, lease_seconds: float, limit: int = 1) -> list[Claim]:
-        """Claim up to ``limit`` ready jobs, each with a fresh fence; [] when drained/empty."""
-        return self._rows("claim", {"worker_id": worker_id, "lease_seconds": lease_seconds,
-                                    "limit": limit}, Claim)
+    def claim(self, *, worker_id: str, lease_seconds: float, queue: str = "default",
+              limit: int = 1) -> list[Claim]:
+        """Claim up to ``limit`` ready jobs of ``queue``, each with a fresh fence; [] when
+        nothing is ready, the queue is paused or at its limit, or drain mode is on."""
+        with db.pipeline(self.conn):  # one implicit transaction: the lock holds for the claim
+            self.claim_lock(queue)
+            claimed = db.execute(self.conn, self.sql["claim"], self._claim_params(
+                worker_id, lease_seconds, queue, limit), row=Claim)
+        rows: list[Claim] = claimed.fetchall()
+        return rows
+
+    def claim_lock(self, queue: str) -> None:
+        """One claimer at a time of a queue with a limit (see attempts.sql), until the
+        transaction ends; queued in the claim's pipeline."""
+        self._execute("claim_lock", {"queue": queue, **db.lock_params(
+            f"{self.store.schema}:queue:{queue}")})
+
+    @staticmethod
+    def _claim_params(worker_id: str, lease_seconds: float, queue: str,
+                      limit: int) -> dict[str, Any]:
+        return {"worker_id": worker_id, "lease_seconds": lease_seconds, "queue": queue,
+                "limit": limit}
 
     def heartbeat(self, *, job_id: UUID, attempt_id: UUID,
                   lease_seconds: float) -> datetime | None:
@@ -72,7 +90,8 @@ class Attempts(Noun):
 
     def finish_and_claim(self, *, job_id: UUID, attempt_id: UUID,
                          outcome: ActionOutcome | None, worker_id: str,
-                         lease_seconds: float) -> tuple[Transition | None, Claim | None]:
+                         lease_seconds: float,
+                         queue: str = "default") -> tuple[Transition | None, Claim | None]:
         """One attempt's successful terminal write and the claim of the next ready job, in
         one transaction: one round trip and one commit per job for a worker that runs many.
         Each job keeps its own fence; the terminal write is fenced exactly as ``finish``.
@@ -84,8 +103,9 @@ class Attempts(Noun):
                 "job_id": job_id, "attempt_id": attempt_id, "status": "succeeded",
                 "reason": "succeeded", "error": None, "error_detail": None,
                 **(outcome.params("action_") if outcome else NO_OUTCOME)})
-            nxt = db.execute(self.conn, self.sql["claim"], {
-                "worker_id": worker_id, "lease_seconds": lease_seconds, "limit": 1}, row=Claim)
+            self.claim_lock(queue)
+            nxt = db.execute(self.conn, self.sql["claim"], self._claim_params(
+                worker_id, lease_seconds, queue, 1), row=Claim)
             sync()
             deps = self._dependents_after(job_id)
         claim: Claim | None = nxt.fetchone()

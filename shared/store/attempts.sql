@@ -2,15 +2,34 @@
 -- Named statements, run by the method of the same name in store/attempts.py. {schema} is
 -- the installation's schema (JOBFENCE_SCHEMA), filled in as a quoted identifier.
 
+-- claim_lock --
+-- Before a claim from a queue that has a limit on running jobs: one claimer of that queue
+-- at a time, until this transaction ends. The claim that follows is a new statement, so it
+-- counts the running jobs with a snapshot taken after the previous claimer committed: two
+-- claimers can never both see a free slot that only one of them may take. Queues without
+-- a limit take no lock.
+SELECT pg_advisory_xact_lock(%(namespace)s, %(key)s)
+FROM {schema}.queues WHERE name = %(queue)s AND max_running IS NOT NULL;
+
 -- claim --
--- Claim up to %(limit)s ready jobs in one statement: fresh fence, lease, attempt_count + 1.
--- SKIP LOCKED lets concurrent claimers pass each other; drain mode claims nothing.
+-- Claim up to %(limit)s ready jobs of a queue in one statement: fresh fence, lease,
+-- attempt_count + 1. SKIP LOCKED lets concurrent claimers pass each other; drain mode, or
+-- the queue paused, claims nothing; a queue's limit caps how many may run at once (after
+-- claim_lock, in the same transaction).
 WITH candidate AS (
     SELECT job_id FROM {schema}.jobs
-    WHERE status = 'pending' AND visible_at <= now()
+    WHERE status = 'pending' AND queue = %(queue)s AND visible_at <= now()
       AND NOT (SELECT draining FROM {schema}.jobfence_control)
+      AND NOT coalesce((SELECT q.paused FROM {schema}.queues q WHERE q.name = %(queue)s),
+                       false)
     ORDER BY priority DESC, visible_at
-    LIMIT %(limit)s
+    LIMIT (SELECT CASE WHEN q.max_running IS NULL THEN %(limit)s
+                       ELSE greatest(0, least(%(limit)s, q.max_running - (
+                           SELECT count(*) FROM {schema}.jobs r
+                           WHERE r.status = 'running' AND r.queue = %(queue)s
+                             AND NOT r.is_parent))) END
+           FROM (SELECT max(max_running) AS max_running FROM {schema}.queues
+                 WHERE name = %(queue)s) q)
     FOR UPDATE SKIP LOCKED
 )
 UPDATE {schema}.jobs j SET

@@ -52,7 +52,7 @@ WITH verdict AS (
 UPDATE {schema}.jobs j SET
     status = CASE WHEN v.failure IS NOT NULL THEN 'failed'
                   WHEN j.is_parent THEN 'running' ELSE 'pending' END,
-    visible_at = now(),
+    visible_at = greatest(now(), coalesce(j.run_at, now())),
     finished_at = CASE WHEN v.failure IS NOT NULL THEN now() END,
     retain_until = CASE WHEN v.failure IS NOT NULL THEN now() + j.ttl END,
     started_at = CASE WHEN v.failure IS NULL AND j.is_parent THEN now() END,
@@ -64,7 +64,8 @@ RETURNING j.job_id, j.status, j.parent_id, j.is_parent;
 
 -- release_children --
 -- A parent whose dependencies succeeded: its waiting children become claimable.
-UPDATE {schema}.jobs SET status = 'pending', visible_at = now(), reason = 'parent started'
+UPDATE {schema}.jobs SET status = 'pending',
+    visible_at = greatest(now(), coalesce(run_at, now())), reason = 'parent started'
 WHERE parent_id = ANY(%(parent_ids)s::uuid[]) AND status = 'waiting'
 RETURNING job_id, status, parent_id;
 

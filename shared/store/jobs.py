@@ -149,10 +149,12 @@ class Jobs(Noun):
         return self._row("get", {"job_id": job_id}, JobRow)
 
     def page(self, *, status: str | None = None, resource: str | None = None,
-             parent_id: UUID | None = None, limit: int = 100) -> list[JobRow]:
-        """Jobs newest first, optionally by status, resource or parent."""
+             parent_id: UUID | None = None, queue: str | None = None,
+             limit: int = 100) -> list[JobRow]:
+        """Jobs newest first, optionally by status, resource, parent or queue."""
         return self._rows("page", {"status": status, "resource": resource,
-                                   "parent_id": parent_id, "limit": limit}, JobRow)
+                                   "parent_id": parent_id, "queue": queue, "limit": limit},
+                          JobRow)
 
     def action_results(self, job_ids: Sequence[UUID]) -> list[ActionResult]:
         return self._rows("action_results", {"job_ids": list(job_ids)}, ActionResult)

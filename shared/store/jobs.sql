@@ -4,25 +4,30 @@
 
 -- insert_many --
 -- Insert a batch of new jobs (a datum parent starts out running, never claimed); a repeated
--- idempotency key inserts nothing for that job.
+-- idempotency key inserts nothing for that job. A scheduled job (run_at, or delay from now)
+-- is not claimable before then: that is its visible_at.
 INSERT INTO {schema}.jobs (
     job_id, status, actions, resource, priority, max_attempts, visible_at, parent_id,
     is_parent, inputs, labels, ttl, timeout, expires_at, idempotency_key, spec_hash, reason,
-    started_at
+    started_at, queue, run_at
 )
 SELECT
-    x.job_id, x.status, x.actions, x.resource, x.priority, x.max_attempts, now(), x.parent_id,
+    x.job_id, x.status, x.actions, x.resource, x.priority, x.max_attempts,
+    coalesce(s.run_at, now()), x.parent_id,
     x.is_parent, x.inputs, coalesce(x.labels, '{{}}'::jsonb),
     make_interval(secs => x.ttl_seconds), make_interval(secs => x.timeout_seconds),
     now() + make_interval(secs => x.expires_in_seconds),
     x.idempotency_key, x.spec_hash, x.reason,
-    CASE WHEN x.status = 'running' THEN now() END
+    CASE WHEN x.status = 'running' THEN now() END, x.queue, s.run_at
 FROM jsonb_to_recordset(%(jobs)s::jsonb) AS x (
     job_id uuid, status text, actions jsonb, resource text, priority integer,
     max_attempts integer, parent_id uuid, is_parent boolean, inputs jsonb, labels jsonb,
     ttl_seconds float8, timeout_seconds float8, expires_in_seconds float8,
-    idempotency_key text, spec_hash text, reason text
+    idempotency_key text, spec_hash text, reason text, queue text, run_at timestamptz,
+    delay_seconds float8
 )
+CROSS JOIN LATERAL (SELECT coalesce(x.run_at,
+                                    now() + make_interval(secs => x.delay_seconds)) AS run_at) s
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING job_id;
 
@@ -65,21 +70,22 @@ RETURNING job_id, status, parent_id;
 SELECT job_id, status, actions, resource, priority, max_attempts, attempt_count, visible_at,
     attempt_id, claimed_by, claimed_at, heartbeat_at, run_deadline_at, parent_id, is_parent,
     inputs, labels, ttl, timeout, expires_at, idempotency_key, reason, error, error_detail,
-    manifest, created_at, started_at, finished_at, interruptions,
+    manifest, created_at, started_at, finished_at, interruptions, queue, run_at,
     ARRAY(SELECT depends_on FROM {schema}.job_dependencies d WHERE d.job_id = jobs.job_id) AS after
 FROM {schema}.jobs WHERE job_id = %(job_id)s;
 
 -- page --
--- Newest first (job ids are time-ordered), optionally by status and resource.
+-- Newest first (job ids are time-ordered), optionally by status, resource, parent, queue.
 SELECT job_id, status, actions, resource, priority, max_attempts, attempt_count, visible_at,
     attempt_id, claimed_by, claimed_at, heartbeat_at, run_deadline_at, parent_id, is_parent,
     inputs, labels, ttl, timeout, expires_at, idempotency_key, reason, error, error_detail,
-    manifest, created_at, started_at, finished_at, interruptions,
+    manifest, created_at, started_at, finished_at, interruptions, queue, run_at,
     ARRAY(SELECT depends_on FROM {schema}.job_dependencies d WHERE d.job_id = jobs.job_id) AS after
 FROM {schema}.jobs
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(resource)s::text IS NULL OR resource = %(resource)s)
   AND (%(parent_id)s::uuid IS NULL OR parent_id = %(parent_id)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
 ORDER BY job_id DESC
 LIMIT %(limit)s;
 

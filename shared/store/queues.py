@@ -1,20 +1,48 @@
-"""The queue at a glance: the count the KEDA trigger reads, and the gauges."""
+"""Queues: each kind of work in its own queue, served by its own pool of worker pods. The
+count each pool's KEDA trigger reads, each queue's state, and a queue's settings: paused (it still
+accepts enqueues, claims nothing, its trigger reads 0; running jobs finish) and a limit on
+its running jobs across every pod, enforced by the claim (``attempts.sql``)."""
 
 from __future__ import annotations
 
+from functools import cache
+from typing import LiteralString
+
+from jobfence import db
 from jobfence.store.base import Noun
-from jobfence.store.types import QueueGauges
+from jobfence.store.types import QueueStatus
+
+
+@cache
+def scaler_query(schema: str, queue: str) -> LiteralString:
+    """The KEDA trigger query of ``queue``'s pool in ``schema``, as text (no parameters:
+    KEDA runs it as it is)."""
+    template = db.queries("jobfence.store", "queues.sql", schema)["scaler_value"]
+    return db.literal_fill(template, queue=queue)
 
 
 class Queues(Noun):
     sql_file = "queues.sql"
 
-    def scaler_value(self) -> int:
-        """What the KEDA trigger sees: ready work plus live claims, 0 while draining."""
-        row = self._one("scaler_value")
+    def scaler_value(self, queue: str = "default") -> int:
+        """What ``queue``'s KEDA trigger reads: ready work plus live claims, capped at the
+        queue's limit; 0 while draining or paused (the ``scaler_value`` statement)."""
+        row = db.execute(self.conn, scaler_query(self.store.schema, queue)).fetchone()
         return int(row["value"]) if row else 0
 
-    def gauges(self) -> QueueGauges:
-        gauges = self._row("gauges", None, QueueGauges)
-        assert gauges is not None
-        return gauges
+    def pending_total(self) -> int:
+        """Ready work plus live claims of every queue, 0 while draining."""
+        row = self._one("pending_total")
+        return int(row["value"]) if row else 0
+
+    def status(self, queue: str | None = None) -> list[QueueStatus]:
+        """Every queue that has active jobs or settings, and ``default`` (or only
+        ``queue``, if it is one of those)."""
+        return self._rows("status", {"queue": queue}, QueueStatus)
+
+    def configure(self, queue: str, *, paused: bool | None = None,
+                  limit: int | None = None, set_limit: bool = False,
+                  reason: str | None = None) -> None:
+        """Pause or resume ``queue``, or set (``set_limit``; None: no limit) its limit."""
+        self._execute("configure", {"queue": queue, "paused": paused, "max_running": limit,
+                                    "set_limit": set_limit, "reason": reason})

@@ -1,24 +1,75 @@
--- The queue at a glance: what the KEDA trigger and the gauges read.
+-- Queues: the count the KEDA trigger of each pool reads, each queue's state (for `jobfence
+-- queue status` and the metrics), and a queue's settings (paused, a limit on its running
+-- jobs).
 -- Named statements, run by the method of the same name in store/queues.py. {schema} is
 -- the installation's schema (JOBFENCE_SCHEMA), filled in as a quoted identifier.
 
 -- scaler_value --
--- The KEDA ScaledJob's postgresql trigger (manifests/ embeds this same text). KEDA's default
--- scaling strategy starts ceil(value / target) minus the Jobs already running, so the value
--- counts ready work plus live claims; 0 while draining. Two partial-index scans, however
--- many finished jobs the table holds.
+-- The postgresql trigger of one pool's KEDA ScaledJob; {queue} is filled in as a literal
+-- (`jobfence pools render` writes this same text into the manifests). KEDA's default
+-- scaling strategy starts ceil(value / target) Jobs minus the Jobs already running, so the
+-- value counts ready work plus live claims — one-job-per-pod and draining pools alike —
+-- capped at the queue's limit (more pods could not claim); 0 while drain mode is on or the
+-- queue is paused. Index scans only (jobs_ready_queue, jobs_running_queue): its cost does
+-- not grow with the number of finished jobs.
+SELECT CASE
+    WHEN (SELECT draining FROM {schema}.jobfence_control)
+      OR coalesce((SELECT paused FROM {schema}.queues WHERE name = {{queue}}), false) THEN 0
+    ELSE least(
+        (SELECT count(*) FROM {schema}.jobs
+         WHERE status = 'pending' AND queue = {{queue}} AND visible_at <= now())
+      + (SELECT count(*) FROM {schema}.jobs
+         WHERE status = 'running' AND queue = {{queue}} AND NOT is_parent),
+        coalesce((SELECT max_running FROM {schema}.queues WHERE name = {{queue}}),
+                 2147483647))
+    END AS value;
+
+-- pending_total --
+-- Ready work and live claims of every queue, 0 while draining (what drain status reports).
 SELECT CASE WHEN (SELECT draining FROM {schema}.jobfence_control) THEN 0
     ELSE (SELECT count(*) FROM {schema}.jobs WHERE status = 'pending' AND visible_at <= now())
        + (SELECT count(*) FROM {schema}.jobs WHERE status = 'running' AND NOT is_parent)
     END AS value;
 
--- gauges --
--- The queue at a glance, each part an index scan: active jobs by status (top-level waiting
--- jobs; children wait on their parent), the age of the oldest ready job, drain mode.
-SELECT
-    (SELECT count(*) FROM {schema}.jobs WHERE status = 'waiting' AND parent_id IS NULL) AS waiting,
-    (SELECT count(*) FROM {schema}.jobs WHERE status = 'pending') AS pending,
-    (SELECT count(*) FROM {schema}.jobs WHERE status = 'running' AND NOT is_parent) AS running,
-    (SELECT coalesce(extract(epoch FROM now() - min(visible_at)), 0)::float8 FROM {schema}.jobs
-     WHERE status = 'pending' AND visible_at <= now()) AS oldest_ready_age_seconds,
-    (SELECT draining FROM {schema}.jobfence_control) AS draining;
+-- status --
+-- Every queue that has active jobs or settings, and `default` (or only the one named),
+-- with its settings and its active jobs: pending (ready, or waiting out a retry delay),
+-- scheduled (not before its run_at), running, waiting (on dependencies), and the age of
+-- its oldest ready job. Index scans of active jobs only (jobs_active_queue).
+WITH names AS (
+    SELECT 'default'::text AS name
+    UNION
+    SELECT name FROM {schema}.queues
+    UNION
+    SELECT DISTINCT queue FROM {schema}.jobs WHERE status IN ('waiting', 'pending', 'running')
+)
+SELECT n.name AS queue, coalesce(q.paused, false) AS paused, q.max_running AS "limit",
+    c.pending, c.scheduled, c.running, c.waiting, c.oldest_ready_age_seconds
+FROM names n
+LEFT JOIN {schema}.queues q ON q.name = n.name
+CROSS JOIN LATERAL (
+    SELECT
+        count(*) FILTER (WHERE j.status = 'pending'
+                         AND (j.run_at IS NULL OR j.run_at <= now())) AS pending,
+        count(*) FILTER (WHERE j.status = 'pending' AND j.run_at > now()) AS scheduled,
+        count(*) FILTER (WHERE j.status = 'running' AND NOT j.is_parent) AS running,
+        count(*) FILTER (WHERE j.status = 'waiting' AND j.parent_id IS NULL) AS waiting,
+        coalesce(extract(epoch FROM now() - min(j.visible_at) FILTER (
+            WHERE j.status = 'pending' AND j.visible_at <= now())), 0)::float8
+            AS oldest_ready_age_seconds
+    FROM {schema}.jobs j
+    WHERE j.queue = n.name AND j.status IN ('waiting', 'pending', 'running')
+) c
+WHERE %(queue)s::text IS NULL OR n.name = %(queue)s
+ORDER BY n.name;
+
+-- configure --
+-- Pause, resume or limit a queue (the settings not given stay as they are).
+INSERT INTO {schema}.queues AS q (name, paused, max_running, reason, changed_at)
+VALUES (%(queue)s, coalesce(%(paused)s, false), %(max_running)s, %(reason)s, now())
+ON CONFLICT (name) DO UPDATE SET
+    paused = coalesce(%(paused)s, q.paused),
+    max_running = CASE WHEN %(set_limit)s THEN %(max_running)s ELSE q.max_running END,
+    reason = coalesce(%(reason)s, q.reason),
+    changed_at = now()
+RETURNING name;

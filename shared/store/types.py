@@ -37,6 +37,9 @@ class NewJob:
     idempotency_key: str | None = None
     spec_hash: str | None = None
     waiting: bool = False
+    queue: str = "default"
+    run_at: datetime | None = None
+    delay_seconds: float | None = None
 
     @property
     def status(self) -> str:
@@ -64,6 +67,9 @@ class NewJob:
             "idempotency_key": self.idempotency_key,
             "spec_hash": self.spec_hash,
             "reason": "enqueued",
+            "queue": self.queue,
+            "run_at": self.run_at.isoformat() if self.run_at else None,
+            "delay_seconds": self.delay_seconds,
         }
 
 
@@ -198,6 +204,8 @@ class JobRow(NamedTuple):
     started_at: datetime | None
     finished_at: datetime | None
     interruptions: int
+    queue: str
+    run_at: datetime | None
     after: list[UUID]
 
     @property
@@ -251,12 +259,17 @@ class Identity(NamedTuple):
     identified_at: datetime | None
 
 
-class QueueGauges(NamedTuple):
-    waiting: int
+class QueueStatus(NamedTuple):
+    """A queue's settings and its active jobs."""
+
+    queue: str
+    paused: bool
+    limit: int | None
     pending: int
+    scheduled: int
     running: int
+    waiting: int
     oldest_ready_age_seconds: float
-    draining: bool
 
 
 class FunctionStatus(NamedTuple):

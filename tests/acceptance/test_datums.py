@@ -229,3 +229,26 @@ def test_wait_on_a_parent_shows_children_progress_on_a_terminal(
     os.close(master)
     assert p.returncode == 0, err
     assert b"4/4 children" in out and b"[####" in out
+
+
+def test_children_inherit_the_queue_and_the_schedule(dsn: str, s3_env: dict[str, str]) -> None:
+    """A datum job in the `datums` queue, delayed: every child is of `datums`, none runs
+    before the parent's time, and a worker of `datums` drains them all."""
+    url = put_inputs(s3_env, 6, prefix="sched/")
+    parent = enqueue_spec(dsn, s3_env, {"actions": [{"name": "command", "params": {
+        "argv": ["sh", "-c", UPPER]}}], "inputs": url, "queue": "datums", "delay": "PT6S"})
+    children = _children(dsn, str(parent["job_id"]))
+    assert len(children) == 6
+    rows = [job(dsn, c) for c in children]
+    assert {r["queue"] for r in rows} == {"datums"}
+    assert all(r["run_at"] and r["run_at"].timestamp() > time.time() for r in rows)
+    r = run_cli(dsn, "worker", "--queue", "datums", "--max-jobs", "20", **{**FAST, **s3_env})
+    assert json.loads(r.stdout)["claimed"] == 0  # not yet
+    default = run_cli(dsn, "worker", "--max-jobs", "20", **{**FAST, **s3_env})
+    assert json.loads(default.stdout)["claimed"] == 0  # never: another queue
+    wait_for(lambda: all(job(dsn, c)["run_at"].timestamp() < time.time() for c in children),
+             timeout=10)
+    r = run_cli(dsn, "worker", "--queue", "datums", "--max-jobs", "20", **{**FAST, **s3_env})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["succeeded"] == 6
+    wait_for(lambda: job(dsn, str(parent["job_id"]))["status"] == "succeeded", timeout=10)

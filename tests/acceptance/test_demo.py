@@ -24,3 +24,9 @@ def test_demo_runs_the_whole_story_and_prints_the_summary() -> None:
     back = next(line for line in out.splitlines() if "db.orders back to pending" in line)
     assert "disappeared" in back or " is Failed" in back, back
     assert "jobs still running: 0; jobs with two terminal writes: 0" in out
+    # Two pools: the paused queue held its work while the other drained, then draining
+    # workers ran it, fewer of them than jobs.
+    held = next(line for line in out.splitlines() if "the default queue drained" in line)
+    assert "still holds 12 ready jobs, paused" in held, held
+    ran = next(line for line in out.splitlines() if "draining workers ran the 12" in line)
+    assert int(ran.split()[0]) < 12, ran

@@ -18,6 +18,7 @@ from devtools.platform import LocalPlatform
 from devtools.sqlconn import connect
 from jobfence.adapters.s3 import S3ObjectStore
 from jobfence.objectstore import parse_s3_url
+from jobfence.pools import Pool
 from tests.conftest import run_cli
 from tests.pg import Databases
 
@@ -119,7 +120,7 @@ def test_two_installations_never_touch_each_other(
         for name, env in zip(names, envs, strict=True):
             platforms.append(LocalPlatform(env["JOBFENCE_DATABASE_URL"], env,
                                            tmp_path / name, schedules=SCHEDULE,
-                                           max_workers=4))
+                                           pools=(Pool(name="default", maxPods=4),)))
         for env, name in zip(envs, names, strict=True):
             enqueue_work(env, name, s3, bucket)
         for p in platforms:

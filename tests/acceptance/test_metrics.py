@@ -69,10 +69,21 @@ def test_runs_record_trigger_counts_and_status_and_metrics_add_up(dsn: str) -> N
     last = got[("jobfence_function_last_success_timestamp_seconds",
                 (("function", "reconciliation"),))]
     assert abs(last - time.time()) < 120
-    assert got[("jobfence_jobs", (("status", "pending"),))] == 2
-    assert got[("jobfence_jobs", (("status", "waiting"),))] == 1
-    assert got[("jobfence_queue_oldest_ready_age_seconds", ())] >= 0
+    assert got[("jobfence_jobs", (("queue", "default"), ("status", "pending")))] == 2
+    assert got[("jobfence_jobs", (("queue", "default"), ("status", "waiting")))] == 1
+    assert got[("jobfence_queue_oldest_ready_age_seconds", (("queue", "default"),))] >= 0
     assert got[("jobfence_draining", ())] == 0
+    # Every queue with work or settings has its own series.
+    enqueue(dsn, nap, "--queue", "reports", "--delay", "PT1H")
+    assert run_cli(dsn, "queue", "pause", "reports").returncode == 0
+    assert run_cli(dsn, "queue", "limit", "exports", "3").returncode == 0
+    got = samples(run_cli(dsn, "metrics").stdout)
+    assert got[("jobfence_jobs", (("queue", "reports"), ("status", "pending")))] == 1
+    assert got[("jobfence_jobs_scheduled", (("queue", "reports"),))] == 1
+    assert got[("jobfence_queue_paused", (("queue", "reports"),))] == 1
+    assert got[("jobfence_queue_paused", (("queue", "default"),))] == 0
+    assert got[("jobfence_queue_limit", (("queue", "exports"),))] == 3
+    assert ("jobfence_queue_limit", (("queue", "default"),)) not in got
 
 
 def test_skipped_run_is_recorded_and_counted(dsn: str) -> None:
@@ -146,4 +157,5 @@ def test_functions_push_to_a_real_pushgateway_and_keep_the_last_success(dsn: str
         assert after[("jobfence_function_runs_total",
                       (("function", "sweeper"), ("status", "succeeded")))] == 1
         # Queue gauges live in their own group, one series whichever function pushed.
-        assert after[("jobfence_jobs", (("function", "queue"), ("status", "pending")))] == 0
+        assert after[("jobfence_jobs", (("function", "queue"), ("queue", "default"),
+                                        ("status", "pending")))] == 0

@@ -1,12 +1,22 @@
 """A job's whole life under faults, driven through the real CLI: SIGTERM, SIGKILL, a paused
-worker, cancel, failing actions with retries and resume, and a database restart."""
+worker, cancel, failing actions with retries and resume, and a database restart.
+
+The faults a worker can meet run for both kinds of worker pod: one job and exit, and
+draining (``--max-jobs``/``--max-seconds``), which has finished other jobs before the one
+hit by the fault and has more ready after it. A draining worker keeps the promise exactly
+as a one-job worker does: SIGTERM gives back the job in hand within the same bound and no
+claim follows it; a job lost to a fence or a cancel writes nothing, and the jobs after it
+are fenced on their own."""
 
 from __future__ import annotations
 
 import json
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from devtools.embedded_pg import EmbeddedPostgres
 from devtools.sqlconn import connect
@@ -25,6 +35,50 @@ from tests.procs import (
     spawn,
     wait_for,
 )
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    args: tuple[str, ...]
+
+    @property
+    def draining(self) -> bool:
+        return bool(self.args)
+
+    def before(self, dsn: str) -> list[str]:
+        """Jobs a draining worker runs first (a higher priority): the faulted job is then
+        claimed together with the last one's terminal write."""
+        return [enqueue(dsn, 'sleep:{"seconds": 0}', "--priority", "5")
+                for _ in range(2)] if self.draining else []
+
+    def after(self, dsn: str) -> list[str]:
+        """Jobs ready behind the faulted one (a lower priority)."""
+        return [enqueue(dsn, 'sleep:{"seconds": 0}', "--priority", "-5")
+                for _ in range(2)] if self.draining else []
+
+
+MODES = [Mode("one job", ()), Mode("draining", ("--max-jobs", "100", "--max-seconds", "120"))]
+
+
+@pytest.fixture(params=MODES, ids=[m.name for m in MODES])
+def mode(request: pytest.FixtureRequest) -> Mode:
+    m: Mode = request.param
+    return m
+
+
+def untouched(dsn: str, job_ids: list[str]) -> None:
+    """Never claimed: no claim after SIGTERM (or SIGKILL)."""
+    for job_id in job_ids:
+        row = job(dsn, job_id)
+        assert (row["status"], row["attempt_count"]) == ("pending", 0), row
+        assert [e["to_status"] for e in events(dsn, job_id)] == ["pending"]
+
+
+def succeeded_once(dsn: str, job_ids: list[str]) -> None:
+    for job_id in job_ids:
+        row = job(dsn, job_id)
+        assert (row["status"], row["attempt_count"]) == ("succeeded", 1), row
 
 
 def test_worker_runs_a_job_to_success_and_exits_0(dsn: str) -> None:
@@ -62,9 +116,12 @@ def test_nothing_to_claim_exits_0(dsn: str) -> None:
 
 
 def test_sigterm_releases_at_once_kills_child_and_another_worker_finishes(
-        dsn: str, tmp_path: Path) -> None:
+        dsn: str, tmp_path: Path, mode: Mode) -> None:
+    before = mode.before(dsn)
     job_id = enqueue(dsn, "command:" + long_then_quick(tmp_path), "--max-attempts", "3")
-    worker = spawn(dsn, "worker", JOBFENCE_LEASE_SECONDS="60", JOBFENCE_HEARTBEAT_SECONDS="15")
+    after = mode.after(dsn)
+    worker = spawn(dsn, "worker", *mode.args, JOBFENCE_LEASE_SECONDS="60",
+                   JOBFENCE_HEARTBEAT_SECONDS="15")
     child = read_pid(tmp_path / "pid")
     worker.send_signal(signal.SIGTERM)
     sent = time.monotonic()
@@ -72,7 +129,11 @@ def test_sigterm_releases_at_once_kills_child_and_another_worker_finishes(
     assert time.monotonic() - sent < 2.0
     out, err = worker.communicate(timeout=10)
     assert worker.returncode == 1, err
-    assert json.loads(out)["terminated"] is True
+    report = json.loads(out)
+    assert report["terminated"] is True and report["stopped_by"] == "sigterm"
+    assert report["succeeded"] == len(before)
+    succeeded_once(dsn, before)
+    untouched(dsn, after)
     wait_for(lambda: not alive(child), timeout=2)
     row = job(dsn, job_id)
     assert row["status"] == "pending" and row["reason"] == "worker received SIGTERM"
@@ -84,14 +145,19 @@ def test_sigterm_releases_at_once_kills_child_and_another_worker_finishes(
     assert row["interruptions"] == 1
 
 
-def test_sigterm_on_last_attempt_gives_the_attempt_back(dsn: str, tmp_path: Path) -> None:
+def test_sigterm_on_last_attempt_gives_the_attempt_back(dsn: str, tmp_path: Path,
+                                                       mode: Mode) -> None:
     """The README's promise: a job survives eviction, even on its last attempt."""
+    before = mode.before(dsn)
     job_id = enqueue(dsn, "command:" + long_then_quick(tmp_path), "--max-attempts", "1")
-    worker = spawn(dsn, "worker", JOBFENCE_LEASE_SECONDS="60")
+    after = mode.after(dsn)
+    worker = spawn(dsn, "worker", *mode.args, JOBFENCE_LEASE_SECONDS="60")
     read_pid(tmp_path / "pid")
     worker.send_signal(signal.SIGTERM)
     worker.communicate(timeout=10)
     assert worker.returncode == 1
+    succeeded_once(dsn, before)
+    untouched(dsn, after)
     row = job(dsn, job_id)
     assert row["status"] == "pending" and row["attempt_count"] == 0
     assert row["reason"] == "worker received SIGTERM"
@@ -115,14 +181,19 @@ def test_sigterm_past_the_interruption_budget_counts_as_an_attempt(
     assert row["interruptions"] == 1
 
 
-def test_sigkill_mid_action_reclaimed_by_one_sweeper_pass(dsn: str, tmp_path: Path) -> None:
+def test_sigkill_mid_action_reclaimed_by_one_sweeper_pass(dsn: str, tmp_path: Path,
+                                                          mode: Mode) -> None:
+    before = mode.before(dsn)
     job_id = enqueue(dsn, "command:" + long_then_quick(tmp_path))
-    worker = spawn(dsn, "worker")
+    after = mode.after(dsn)
+    worker = spawn(dsn, "worker", *mode.args)
     child = read_pid(tmp_path / "pid")
     worker.send_signal(signal.SIGKILL)
     worker.communicate(timeout=10)
     wait_for(lambda: not alive(child), timeout=2)  # the child dies with its worker
     assert job(dsn, job_id)["status"] == "running"
+    succeeded_once(dsn, before)
+    untouched(dsn, after)
     wait_for(lambda: job(dsn, job_id)["visible_at"].timestamp() < time.time() - 0.1, timeout=5)
     r = run_cli(dsn, "sweeper", **FAST)
     assert r.returncode == 0, r.stderr
@@ -134,14 +205,19 @@ def test_sigkill_mid_action_reclaimed_by_one_sweeper_pass(dsn: str, tmp_path: Pa
     assert row["status"] == "succeeded" and row["attempt_count"] == 2
 
 
-def test_paused_worker_resumed_after_reclaim_writes_nothing(dsn: str, tmp_path: Path) -> None:
+def test_paused_worker_resumed_after_reclaim_writes_nothing(dsn: str, tmp_path: Path,
+                                                            mode: Mode) -> None:
     # Attempt 1 sleeps 3 s; while its worker is paused, the lease runs out, the sweeper
-    # reclaims the job and a second worker finishes it. Then the first worker resumes.
+    # reclaims the job and a second worker finishes it. Then the first worker resumes: it
+    # writes nothing for the lost job, and a draining one goes on to the jobs after it,
+    # each under its own fence.
     script = (f'if [ -e {tmp_path}/mark ]; then exit 0; fi; touch {tmp_path}/mark; '
               f'echo $$ > {tmp_path}/pid; exec sleep 3')
+    before = mode.before(dsn)
     job_id = enqueue(dsn, "command:" + json.dumps({"argv": ["sh", "-c", script]}),
                      'sleep:{"seconds": 0}')
-    first = spawn(dsn, "worker")
+    after = mode.after(dsn)
+    first = spawn(dsn, "worker", *mode.args)
     read_pid(tmp_path / "pid")
     first_attempt = job(dsn, job_id)["attempt_id"]
     first.send_signal(signal.SIGSTOP)
@@ -156,7 +232,9 @@ def test_paused_worker_resumed_after_reclaim_writes_nothing(dsn: str, tmp_path: 
         first.send_signal(signal.SIGCONT)
     out, err = first.communicate(timeout=15)
     assert first.returncode == 1, err
-    assert json.loads(out)["lost"] == 1
+    report = json.loads(out)
+    assert report["lost"] == 1 and report["succeeded"] == len(before) + len(after)
+    succeeded_once(dsn, before + after)
     row = job(dsn, job_id)
     assert row["status"] == "succeeded" and row["attempt_count"] == 2
     assert row["attempt_id"] != first_attempt
@@ -167,9 +245,13 @@ def test_paused_worker_resumed_after_reclaim_writes_nothing(dsn: str, tmp_path: 
     assert said & {"self_fenced", "writeback_stale_attempt"}, err
 
 
-def test_cancel_running_job_kills_child_within_a_heartbeat(dsn: str, tmp_path: Path) -> None:
+def test_cancel_running_job_kills_child_within_a_heartbeat(dsn: str, tmp_path: Path,
+                                                          mode: Mode) -> None:
+    before = mode.before(dsn)
     job_id = enqueue(dsn, "command:" + long_then_quick(tmp_path))
-    worker = spawn(dsn, "worker", JOBFENCE_LEASE_SECONDS="10", JOBFENCE_HEARTBEAT_SECONDS="0.5")
+    after = mode.after(dsn)
+    worker = spawn(dsn, "worker", *mode.args, JOBFENCE_LEASE_SECONDS="10",
+                   JOBFENCE_HEARTBEAT_SECONDS="0.5")
     child = read_pid(tmp_path / "pid")
     assert run_cli(dsn, "cancel", job_id, "--reason", "not needed").returncode == 0
     cancelled = time.monotonic()
@@ -181,6 +263,7 @@ def test_cancel_running_job_kills_child_within_a_heartbeat(dsn: str, tmp_path: P
     time.sleep(0.5)
     row = job(dsn, job_id)
     assert row["status"] == "cancelled" and row["error"] == "not needed"
+    succeeded_once(dsn, before + after)  # a draining worker goes on after the lost job
 
 
 def test_failing_action_three_attempts_with_backoff_then_failed(dsn: str) -> None:

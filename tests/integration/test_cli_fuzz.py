@@ -30,6 +30,13 @@ NUMBERISH = st.sampled_from(["0", "-1", "1", "3", "1e999", "nan", "inf", "-inf",
 DURATIONISH = st.sampled_from(["PT1S", "P999999Y", "P100Y", "P36501D", "PT0S", "-PT1H", "P",
                                "PT1.5H", "P1DT12H", "PT", "P1W2D"]) | TEXT
 UUIDISH = st.uuids().map(str) | TEXT
+QUEUEISH = st.sampled_from(["default", "datums", "a-b", "-a", "A", "a" * 63, "a" * 64, "a_b",
+                            "a.b", ""]) | TEXT
+TIMEISH = st.sampled_from(["2026-11-23T18:00:00Z", "2026-11-23T18:00:00+01:00",
+                           "2026-11-23T18:00:00", "2026-13-01T00:00:00Z", "tomorrow",
+                           "9999-12-31T23:59:59Z", "0001-01-01T00:00:00Z", "1970-01-01",
+                           "2026-11-23 18:00:00Z", "2026-11-23T18:00:00.123456789Z"]) \
+    | st.datetimes().map(lambda d: d.isoformat()) | TEXT
 JOB_ID = "01900000-0000-7000-8000-000000000000"
 JSONISH = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | TEXT,
@@ -50,7 +57,9 @@ def cli(dsn: str, monkeypatch: pytest.MonkeyPatch,
         row = conn.execute(
             "SELECT (SELECT count(*) FROM jobs) AS a, (SELECT count(*) FROM job_events) AS b,"
             " (SELECT count(*) FROM job_dependencies) AS c,"
-            " (SELECT draining::int FROM jobfence_control) AS d").fetchone()
+            " (SELECT draining::int FROM jobfence_control) AS d,"
+            " (SELECT count(*) FROM queues) AS e,"
+            " (SELECT coalesce(max(changed_at)::text, '') FROM queues) AS f").fetchone()
         assert row is not None
         return tuple(row.values())
 
@@ -85,7 +94,7 @@ ENQUEUE_FLAGS = flags(
     ("--resource", TEXT), ("--max-attempts", NUMBERISH), ("--priority", NUMBERISH),
     ("--after", UUIDISH), ("--idempotency-key", TEXT), ("--ttl", DURATIONISH),
     ("--timeout", DURATIONISH), ("--expires-in", DURATIONISH), ("--inputs", TEXT),
-    ("--label", TEXT))
+    ("--label", TEXT), ("--queue", QUEUEISH), ("--run-at", TIMEISH), ("--delay", DURATIONISH))
 ACTION = st.sampled_from(['sleep:{"seconds": 0}', "sleep", "command", 'sleep:{"seconds": -1}',
                           'command:{"argv": ["true"]}', "nope", ":", "sleep:[", "sleep:1"]) \
     | TEXT | JSONISH.map(lambda v: "command:" + json.dumps(v))
@@ -106,7 +115,8 @@ def test_enqueue_arguments(cli: Any, actions: list[str], extra: list[str]) -> No
     st.fixed_dictionaries({"actions": st.lists(st.fixed_dictionaries(
         {"name": st.sampled_from(["sleep", "command"]), "params": JSONISH}), max_size=2)},
         optional={"ttl": DURATIONISH, "resource": JSONISH, "labels": JSONISH,
-                  "after": JSONISH}).map(lambda v: json.dumps(v).encode())))
+                  "after": JSONISH, "queue": QUEUEISH | JSONISH, "run_at": TIMEISH | JSONISH,
+                  "delay": DURATIONISH | JSONISH}).map(lambda v: json.dumps(v).encode())))
 def test_enqueue_spec_text(cli: Any, data: bytes) -> None:
     cli(["enqueue", "--spec", "-"], stdin=data)
 
@@ -168,10 +178,21 @@ def test_periodic_functions(cli: Any, name: str, extra: list[str]) -> None:
 
 
 @FUZZ
-@given(flags(("--max-jobs", NUMBERISH.filter(lambda t: not t.strip().isdigit()))))
+@given(flags(("--max-jobs", NUMBERISH.filter(lambda t: not t.strip().isdigit())),
+             ("--max-seconds", NUMBERISH.filter(lambda t: _float(t) <= 0)),
+             ("--queue", QUEUEISH.filter(lambda t: not t.isascii() or not t.islower()))))
 def test_worker_flags(cli: Any, extra: list[str]) -> None:
+    """Bad budgets and queue names only: a good set would start a worker."""
     cli(["worker", *extra, "--max-jobs", "x"] if not extra else ["worker", *extra],
         allowed=frozenset({2}))
+
+
+@FUZZ
+@given(st.sampled_from(["status", "pause", "resume", "limit", "stop"]) | TEXT,
+       st.lists(QUEUEISH | NUMBERISH | st.just("none"), max_size=3),
+       flags(("-o", st.sampled_from(["json", "text"]) | TEXT), ("--reason", TEXT)))
+def test_queue(cli: Any, verb: str, rest: list[str], extra: list[str]) -> None:
+    cli(["queue", verb, *rest, *extra])
 
 
 @FUZZ

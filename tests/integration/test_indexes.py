@@ -65,7 +65,8 @@ def scanned_jobs_by(store: Store, query: LiteralString, params: dict[str, object
 
 
 @pytest.mark.parametrize(("noun", "name", "params"), [
-    ("attempts", "claim", {"worker_id": "w", "lease_seconds": 60, "limit": 1}),
+    ("attempts", "claim", {"worker_id": "w", "lease_seconds": 60, "limit": 1,
+                           "queue": "default"}),
     ("maintenance", "reclaim_expired", {"batch_size": 500, "now": None, "base_seconds": 1.0,
                                "cap_seconds": 1.0}),
     ("queues", "scaler_value", {}),
@@ -79,7 +80,7 @@ def scanned_jobs_by(store: Store, query: LiteralString, params: dict[str, object
         "now": None, "after_due": FIRST_DUE, "after_id": UUID(int=0), "limit": 500,
         "retention_seconds": 30 * 86400}),
     ("control", "running_count", {}),
-    ("queues", "gauges", {}),
+    ("queues", "status", {"queue": None}),
     ("pods", "reclaim_dead_claims", {
         "claimer_pattern": "^w", "listed_at": LATER, "grace_seconds": 0, "batch_size": 500,
         "base_seconds": 1.0, "cap_seconds": 1.0}),

@@ -14,6 +14,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from jobfence.pools import Pools
+
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
 CRDS = REPO / "tests" / "fixtures" / "crds"
@@ -37,7 +39,11 @@ METRICS = {
     "jobfence_function_last_duration_seconds",
     "jobfence_function_items_total",
     "jobfence_jobs",
+    "jobfence_jobs_scheduled",
     "jobfence_queue_oldest_ready_age_seconds",
+    "jobfence_queue_paused",
+    "jobfence_queue_limit",
+    "jobfence_draining",
 }
 
 # The vendored CRD of each custom kind the base uses (see tests/fixtures/crds/README.md).
@@ -48,6 +54,12 @@ CRD_FILES = {
 }
 
 Obj = dict[str, Any]
+
+
+@cache
+def pools() -> Pools:
+    """The pools the base ships (manifests/pools.yaml)."""
+    return Pools.model_validate(yaml.safe_load((MANIFESTS / "pools.yaml").read_text()))
 
 
 def kubectl_available() -> bool:

@@ -111,6 +111,17 @@ def test_final_stage_has_no_build_tools_sources_or_wheels(dockerfile: list[Stage
     assert "pip wheel" in " ".join(dockerfile[0].args("RUN"))
 
 
+def test_a_team_image_builds_on_jobfence_and_keeps_its_user_and_entrypoint(
+        dockerfile: list[Stage]) -> None:
+    """The example of a pool's own image (manifests/README.md): FROM the jobfence image,
+    back to jobfence's user after installing as root, the entrypoint left alone."""
+    [team] = stages((REPO / "examples" / "team-image" / "Dockerfile").read_text())
+    assert re.fullmatch(r"[\w./-]+/jobfence:[\w.]+", team.base), team.base
+    users = team.args("USER")
+    assert users and users[-1] == dockerfile[-1].args("USER")[-1]
+    assert not team.args("ENTRYPOINT") and not team.args("CMD")
+
+
 def ignored(name: str, patterns: list[str]) -> bool:
     """Whether .dockerignore leaves a top-level name out of the context (last match wins)."""
     out = False

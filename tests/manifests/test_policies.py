@@ -7,6 +7,7 @@ section says; no secret value is committed anywhere."""
 
 from __future__ import annotations
 
+import copy
 import re
 import subprocess
 import tomllib
@@ -16,7 +17,9 @@ import pytest
 import yaml
 
 from jobfence.db import queries
+from jobfence.errors import InvalidSpec
 from jobfence.functions.cli import COMMANDS
+from jobfence.functions.pools import render as render_pools
 from jobfence.functions.worker import EXIT_GRACE_SECONDS
 from jobfence.spec import parse_spec_text
 from tests.manifests.rendered import (
@@ -28,9 +31,11 @@ from tests.manifests.rendered import (
     of_kind,
     one,
     pod_templates,
+    pools,
 )
 
 APP_LABELS = {"app.kubernetes.io/name": "jobfence", "app.kubernetes.io/part-of": "jobfence"}
+POOLS = pools()
 # Pods that talk to the API server: the periodic functions (reconciliation and
 # orphan-cleanup list and delete worker pods; each reads its own Job's annotations).
 USES_API = {f"CronJob/jobfence-{name}" for name in PERIODIC}
@@ -160,7 +165,7 @@ def test_function_alert_thresholds_cover_every_function_and_outlast_a_run(
 def test_the_base_has_a_pod_template_per_function(base: list[Obj]) -> None:
     names = {where for where, _ in pod_templates(base)}
     assert names == USES_API | {"CronJob/jobfence-enqueue", "Job/jobfence-migrate",
-                                "ScaledJob/jobfence-worker"}
+                                *(f"ScaledJob/jobfence-worker-{p.name}" for p in POOLS.pools)}
 
 
 def test_every_pod_runs_non_root_with_runtime_default_seccomp(base: list[Obj]) -> None:
@@ -286,7 +291,7 @@ def test_worker_pods_match_the_selector_reconciliation_uses(base: list[Obj]) -> 
     for where, template in pod_templates(base):
         labels = template["metadata"]["labels"]
         matches = labels.items() >= wanted.items()
-        assert matches == (where == "ScaledJob/jobfence-worker"), where
+        assert matches == where.startswith("ScaledJob/jobfence-worker-"), where
 
 
 def test_only_pods_that_use_the_api_get_a_token(base: list[Obj]) -> None:
@@ -326,64 +331,149 @@ def test_rbac_is_namespaced_and_grants_exactly_the_verbs_used(base: list[Obj]) -
                                     "namespace": "jobfence"}]
 
 
+# -- the worker pools -----------------------------------------------------------------------
+
+def test_the_generated_pools_are_the_pools_file_rendered() -> None:
+    """pools.generated.yaml is `jobfence pools render pools.yaml` (`make pools`): a pool
+    edited without rendering again fails here, not in the cluster."""
+    generated = (REPO / "manifests" / "pools.generated.yaml").read_text()
+    assert generated == render_pools((REPO / "manifests" / "pools.yaml").read_text())
+
+
+def test_the_base_ships_a_one_job_pool_and_a_draining_pool(base: list[Obj]) -> None:
+    by_queue = {p.queue: p for p in POOLS.pools}
+    assert by_queue["default"].mode == "one-per-pod"
+    assert by_queue["datums"].mode == "draining"
+    for pool in POOLS.pools:
+        scaled = one(base, "ScaledJob", f"jobfence-worker-{pool.name}")
+        [container] = scaled["spec"]["jobTargetRef"]["template"]["spec"]["containers"]
+        assert container["args"][:3] == ["worker", "--queue", pool.queue]
+        assert ("--max-jobs" in container["args"]) == (pool.mode == "draining")
+        assert scaled["spec"]["maxReplicaCount"] == pool.max_pods
+        assert container["resources"] == pool.resources
+        labels = scaled["spec"]["jobTargetRef"]["template"]["metadata"]["labels"]
+        assert labels["jobfence.io/queue"] == pool.queue
+        assert labels["jobfence.io/pool"] == pool.name
+
+
+def test_every_pool_query_is_the_scaler_value_statement_for_its_queue(
+        base: list[Obj]) -> None:
+    expected = queries("jobfence.store", "queues.sql", "jobfence")["scaler_value"]
+    for pool in POOLS.pools:
+        [trigger] = one(base, "ScaledJob", f"jobfence-worker-{pool.name}")["spec"]["triggers"]
+        literal = "'" + pool.queue + "'"
+        assert normalized(trigger["metadata"]["query"]) == normalized(
+            expected.replace("{queue}", literal))
+
+
+def test_pools_differ_only_where_the_pools_file_says(base: list[Obj]) -> None:
+    """Every pool has the worker's security context, downward API, DSN and volumes: only
+    name, labels, queue, image, resources, size, budgets and query differ."""
+    scaled = {p.name: one(base, "ScaledJob", f"jobfence-worker-{p.name}") for p in POOLS.pools}
+
+    def skeleton(obj: Obj) -> Obj:
+        obj = copy.deepcopy(obj)
+        obj.pop("metadata")
+        spec = obj["spec"]
+        for key in ("maxReplicaCount", "pollingInterval"):
+            spec.pop(key)
+        template = spec["jobTargetRef"]["template"]
+        for key in ("jobfence.io/pool", "jobfence.io/queue"):
+            template["metadata"]["labels"].pop(key)
+        [container] = template["spec"]["containers"]
+        for key in ("args", "resources", "image"):
+            container.pop(key)
+        [trigger] = spec["triggers"]
+        trigger.pop("name")
+        trigger["metadata"].pop("query")
+        return obj
+
+    first, *rest = scaled.values()
+    for other in rest:
+        assert skeleton(other) == skeleton(first)
+
+
+def test_kubernetes_never_stops_a_worker_pod_on_a_deadline(base: list[Obj]) -> None:
+    """A draining pod stops claiming at its budget and its job in hand runs to its end: a
+    Job deadline would SIGTERM it mid-job (the job given back, the work lost)."""
+    for scaled in of_kind(base, "ScaledJob"):
+        assert "activeDeadlineSeconds" not in scaled["spec"]["jobTargetRef"]
+
+
+@pytest.mark.parametrize("text, error", [
+    ("pools: []", "at least 1 item"),
+    ("pools: [{name: a}, {name: a}]", "same name"),
+    ("pools: [{name: a, queue: x}, {name: b, queue: x}]", "same queue"),
+    ("pools: [{name: Bad}]", "should match pattern"),
+    ("pools: [{name: a, mode: forever}]", "one-per-pod"),
+    ("pools: [{name: a, maxPods: 0}]", "greater than or equal to 1"),
+    ("pools: [{name: a, queue: 'not a queue'}]", "queue"),
+    ("pools: [{name: a, colour: red}]", "Extra inputs"),
+    ("pools: [{name: a}", "pools file"),
+])
+def test_a_bad_pools_file_is_refused(text: str, error: str) -> None:
+    with pytest.raises(InvalidSpec, match=error):
+        render_pools(text)
+
+
 # -- the KEDA worker ----------------------------------------------------------------------
 
 def normalized(sql: str) -> str:
     return " ".join(sql.split()).rstrip(";").strip()
 
 
-def test_scaledjob_query_is_the_queue_keda_count_block(base: list[Obj]) -> None:
-    [trigger] = one(base, "ScaledJob")["spec"]["triggers"]
-    expected = queries("jobfence.store", "queues.sql", "jobfence")["scaler_value"]
-    assert normalized(trigger["metadata"]["query"]) == normalized(expected)
-
-
 def test_scaledjob_uses_the_default_strategy_with_explicit_limits(base: list[Obj]) -> None:
-    spec = one(base, "ScaledJob", "jobfence-worker")["spec"]
-    # KEDA 2.20.0 and 2.20.1 reject an explicit `strategy: default`.
-    assert "strategy" not in spec.get("scalingStrategy", {})
-    for field in ("pollingInterval", "maxReplicaCount", "successfulJobsHistoryLimit",
-                  "failedJobsHistoryLimit"):
-        assert isinstance(spec.get(field), int) and spec[field] > 0, field
-    assert spec.get("minReplicaCount", 0) == 0
+    for scaled in of_kind(base, "ScaledJob"):
+        spec = scaled["spec"]
+        # KEDA 2.20.0 and 2.20.1 reject an explicit `strategy: default`.
+        assert "strategy" not in spec.get("scalingStrategy", {})
+        for field in ("pollingInterval", "maxReplicaCount", "successfulJobsHistoryLimit",
+                      "failedJobsHistoryLimit"):
+            assert isinstance(spec.get(field), int) and spec[field] > 0, field
+        assert spec.get("minReplicaCount", 0) == 0
 
 
 def test_a_deploy_lets_running_workers_finish(base: list[Obj]) -> None:
     """KEDA's default rollout deletes the running Jobs when the ScaledJob changes: every
     deploy would kill the jobs in flight and spend one of their attempts."""
-    spec = one(base, "ScaledJob", "jobfence-worker")["spec"]
-    assert spec["rollout"]["strategy"] == "gradual"
-    assert "rolloutStrategy" not in spec  # the deprecated spelling
+    for scaled in of_kind(base, "ScaledJob"):
+        spec = scaled["spec"]
+        assert spec["rollout"]["strategy"] == "gradual"
+        assert "rolloutStrategy" not in spec  # the deprecated spelling
 
 
-def test_scaledjob_runs_one_job_per_pod_without_kubernetes_retries(base: list[Obj]) -> None:
-    target = one(base, "ScaledJob", "jobfence-worker")["spec"]["jobTargetRef"]
-    assert target["backoffLimit"] == 0
-    assert target.get("parallelism", 1) == 1 and target.get("completions", 1) == 1
-    pod = target["template"]["spec"]
-    assert pod["restartPolicy"] == "Never"
-    assert pod["terminationGracePeriodSeconds"] == 30
-    [container] = pod["containers"]
-    assert container["args"] == ["worker"]
+def test_scaledjob_runs_one_pod_without_kubernetes_retries(base: list[Obj]) -> None:
+    for scaled in of_kind(base, "ScaledJob"):
+        target = scaled["spec"]["jobTargetRef"]
+        assert target["backoffLimit"] == 0
+        assert target.get("parallelism", 1) == 1 and target.get("completions", 1) == 1
+        pod = target["template"]["spec"]
+        assert pod["restartPolicy"] == "Never"
+        assert pod["terminationGracePeriodSeconds"] == 30
+    default = one(base, "ScaledJob", "jobfence-worker-default")["spec"]["jobTargetRef"]
+    [container] = default["template"]["spec"]["containers"]
+    assert container["args"] == ["worker", "--queue", "default"]
 
 
 def test_scaledjob_trigger_is_postgresql_with_string_metadata(base: list[Obj]) -> None:
-    [trigger] = one(base, "ScaledJob")["spec"]["triggers"]
-    assert trigger["type"] == "postgresql"
-    metadata = trigger["metadata"]
-    assert all(isinstance(v, str) for v in metadata.values()), metadata
-    assert metadata["targetQueryValue"] == "1"
-    assert metadata["activationTargetQueryValue"] == "0"
-    assert set(metadata) == {"query", "targetQueryValue", "activationTargetQueryValue"}
+    for scaled in of_kind(base, "ScaledJob"):
+        [trigger] = scaled["spec"]["triggers"]
+        assert trigger["type"] == "postgresql"
+        metadata = trigger["metadata"]
+        assert all(isinstance(v, str) for v in metadata.values()), metadata
+        assert metadata["targetQueryValue"] == "1"
+        assert metadata["activationTargetQueryValue"] == "0"
+        assert set(metadata) == {"query", "targetQueryValue", "activationTargetQueryValue"}
 
 
 def test_trigger_authentication_reads_the_dsn_from_the_same_secret(base: list[Obj]) -> None:
-    [trigger] = one(base, "ScaledJob")["spec"]["triggers"]
-    auth = one(base, "TriggerAuthentication", trigger["authenticationRef"]["name"])
-    assert trigger["authenticationRef"].get("kind", "TriggerAuthentication") == \
-        "TriggerAuthentication"
-    assert auth["spec"] == {"secretTargetRef": [
-        {"parameter": "connection", "name": "jobfence-database", "key": "url"}]}
+    for scaled in of_kind(base, "ScaledJob"):
+        [trigger] = scaled["spec"]["triggers"]
+        auth = one(base, "TriggerAuthentication", trigger["authenticationRef"]["name"])
+        assert trigger["authenticationRef"].get("kind", "TriggerAuthentication") == \
+            "TriggerAuthentication"
+        assert auth["spec"] == {"secretTargetRef": [
+            {"parameter": "connection", "name": "jobfence-database", "key": "url"}]}
 
 
 def test_every_job_spec_is_a_single_pod_run(base: list[Obj]) -> None:

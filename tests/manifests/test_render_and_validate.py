@@ -107,7 +107,7 @@ def test_strict_validation_rejects_a_wrong_type(objects: list[Obj]) -> None:
 
 
 def test_crd_validation_rejects_a_numeric_trigger_metadata_value(objects: list[Obj]) -> None:
-    scaled = one(objects, "ScaledJob")
+    scaled = one(objects, "ScaledJob", "jobfence-worker-default")
     scaled["spec"]["triggers"][0]["metadata"]["targetQueryValue"] = 1
     with pytest.raises(jsonschema.ValidationError, match="is not of type 'string'"):
         validate_custom(scaled)
@@ -121,7 +121,7 @@ def test_crd_validation_rejects_a_numeric_trigger_metadata_value(objects: list[O
 ])
 def test_crd_validation_rejects_an_unknown_scaledjob_field(objects: list[Obj],
                                                            path: tuple[Any, ...]) -> None:
-    scaled = one(objects, "ScaledJob")
+    scaled = one(objects, "ScaledJob", "jobfence-worker-default")
     node: Any = scaled
     for key in path[:-1]:
         node = node[key]
@@ -131,7 +131,7 @@ def test_crd_validation_rejects_an_unknown_scaledjob_field(objects: list[Obj],
 
 
 def test_crd_validation_rejects_an_unknown_field_in_the_worker_pod(objects: list[Obj]) -> None:
-    scaled = one(objects, "ScaledJob")
+    scaled = one(objects, "ScaledJob", "jobfence-worker-default")
     scaled["spec"]["jobTargetRef"]["template"]["spec"]["containers"][0]["argz"] = ["worker"]
     with pytest.raises(kubernetes_validate.ValidationError, match="argz"):
         validate_custom(scaled)
