@@ -161,7 +161,7 @@ def test_queue_limit_and_status(dsn: str) -> None:
     r = run_cli(dsn, "queue", "status", "-o", "json")
     assert r.returncode == 0
     by_name = {q["queue"]: q for q in json.loads(r.stdout)}
-    assert set(by_name) == {"exports"} and by_name["exports"]["limit"] == 2
+    assert set(by_name) == {"default", "exports"} and by_name["exports"]["limit"] == 2
     text = run_cli(dsn, "queue", "status").stdout
     assert "exports" in text and "SCHEDULED" in text
     r = run_cli(dsn, "queue", "limit", "exports", "none")

@@ -16,6 +16,7 @@ import pytest
 from devtools.sqlconn import connect
 from jobfence.db import queries
 from jobfence.store import Store
+from jobfence.store.queues import scaler_query
 from tests.factories import enqueue_one
 from tests.pg import Databases
 
@@ -45,7 +46,10 @@ def big_history(databases: Databases) -> Iterator[Store]:
 
 
 def sql(noun: str, name: str) -> LiteralString:
-    """A named statement of the store, for the default schema."""
+    """A named statement of the store, for the default schema (the KEDA trigger's, as the
+    default pool's ScaledJob has it)."""
+    if (noun, name) == ("queues", "scaler_value"):
+        return scaler_query("jobfence", "default")
     return queries("jobfence.store", f"{noun}.sql", "jobfence")[name]
 
 

@@ -21,16 +21,18 @@ RUNNERS = {"_execute", "_one", "_all", "_rows", "_row", "_count"}
 
 
 def used(module: Path) -> set[str]:
-    """Statement names a module runs: literal first arguments of the noun's helpers, and
-    ``self.sql["name"]``."""
+    """Statement names a module runs: literal first arguments of the noun's helpers,
+    ``self.sql["name"]`` and ``db.queries(...)["name"]``."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(module.read_text())):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                 and node.func.attr in RUNNERS and node.args \
                 and isinstance(node.args[0], ast.Constant):
             names.add(str(node.args[0].value))
-        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute) \
-                and node.value.attr == "sql" and isinstance(node.slice, ast.Constant):
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and (
+                (isinstance(node.value, ast.Attribute) and node.value.attr == "sql")
+                or (isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute)
+                    and node.value.func.attr == "queries")):
             names.add(str(node.slice.value))
     return names
 
