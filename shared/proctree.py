@@ -73,8 +73,8 @@ def kill_descendants(*, reap_children: bool, timeout: float = 2.0) -> int:
     thread that owns the action, once its ``Popen`` has waited: reaping a child a ``Popen``
     still waits for would hide its exit status. A no-op unless ``become_subreaper``
     succeeded."""
-    if not _State.enabled:
-        return 0
+    if not _State.enabled or not has_children():
+        return 0  # a subreaper without children has no descendants: nothing to scan
     me = os.getpid()
     killed = 0
     deadline = time.monotonic() + timeout
@@ -91,6 +91,16 @@ def kill_descendants(*, reap_children: bool, timeout: float = 2.0) -> int:
                 reap()
             return killed
         time.sleep(0.01)
+
+
+def has_children() -> bool:
+    """Whether this process has any child, live or exited, without reaping one
+    (``WNOWAIT``): a few microseconds, where a /proc scan costs milliseconds."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
 
 
 def reap() -> None:
