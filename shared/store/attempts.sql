@@ -15,7 +15,9 @@ FROM {schema}.queues WHERE name = %(queue)s AND max_running IS NOT NULL;
 -- Claim up to %(limit)s ready jobs of a queue in one statement: fresh fence, lease,
 -- attempt_count + 1. SKIP LOCKED lets concurrent claimers pass each other; drain mode, or
 -- the queue paused, claims nothing; a queue's limit caps how many may run at once (after
--- claim_lock, in the same transaction).
+-- claim_lock, in the same transaction). The limit is not a constant, so the planner
+-- guesses a tenth of the table for it: the update takes the candidates as an array, which
+-- it always reads by primary key, never by hashing the whole table.
 WITH candidate AS (
     SELECT job_id FROM {schema}.jobs
     WHERE status = 'pending' AND queue = %(queue)s AND visible_at <= now()
@@ -43,8 +45,8 @@ UPDATE {schema}.jobs j SET
     run_deadline_at = now() + j.timeout,
     started_at = coalesce(j.started_at, now()),
     reason = 'claimed by ' || %(worker_id)s
-FROM candidate c
-WHERE j.job_id = c.job_id AND j.attempt_count < j.max_attempts
+WHERE j.job_id = ANY(ARRAY(SELECT job_id FROM candidate))
+  AND j.attempt_count < j.max_attempts
 RETURNING j.job_id, j.attempt_id, j.attempt_count, j.max_attempts, j.actions, j.inputs,
     j.parent_id, j.visible_at AS lease_expires_at, j.run_deadline_at, j.interruptions;
 

@@ -119,3 +119,15 @@ def test_retention_pages_come_in_index_order_without_a_sort(big_history: Store) 
         params).fetchall()
     plan = json.dumps(row["QUERY PLAN"])
     assert "jobs_retention_default_page" in plan and '"Sort"' not in plan, plan
+
+
+def test_a_claim_from_a_deep_queue_reads_jobs_by_index_only(store: Store) -> None:
+    # 8,000 ready jobs: the planner guesses a tenth of them for the claim's (computed) limit;
+    # the update must still fetch its candidates by key, not hash the whole table per claim.
+    store.conn.execute("""
+        INSERT INTO jobs (job_id, status, actions, max_attempts)
+        SELECT gen_random_uuid(), 'pending', '[]', 3 FROM generate_series(1, 8000)""")
+    store.conn.execute("ANALYZE jobs")
+    scans = scanned_jobs_by(store, sql("attempts", "claim"), {
+        "worker_id": "w", "lease_seconds": 60, "limit": 1, "queue": "default"})
+    assert scans and "Seq Scan" not in scans, scans
