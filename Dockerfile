@@ -20,8 +20,13 @@ FROM ${PYTHON_IMAGE}
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+# tini is PID 1: it passes SIGTERM on to jobfence (a Python PID 1 gets only the signals it
+# handles) and reaps orphaned processes of a job's command.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links=/wheels jobfence \
+    apt-get update \
+    && apt-get install -y --no-install-recommends tini \
+    && rm -rf /var/lib/apt/lists/* \
+    && pip install --no-cache-dir --no-index --find-links=/wheels jobfence \
     && groupadd --gid 10001 jobfence \
     && useradd --uid 10001 --gid 10001 --no-create-home \
         --home-dir /tmp --shell /usr/sbin/nologin jobfence
@@ -30,5 +35,5 @@ USER 10001:10001
 # The root filesystem is read-only in the pods; /tmp is their one writable volume.
 ENV HOME=/tmp
 WORKDIR /tmp
-ENTRYPOINT ["jobfence"]
+ENTRYPOINT ["/usr/bin/tini", "--", "jobfence"]
 CMD ["--help"]

@@ -31,10 +31,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP) ## create the virtualenv and install jobfence with its test extras
 
-postgres-check: $(STAMP) ## make sure a PostgreSQL server can be had for the tests
+postgres-check: $(STAMP) ## make sure a PostgreSQL server (and PgBouncer) can be had for the tests
 	@if [ -z "$$JOBFENCE_TEST_DATABASE_URL" ]; then \
 	  $(PY) -c 'from devtools.embedded_pg import find_bindir; print("PostgreSQL binaries:", find_bindir())'; \
 	fi
+	@$(PY) -m devtools.pgbouncer
 
 lint: $(STAMP) ## ruff, mypy and the import-linter contracts (the layers in docs/DEVELOPERS.md)
 	$(VENV)/bin/ruff check shared functions devtools tests bench demo

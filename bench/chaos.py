@@ -14,7 +14,9 @@ audit trail and the object store. A table of faults injected and invariants chec
 printed; the exit code is 1 on any violation.
 
     python -m bench.chaos                      # full size: 3,000 jobs
-    python -m bench.chaos --jobs 300 --quick   # the short run `make test` includes
+    python -m bench.chaos --jobs 300 --quick --pgbouncer
+                                               # the short run `make test` includes:
+                                               # every process through PgBouncer
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -35,6 +38,7 @@ from typing import Any
 
 from bench.chaos_checks import Verdict, check_database, check_manifests
 from devtools.embedded_pg import EmbeddedPostgres
+from devtools.pgbouncer import PgBouncer
 from devtools.platform import LocalPlatform, Proc
 from devtools.s3 import moto_server
 from devtools.sqlconn import connect
@@ -68,10 +72,10 @@ def pools(workers: int) -> tuple[Pool, ...]:
             Pool(name="limited", mode="draining", maxJobs=20, maxSeconds=20, maxPods=4))
 
 
-def chaos_env(dsn: str, s3: str) -> dict[str, str]:
+def chaos_env(dsn: str, s3: str, pooler: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBFENCE_")}
     env.update({
-        "JOBFENCE_DATABASE_URL": dsn,
+        "JOBFENCE_DATABASE_URL": dsn, "JOBFENCE_DATABASE_POOLER": pooler,
         "JOBFENCE_LEASE_SECONDS": str(LEASE), "JOBFENCE_HEARTBEAT_SECONDS": "0.4",
         "JOBFENCE_RETRY_BASE_SECONDS": "0.2", "JOBFENCE_RETRY_MAX_SECONDS": "2",
         "JOBFENCE_CONNECT_TIMEOUT_SECONDS": "2", "JOBFENCE_RECONCILE_GRACE_SECONDS": "0",
@@ -303,6 +307,9 @@ def main() -> int:
     p.add_argument("--drain-timeout", type=float, default=300.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--quick", action="store_true", help="shorter fault phase (make test)")
+    p.add_argument("--pgbouncer", action="store_true",
+                   help="every jobfence process reaches PostgreSQL through a PgBouncer in "
+                        "transaction mode (pool of 20 server connections)")
     args = p.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     random.seed(seed)
@@ -312,14 +319,20 @@ def main() -> int:
     with contextlib.ExitStack() as stack:
         pg = stack.enter_context(EmbeddedPostgres())
         s3 = stack.enter_context(moto_server())
-        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="jobfence-chaos-")))
+        work = Path(tempfile.mkdtemp(prefix="jobfence-chaos-"))  # kept when the run fails
         conn = connect(pg.dsn)
         migrate(conn)
         conn.close()
-        env = chaos_env(pg.dsn, s3)
+        route, pooler = pg.dsn, "none"
+        if args.pgbouncer:
+            bouncer = stack.enter_context(PgBouncer(pg.dsn, pool_mode="transaction",
+                                                    default_pool_size=20))
+            route, pooler = bouncer.url("postgres"), "transaction"
+        env = chaos_env(route, s3, pooler)
         objects = S3ObjectStore(endpoint_url=s3)
         objects.client.create_bucket(Bucket=BUCKET)
-        settings = Settings(database_url=pg.dsn, s3_bucket=BUCKET, s3_endpoint_url=s3)
+        settings = Settings(database_url=route, database_pooler=pooler, s3_bucket=BUCKET,
+                            s3_endpoint_url=s3)
         with connect(pg.dsn) as conn:
             Store(conn).queues.configure("limited", limit=LIMIT, set_limit=True)
         schedule = {f: every for f, every in SCHEDULE.items() if f in COMMANDS}
@@ -328,7 +341,9 @@ def main() -> int:
         stack.callback(platform.stop)
         feeder = Feeder(settings, objects, args.jobs, kinds)
         print(f"chaos: seed {seed}, {args.jobs} jobs, up to {args.workers + LIMIT} workers, "
-              f"PostgreSQL on 127.0.0.1:{pg.port}, S3 on {s3}", flush=True)
+              f"PostgreSQL on 127.0.0.1:{pg.port}"
+              f"{' through PgBouncer (transaction mode)' if args.pgbouncer else ''}, "
+              f"S3 on {s3}", flush=True)
         platform.start()
         feeder.start()
         # Faults for as long as the work keeps coming in, and a little after.
@@ -364,6 +379,8 @@ def main() -> int:
               f"(seed {seed}; reproduce the mix with --seed {seed})")
         if bad:
             print(f"chaos: logs kept in {work}/logs", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
         return 1 if bad else 0
 
 

@@ -11,6 +11,8 @@ from jobfence.db import Connection
 
 
 def connect(dsn: str, *, schema: str = "jobfence", **kwargs: object) -> Connection:
-    conn = db.connect(dsn, **kwargs)  # type: ignore[arg-type]
+    """Nothing is prepared on the server, so that this also works through a transaction
+    pooler (where the search path comes from the pooler's own ``connect_query``)."""
+    conn = db.connect(dsn, pooler="transaction", **kwargs)  # type: ignore[arg-type]
     conn.execute("SELECT set_config('search_path', %s, false)", (f"{schema}, public",))
     return conn

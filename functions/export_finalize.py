@@ -41,6 +41,7 @@ def run_once(settings: Settings, deps: Deps) -> Report:
     ready = ok = failed = raced = errors = 0
     after: UUID = ZERO
     while True:
+        deps.checkpoint()
         ids = store.parents.ready(after=after, limit=batch)
         for parent_id in ids:
             ready += 1
@@ -65,6 +66,7 @@ def run_once(settings: Settings, deps: Deps) -> Report:
     released = dep_failed = 0
     after = ZERO
     while True:
+        deps.checkpoint()
         ids = store.dependencies.waiting_page(after=after, limit=batch)
         if ids:
             try:

@@ -186,7 +186,7 @@ class Report:
 
 
 def run_once(settings: Settings, deps: Deps) -> Report:
-    budget = Budget()
+    budget = Budget(checkpoint=deps.checkpoint)
     timeouts = Timeouts.run_once(settings, deps, budget)
     expiry = Expiry.run_once(settings, deps, budget)
     retention = Retention.run_once(settings, deps, budget)

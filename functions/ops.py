@@ -34,7 +34,8 @@ def migrate_main(argv: list[str]) -> int:
         cli.Parser(prog="jobfence migrate", description="Apply database migrations "
                    "(idempotent; safe to run from several pods at once).").parse_args(argv)
         settings = cli.setup("migrate")
-        conn = connect(settings.database_url, application_name="jobfence-migrate",
+        conn = connect(settings.database_url, pooler=settings.database_pooler,
+                       application_name="jobfence-migrate",
                        connect_timeout=settings.connect_timeout_seconds)
         try:
             report = migrate(conn, settings.schema_name, settings.installation)
@@ -278,13 +279,19 @@ def wait_main(argv: list[str]) -> int:
         settings = cli.setup("wait")
         deadline = None if args.timeout is None else time.monotonic() + args.timeout
         tty = sys.stdout.isatty()
+        # Behind a transaction pooler a LISTEN would be heard on a server connection this
+        # session no longer holds: poll at --interval instead.
+        listening = settings.database_pooler != "transaction"
         with cli.open_store(settings, "wait") as store:
-            db.listen(store.conn, store.jobs.watch(job_id))  # before the first look
+            if listening:
+                db.listen(store.conn, store.jobs.watch(job_id))  # before the first look
             try:
-                row = _wait(store, job_id, deadline, args.interval, tty)
+                row = _wait(store, job_id, deadline, args.interval, tty=tty,
+                            listening=listening)
             finally:
-                with contextlib.suppress(JobfenceError):
-                    store.jobs.unwatch(job_id)
+                if listening:
+                    with contextlib.suppress(JobfenceError):
+                        store.jobs.unwatch(job_id)
         if row is None:
             if tty:
                 sys.stdout.write("\n")
@@ -298,9 +305,9 @@ def wait_main(argv: list[str]) -> int:
 
 
 def _wait(store: Store, job_id: UUID, deadline: float | None, interval: float,
-          tty: bool) -> JobRow | None:
-    """The job once terminal, or None at the deadline. Looks when notified, and every
-    ``interval`` anyway."""
+          *, tty: bool, listening: bool) -> JobRow | None:
+    """The job once terminal, or None at the deadline. Looks when notified (if
+    ``listening``), and every ``interval`` anyway."""
     while True:
         row = store.jobs.get(job_id)
         if row is None:
@@ -312,7 +319,11 @@ def _wait(store: Store, job_id: UUID, deadline: float | None, interval: float,
         left = None if deadline is None else deadline - time.monotonic()
         if left is not None and left <= 0:
             return None
-        db.notified(store.conn, interval if left is None else min(interval, left))
+        pause = interval if left is None else min(interval, left)
+        if listening:
+            db.notified(store.conn, pause)
+        else:
+            time.sleep(pause)
 
 
 def _progress(store: Store, row: JobRow) -> None:

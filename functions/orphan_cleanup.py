@@ -18,15 +18,16 @@ listing that cannot be completed changes nothing and fails the pass.
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import islice
 from uuid import UUID
 
 from jobfence.cluster import Cluster
-from jobfence.errors import ClusterError
+from jobfence.errors import ClusterError, JobfenceError
 from jobfence.logs import get_logger
 from jobfence.objectstore import ObjectInfo, ObjectStore, ObjectStoreError, installation_prefix
 from jobfence.runner import Deps, run_pass
@@ -90,14 +91,17 @@ def _pages(objects: Iterator[ObjectInfo]) -> Iterator[list[ObjectInfo]]:
 
 
 def clean_objects(store: Store, objects: ObjectStore, bucket: str, installation: str, *,
-                  cutoff: datetime, c: Report) -> None:
+                  cutoff: datetime, c: Report,
+                  checkpoint: Callable[[], None] = lambda: None) -> None:
     """Only the installation's own prefix is listed and judged: another installation's
-    objects in a shared bucket, or anything else there, are never this pass's business."""
+    objects in a shared bucket, or anything else there, are never this pass's business.
+    ``checkpoint`` runs before each page (a stopped pass stops there)."""
     prefix = installation_prefix(installation)
     for n, page in enumerate(_pages(objects.iter_objects(bucket, prefix))):
         if n >= MAX_OBJECT_PAGES:
             log.info("object_scan_capped", pages=n, message="the next pass goes on")
             break
+        checkpoint()
         c.objects_scanned += len(page)
         owned = [(obj, owner_of(obj.key, prefix)) for obj in page]
         c.objects_unrecognized += sum(1 for _, o in owned if o is None)
@@ -130,8 +134,18 @@ def _delete(cluster: Cluster, name: str, job_name: str | None, grace: int) -> bo
 
 def clean_pods(settings: Settings, deps: Deps, cluster: Cluster, c: Report) -> None:
     store = deps.store
-    listed_at = store.pods.snapshot_begin(deps.now)
+    try:
+        _clean_pods(settings, deps, cluster, c)
+    finally:
+        with contextlib.suppress(JobfenceError):  # else a later pass deletes it
+            store.pods.snapshot_end()
+
+
+def _clean_pods(settings: Settings, deps: Deps, cluster: Cluster, c: Report) -> None:
+    store = deps.store
+    listed_at = store.pods.snapshot_begin(deps.pass_id, deps.now)
     for pods in cluster.worker_pod_pages():  # ClusterError: nothing changed yet
+        deps.checkpoint()
         store.pods.snapshot_add([p.row() for p in pods])
         c.pods_listed += len(pods)
     confirm_before = listed_at - timedelta(seconds=settings.orphan_pod_grace_seconds)
@@ -140,6 +154,7 @@ def clean_pods(settings: Settings, deps: Deps, cluster: Cluster, c: Report) -> N
                                             grace_seconds=settings.reconcile_grace_seconds,
                                             after=after, limit=PODS_PER_PAGE):
         after = rows[-1].name
+        deps.checkpoint()
         for suspect in store.pods.note_suspects(pods=rows, listed_at=listed_at):
             if suspect.first_seen > confirm_before:
                 c.orphan_suspects += 1
@@ -164,6 +179,7 @@ def clean_pods(settings: Settings, deps: Deps, cluster: Cluster, c: Report) -> N
     while rows := store.pods.finished_pods_beyond_history(
             keep=settings.finished_pod_history, after=after, limit=PODS_PER_PAGE):
         after = rows[-1].name
+        deps.checkpoint()
         for pod in rows:
             try:
                 if _delete(cluster, pod.name, pod.job_name, 0):
@@ -180,7 +196,7 @@ def run_once(settings: Settings, deps: Deps) -> Report:
         cutoff = now - timedelta(seconds=settings.orphan_object_grace_seconds)
         try:
             clean_objects(deps.store, deps.objects, settings.s3_bucket, deps.installation,
-                          cutoff=cutoff, c=c)
+                          cutoff=cutoff, c=c, checkpoint=deps.checkpoint)
         except ObjectStoreError as exc:  # the listing itself failed: the next pass retries
             log.error("object_scan_failed", error=str(exc))
             c.orphaned_objects_cleanup_failures += 1

@@ -32,6 +32,7 @@ def run_once(settings: Settings, deps: Deps) -> Report:
     retry = RetryPolicy(settings.retry_base_seconds, settings.retry_max_seconds)
     retried = failed = batches = 0
     while batches < MAX_BATCHES:
+        deps.checkpoint()
         done = deps.store.maintenance.reclaim_expired(retry=retry, batch_size=settings.batch_size)
         batches += 1
         retried += sum(1 for t in done if t.status == "pending")

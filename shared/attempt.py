@@ -34,7 +34,7 @@ from enum import StrEnum
 from typing import TypeVar
 
 from jobfence.actions.builtin import kill_group
-from jobfence.db import Connection, connect
+from jobfence.db import Connection, connect, deadline
 from jobfence.errors import StoreUnavailable
 from jobfence.logs import get_logger
 from jobfence.proctree import kill_descendants
@@ -61,24 +61,26 @@ class SideChannel:
         self.lock = threading.Lock()
         self._conn: Connection | None = None
         self._store_of_conn: Store | None = None
+        self.timeout = max(0.2, min(settings.heartbeat, 5.0))
 
     def _store(self) -> Store:
         if self._conn is None or self._conn.closed or self._conn.broken:
-            # Short statement timeout: a heartbeat must never block past the deadline.
-            timeout_ms = int(max(0.2, min(self.settings.heartbeat, 5.0)) * 1000)
             self._conn = connect(self.settings.database_url,
+                                 pooler=self.settings.database_pooler,
                                  application_name="jobfence-heartbeat",
                                  connect_timeout=min(self.settings.connect_timeout_seconds,
-                                                     self.settings.heartbeat),
-                                 statement_timeout_ms=timeout_ms)
+                                                     self.settings.heartbeat))
             self._store_of_conn = Store(self._conn, self.settings.schema_name)
         assert self._store_of_conn is not None
         return self._store_of_conn
 
     def call(self, fn: Callable[[Store], T]) -> T:
+        """``fn`` within a short deadline: a heartbeat must never block past the lease."""
         with self.lock:
             try:
-                return fn(self._store())
+                store = self._store()
+                with deadline(store.conn, self.timeout):
+                    return fn(store)
             except StoreUnavailable:
                 self.close_quietly()
                 raise

@@ -15,8 +15,12 @@ MAX_BATCHES = 200
 
 
 class Budget:
-    def __init__(self, max_batches: int | None = None) -> None:
+    def __init__(self, max_batches: int | None = None,
+                 checkpoint: Callable[[], None] = lambda: None) -> None:
+        """``checkpoint`` runs before each budgeted batch: a pass asked to stop stops
+        there, between two batches."""
         self.max_batches = MAX_BATCHES if max_batches is None else max_batches
+        self.checkpoint = checkpoint
         self.left = self.max_batches
         self.batches = 0
         self.longest = 0.0
@@ -30,6 +34,7 @@ class Budget:
 
     def batch(self, verb: Callable[..., T], **kwargs: object) -> T:
         """Run one store verb that is one short database batch, against the budget."""
+        self.checkpoint()
         self.left -= 1
         return self.timed(verb, **kwargs)
 

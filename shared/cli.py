@@ -108,7 +108,8 @@ def setup(name: str, **overrides: object) -> Settings:
 
 @contextmanager
 def open_store(settings: Settings, name: str) -> Iterator[Store]:
-    conn = connect(settings.database_url, application_name=f"jobfence-{name}",
+    conn = connect(settings.database_url, pooler=settings.database_pooler,
+                   application_name=f"jobfence-{name}",
                    connect_timeout=settings.connect_timeout_seconds)
     try:
         yield Store(conn, settings.schema_name)

@@ -10,7 +10,9 @@ a quoted identifier (psycopg's ``sql.Identifier``) — never from input, never p
 
 from __future__ import annotations
 
+import contextlib
 import re
+import threading
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -66,18 +68,21 @@ def check_dsn(dsn: str) -> None:
 def connect(
     dsn: str,
     *,
+    pooler: str = "none",
     application_name: str = "jobfence",
     connect_timeout: float = 5.0,
-    statement_timeout_ms: int | None = None,
 ) -> Connection:
     """An autocommit connection returning rows as dicts.
 
     TCP keepalives and a user timeout make a network partition surface as an error within
-    seconds instead of hanging a worker past its lease.
+    seconds instead of hanging a worker past its lease. Behind a transaction pooler
+    (``pooler="transaction"``) nothing is prepared on the server: the next transaction may
+    run on another server connection, where the statement does not exist. Nothing is set
+    at start-up either (a pooler refuses ``options``); a statement timeout is set per
+    transaction (``local_statement_timeout``).
     """
-    options = f"-c statement_timeout={statement_timeout_ms}" if statement_timeout_ms else None
     try:
-        return psycopg.connect(
+        conn = psycopg.connect(
             dsn,
             autocommit=True,
             row_factory=dict_row,
@@ -88,13 +93,36 @@ def connect(
             keepalives_interval=2,
             keepalives_count=3,
             tcp_user_timeout=max(1000, int(connect_timeout * 1000)),
-            options=options,
         )
     except psycopg.ProgrammingError as exc:  # a connection string psycopg cannot use
         raise ConfigError("JOBFENCE_DATABASE_URL is not a usable connection string: "
                           f"{_first_line(exc)}") from exc
     except psycopg.Error as exc:
         raise translate(exc) from exc
+    if pooler == "transaction":
+        conn.prepare_threshold = None
+    return conn
+
+
+@contextmanager
+def deadline(conn: Connection, seconds: float) -> Iterator[None]:
+    """Cancel whatever ``conn`` is running once ``seconds`` have passed inside the block
+    (the statement then fails, and a transaction of the block rolls back). Measured and
+    cancelled by the client, so it holds through any pooler and changes no session
+    setting; a cancel that arrives after the block ended finds nothing to cancel."""
+    timer = threading.Timer(seconds, cancel_quietly, args=(conn,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def cancel_quietly(conn: Connection) -> None:
+    """Cancel what ``conn`` is running, if anything (from another thread)."""
+    with contextlib.suppress(Exception):  # a broken connection has nothing to cancel
+        conn.cancel_safe(timeout=2.0)
 
 
 def in_transaction(conn: Connection) -> bool:

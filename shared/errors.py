@@ -105,6 +105,10 @@ class ClusterError(JobfenceError):
     pass that needed it changes nothing and fails (exit 1)."""
 
 
+class PassInterrupted(JobfenceError):
+    """A periodic pass stopped at a batch boundary: SIGTERM, or its lease was lost."""
+
+
 class WaitTimeout(JobfenceError):
     exit_code = ExitCode.TIMEOUT
 

@@ -87,7 +87,8 @@ class AttemptRunner:
         return self._objects
 
     def _connect(self) -> Connection:
-        conn = connect(self.settings.database_url, application_name="jobfence-worker",
+        conn = connect(self.settings.database_url, pooler=self.settings.database_pooler,
+                       application_name="jobfence-worker",
                        connect_timeout=self.settings.connect_timeout_seconds)
         self.store = Store(conn, self.settings.schema_name)
         return conn

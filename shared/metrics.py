@@ -99,6 +99,15 @@ class StoreCollector:
         draining = self.store.control.drain_status().draining
         yield GaugeMetricFamily("jobfence_draining", "1 while drain mode is on.",
                                 value=1.0 if draining else 0.0)
+        conns = self.store.control.connections()
+        yield GaugeMetricFamily(
+            "jobfence_database_connections", "Client connections the PostgreSQL server has "
+            "open (every database and user: what counts against max_connections).",
+            value=float(conns.in_use))
+        yield GaugeMetricFamily(
+            "jobfence_database_connections_available", "Connections the server allows a "
+            "non-superuser (max_connections less superuser_reserved_connections).",
+            value=float(conns.available))
 
 
 def _registry(collector: StoreCollector) -> Any:

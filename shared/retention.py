@@ -67,7 +67,7 @@ class Retention:
 
     @classmethod
     def run_once(cls, settings: Settings, deps: Deps, budget: Budget | None = None) -> Report:
-        return cls(settings, deps, budget or Budget()).run()
+        return cls(settings, deps, budget or Budget(checkpoint=deps.checkpoint)).run()
 
     def run(self) -> Report:
         with ThreadPoolExecutor(S3_THREADS, thread_name_prefix="s3-delete") as pool:

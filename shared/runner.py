@@ -1,24 +1,38 @@
 """The shape every periodic function shares: ``run_once(settings, deps) -> Report`` does one
-pass; ``run_pass`` wraps it into a CLI ``main()`` that takes the function's advisory lock
-(a second concurrent run skips and exits 0), records the run (trigger, status, counts,
-duration) in the database, pushes its metrics when a Pushgateway is set, logs, prints the
-report as one JSON object, and returns the exit code.
+pass; ``run_pass`` wraps it into a CLI ``main()`` that takes the function's lease (a second
+concurrent run skips and exits 0), records the run (trigger, status, counts, duration) in
+the database, pushes its metrics when a Pushgateway is set, logs, prints the report as one
+JSON object, and returns the exit code.
+
+One run at a time holds through any pooler: the lease is a row (``function_leases``), taken
+when free or run out, renewed every third of ``JOBFENCE_FUNCTION_LEASE_SECONDS`` by a
+keeper thread on a connection of its own, deleted when the run ends. A killed run frees its
+function once its lease runs out; the next run records it as interrupted.
+
+A pass stops cleanly: SIGTERM (a CronJob pod deleted or evicted) or a lost lease sets the
+pass's stop signal and cancels the statement in flight (its transaction rolls back whole);
+the pass stops at its next batch boundary (``Deps.checkpoint``), records the run as
+interrupted and exits 1.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from types import FrameType
 from typing import Any, Protocol
+from uuid import UUID, uuid4
 
-from jobfence import cli, metrics
+from jobfence import cli, db, metrics
 from jobfence.cluster import Cluster
-from jobfence.errors import ClusterError, JobfenceError
+from jobfence.errors import ClusterError, JobfenceError, PassInterrupted
 from jobfence.logs import get_logger
 from jobfence.objectstore import ObjectStore
 from jobfence.settings import Settings
@@ -47,6 +61,20 @@ class Deps:
     """The pass's notion of now; None means the database's clock (production). Tests inject
     a time here so that TTLs, timeouts and expiries are tested without sleeping."""
     identity: Identity | None = None
+    pass_id: UUID = field(default_factory=uuid4)
+    """This run's id: the holder of its function's lease, the key of its pod snapshot."""
+    stop: threading.Event = field(default_factory=threading.Event)
+    stop_reason: str = ""
+
+    def request_stop(self, reason: str) -> None:
+        if not self.stop.is_set():
+            self.stop_reason = reason
+            self.stop.set()
+
+    def checkpoint(self) -> None:
+        """Between two batches: raise PassInterrupted once the pass has been asked to stop."""
+        if self.stop.is_set():
+            raise PassInterrupted(f"pass interrupted: {self.stop_reason}")
 
     @property
     def installation(self) -> str:
@@ -109,6 +137,78 @@ def counts_of(report: Report) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k != "function"}
 
 
+class LeaseKeeper:
+    """Renews the run's lease every third of it, on a connection of its own, until the run
+    ends. Stops the pass when the lease is lost (another run took it over after it ran out)
+    or cannot be renewed before it runs out by this process's clock."""
+
+    def __init__(self, settings: Settings, function: str, deps: Deps) -> None:
+        self.settings, self.function, self.deps = settings, function, deps
+        self.seconds = settings.function_lease_seconds
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lease", daemon=True)
+        self._conn: db.Connection | None = None
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(timeout=self.settings.connect_timeout_seconds + 5)
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+
+    def _renew(self) -> bool:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = db.connect(self.settings.database_url,
+                                    pooler=self.settings.database_pooler,
+                                    application_name=f"jobfence-{self.function}-lease",
+                                    connect_timeout=self.settings.connect_timeout_seconds)
+        with db.deadline(self._conn, max(1.0, self.seconds / 6)):
+            return Store(self._conn, self.settings.schema_name).runs.lease_renew(
+                function=self.function, holder=self.deps.pass_id, lease_seconds=self.seconds)
+
+    def _run(self) -> None:
+        log = get_logger(f"jobfence.{self.function}")
+        held_until = time.monotonic() + self.seconds
+        while not self._done.wait(self.seconds / 3):
+            try:
+                if not self._renew():
+                    log.error("lease_lost", message="another run took over this function")
+                    self.deps.request_stop("its lease was taken over by another run")
+                    return
+                held_until = time.monotonic() + self.seconds
+            except JobfenceError as exc:
+                log.warning("lease_renewal_failed", error=str(exc))
+                if self._conn is not None:
+                    with contextlib.suppress(Exception):
+                        self._conn.close()
+                    self._conn = None
+                if time.monotonic() > held_until - self.seconds / 6:
+                    self.deps.request_stop("its lease could not be renewed")
+                    return
+
+
+@contextlib.contextmanager
+def stop_on_sigterm(deps: Deps) -> Iterator[None]:
+    """While the pass runs, SIGTERM (and SIGINT) stop it: the stop signal is set and the
+    statement in flight cancelled, from a thread (a signal handler must not block)."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        deps.request_stop(signal.Signals(signum).name)
+        threading.Thread(target=db.cancel_quietly, args=(deps.store.conn,),
+                         daemon=True).start()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def run_pass(name: str, argv: list[str] | None, run_once: RunOnce, description: str) -> int:
     log = get_logger(f"jobfence.{name}")
 
@@ -121,34 +221,48 @@ def run_pass(name: str, argv: list[str] | None, run_once: RunOnce, description: 
             deps = Deps(store, settings)
             _ = deps.installation  # a pass of another installation stops here (exit 2)
             trigger = detect_trigger(settings, deps)
-            if not store.runs.try_lock(name):
-                store.runs.run_started(function=name, trigger=trigger, skipped=True)
-                log.info("pass_skipped", reason="another run holds the lock", trigger=trigger)
+            run_id = store.runs.run_started(function=name, trigger=trigger,
+                                            holder=deps.pass_id,
+                                            lease_seconds=settings.function_lease_seconds)
+            if run_id is None:
+                log.info("pass_skipped", reason="another run holds the lease", trigger=trigger)
                 cli.emit({"function": name, "skipped": True})
                 metrics.push(settings, store, name)
                 return 0
-            run_id = store.runs.run_started(function=name, trigger=trigger)
             started = time.monotonic()
             log.info("pass_started", trigger=trigger)
             try:
-                report = run_once(settings, deps)
+                with LeaseKeeper(settings, name, deps), stop_on_sigterm(deps):
+                    try:
+                        report = run_once(settings, deps)
+                        deps.checkpoint()  # stopped during the last batch: not a success
+                    except JobfenceError as exc:
+                        if deps.stop.is_set():  # the cancelled statement, or the checkpoint
+                            raise PassInterrupted(
+                                f"pass interrupted: {deps.stop_reason}") from exc
+                        raise
             except BaseException as exc:
+                interrupted = isinstance(exc, PassInterrupted)
                 message = str(exc) if isinstance(exc, JobfenceError) else repr(exc)
-                log.error("pass_failed", error=message)
+                (log.warning if interrupted else log.error)(
+                    "pass_interrupted" if interrupted else "pass_failed", error=message)
                 with contextlib.suppress(Exception):  # the database may be what failed
-                    store.runs.run_finished(run_id=run_id, function=name, trigger=trigger,
-                                       succeeded=False, counts={}, error=message,
-                                       duration_seconds=time.monotonic() - started)
+                    store.runs.run_finished(
+                        run_id=run_id, function=name, trigger=trigger,
+                        status="interrupted" if interrupted else "failed", counts={},
+                        error=message, duration_seconds=time.monotonic() - started)
+                    store.runs.lease_release(function=name, holder=deps.pass_id)
                     metrics.push(settings, store, name)
                 raise
             counts = counts_of(report)
             duration = round(time.monotonic() - started, 3)
-            store.runs.run_finished(run_id=run_id, function=name, trigger=trigger, succeeded=True,
-                               counts=counts, duration_seconds=duration)
+            store.runs.run_finished(run_id=run_id, function=name, trigger=trigger,
+                                    status="succeeded", counts=counts,
+                                    duration_seconds=duration)
+            store.runs.lease_release(function=name, holder=deps.pass_id)
             log.info("pass_finished", duration_seconds=duration, **counts)
             cli.emit({"function": name, **counts, "duration_seconds": duration})
             metrics.push(settings, store, name)
         return 0
 
     return cli.run_command(name, body)
-

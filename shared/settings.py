@@ -47,6 +47,18 @@ class Settings(BaseSettings):
     run (exit 2) rather than act on another installation's pods or objects. Unset: the
     database's (local workers without it are never signalled by orphan-cleanup)."""
 
+    database_pooler: Literal["none", "session", "transaction"] = "none"
+    """What sits between jobfence and PostgreSQL: nothing (``none``), a pooler lending a
+    server connection per client session (``session``), or one lending it per transaction
+    (``transaction``, PgBouncer's transaction pooling). In transaction mode jobfence
+    prepares no statement on the server and keeps no session state between transactions
+    (``wait`` polls instead of listening)."""
+
+    function_lease_seconds: float = Field(default=30.0, ge=3, le=3600)
+    """The lease that lets one run of a periodic function at a time: renewed every third of
+    it while the pass runs; a pass that was killed holds its function for at most this long
+    (the next run after it takes over and records the killed one as abandoned)."""
+
     connect_timeout_seconds: float = Field(default=5.0, gt=0, le=600)
     """How long to wait for a database connection before reporting it unavailable (exit 4).
     Short, because every function is a short-lived pod that the scheduler will run again."""

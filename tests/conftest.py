@@ -1,5 +1,11 @@
 """Fixtures shared by every layer: a real PostgreSQL (see tests/pg.py), a fresh migrated
-database per test, and the fenced store over it."""
+database per test, and the fenced store over it.
+
+A module (or test) marked ``pooled`` runs twice: directly against the server, and through a
+real PgBouncer in transaction mode (``JOBFENCE_DATABASE_POOLER=transaction``), which lends a
+server connection per transaction. Then ``dsn`` is PgBouncer's URL (a ``Dsn`` that knows
+its pooler: ``cli_env`` passes it on to the CLI), ``store`` runs over a connection through
+it, and ``conn`` stays a direct connection for the test's own plain-SQL looks."""
 
 from __future__ import annotations
 
@@ -12,12 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
+from devtools.pgbouncer import PgBouncer
 from devtools.s3 import moto_server
 from devtools.sqlconn import connect
+from jobfence import db
 from jobfence.db import Connection
 from jobfence.store import Store
-from tests.pg import Databases, postgres_server
+from tests.pg import Databases, postgres_server, with_db
 
 REPO = Path(__file__).resolve().parent.parent
 JOBFENCE = [sys.executable, "-m", "jobfence.functions.cli"]
@@ -36,23 +45,66 @@ def databases(pg_server: tuple[str, Any]) -> Iterator[Databases]:
     dbs.close()
 
 
+class Dsn(str):
+    """A test database's URL as jobfence reaches it, with the pooler in between (``none``:
+    direct) and the server's own URL (``direct``)."""
+
+    pooler: str = "none"
+    direct: str = ""
+
+
+POOLER_SEARCH_PATH = "SELECT set_config('search_path', 'jobfence, public', false)"
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(pg_server: tuple[str, Any]) -> Iterator[PgBouncer]:
+    """A real PgBouncer in transaction mode in front of the test server."""
+    with PgBouncer(pg_server[0], pool_mode="transaction", default_pool_size=20,
+                   connect_query=POOLER_SEARCH_PATH) as bouncer:
+        yield bouncer
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "route" in metafunc.fixturenames and metafunc.definition.get_closest_marker("pooled"):
+        metafunc.parametrize("route", ["direct", "pgbouncer"], indirect=True)
+
+
 @pytest.fixture
-def dsn(databases: Databases) -> Iterator[str]:
+def route(request: pytest.FixtureRequest) -> str:
+    """How jobfence reaches the test database: ``direct``, or ``pgbouncer``."""
+    return str(getattr(request, "param", "direct"))
+
+
+@pytest.fixture
+def dsn(databases: Databases, route: str, request: pytest.FixtureRequest) -> Iterator[Dsn]:
     url = databases.create()
-    yield url
+    out = Dsn(url)
+    if route == "pgbouncer":
+        bouncer: PgBouncer = request.getfixturevalue("pgbouncer")
+        out = Dsn(with_db(bouncer.url("postgres"), conninfo_to_dict(url)["dbname"]))
+        out.pooler = "transaction"
+    out.direct = url
+    yield out
     databases.drop(url)
 
 
 @pytest.fixture
-def conn(dsn: str) -> Iterator[Connection]:
-    c = connect(dsn)
+def conn(dsn: Dsn) -> Iterator[Connection]:
+    """A direct connection with the schema on its search path, for plain-SQL looks."""
+    c = connect(dsn.direct)
     yield c
     c.close()
 
 
 @pytest.fixture
-def store(conn: Connection) -> Store:
-    return Store(conn)
+def store(conn: Connection, dsn: Dsn) -> Iterator[Store]:
+    """The store as a function uses it (through the pooler when there is one)."""
+    if dsn.pooler == "none":
+        yield Store(conn)
+        return
+    pooled = db.connect(dsn, pooler=dsn.pooler)
+    yield Store(pooled)
+    pooled.close()
 
 
 @pytest.fixture(scope="session")
@@ -79,7 +131,8 @@ def s3_env(s3_endpoint: str) -> dict[str, str]:
 def cli_env(dsn: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBFENCE_")}
     env.pop("PYTHONPATH", None)  # the installed package, not the repository's folders
-    env.update({"JOBFENCE_DATABASE_URL": dsn, **extra})
+    env.update({"JOBFENCE_DATABASE_URL": dsn,
+                "JOBFENCE_DATABASE_POOLER": getattr(dsn, "pooler", "none"), **extra})
     return env
 
 

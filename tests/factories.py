@@ -23,3 +23,12 @@ def enqueue_one(store: Store, **kw: Any) -> UUID:
 def installation(store: Store) -> str:
     """The installation the test's database belongs to."""
     return str(store.control.identity().installation)
+
+
+def run_in_progress(store: Store, function: str, lease_seconds: float = 300) -> UUID:
+    """A run of ``function`` holding its lease (as a pass in progress elsewhere would); the
+    holder's id."""
+    holder = uuid7()
+    assert store.runs.run_started(function=function, trigger="manual", holder=holder,
+                                  lease_seconds=lease_seconds) is not None
+    return holder

@@ -7,7 +7,7 @@ import secrets
 
 from jobfence.errors import ConfigError, Drained, NotMigrated
 from jobfence.store.base import Noun
-from jobfence.store.types import DrainState, Identity
+from jobfence.store.types import Connections, DrainState, Identity
 
 
 class Control(Noun):
@@ -62,3 +62,9 @@ class Control(Noun):
         """Live claims: how many jobs still run (what drain waits for)."""
         row = self._one("running_count")
         return int(row["n"]) if row else 0
+
+    def connections(self) -> Connections:
+        """The server's client connections in use, against what it allows."""
+        found = self._row("connections", None, Connections)
+        assert found is not None
+        return found

@@ -34,3 +34,11 @@ RETURNING installation, identified_at;
 -- schema_version --
 -- The newest migration applied to this schema.
 SELECT max(version) AS version FROM {schema}.jobfence_schema_migrations;
+
+-- connections --
+-- The server's client connections in use (every database's, every user's: what counts
+-- against max_connections) and how many a non-superuser may open.
+SELECT (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')
+           AS in_use,
+       current_setting('max_connections')::int
+           - current_setting('superuser_reserved_connections')::int AS available;

@@ -55,10 +55,9 @@ class MigrateReport:
     """The schema an earlier release's objects were moved from, if this run moved them."""
     installation: str | None = None
     """The installation's identity (filled in by the first migrate, then fixed)."""
-
-    @property
-    def current(self) -> int:
-        return self.already + len(self.applied)
+    current: int = 0
+    """The schema's version once this run is done (migrations another run applied at the
+    same time included)."""
 
 
 def available() -> list[Migration]:
@@ -136,6 +135,8 @@ def migrate(conn: Connection, schema: str = "jobfence",
         m.table_create()
         already = len(m.applied())
     applied = tuple(f"{mig.version:04d}_{mig.name}" for mig in available() if m.apply(mig))
-    identity = Store(conn, schema).control.claim_identity(installation)
+    store = Store(conn, schema)
+    identity = store.control.claim_identity(installation)
     return MigrateReport(applied=applied, already=already, relocated_from=relocated,
-                         installation=identity.installation)
+                         installation=identity.installation,
+                         current=store.control.schema_version())

@@ -25,23 +25,41 @@ class Pods(Noun):
         now: datetime = row["now"]
         return now
 
-    def snapshot_begin(self, now: datetime | None = None) -> datetime:
-        """Start a pass's snapshot of the worker pods (a table local to this session);
-        the time the listing begins, by the database's clock unless ``now`` is given."""
-        self.snapshot_create()
-        self.snapshot_clear()
+    snapshot: UUID | None = None
+    """The snapshot this store's pass fills and compares (``snapshot_begin``)."""
+
+    def snapshot_begin(self, snapshot: UUID, now: datetime | None = None) -> datetime:
+        """Start a pass's snapshot of the worker pods (rows keyed by ``snapshot``, the
+        pass's own id, so that it holds through a transaction pooler); the time the listing
+        begins, by the database's clock unless ``now`` is given."""
+        self.snapshot = snapshot
+        self.snapshot_forget_stale()
+        self.snapshot_forget(snapshot)
         return self.now(now)
 
-    def snapshot_create(self) -> None:
-        self._execute("snapshot_create")
+    def snapshot_end(self) -> None:
+        """Delete the pass's snapshot."""
+        if self.snapshot is not None:
+            self.snapshot_forget(self.snapshot)
+            self.snapshot = None
 
-    def snapshot_clear(self) -> None:
-        self._execute("snapshot_clear")
+    def snapshot_forget_stale(self) -> None:
+        """Delete what killed passes left (snapshots over an hour old)."""
+        self._execute("snapshot_forget_stale")
+
+    def snapshot_forget(self, snapshot: UUID) -> None:
+        self._execute("snapshot_forget", {"snapshot": snapshot})
 
     def snapshot_add(self, pods: Sequence[dict[str, Any]]) -> None:
         """Add one listed page of pods (``Pod.row()``) to the snapshot."""
         if pods:
-            self._execute("snapshot_add", {"pods": json.dumps(list(pods))})
+            self._execute("snapshot_add", {"snapshot": self._snapshot(),
+                                           "pods": json.dumps(list(pods))})
+
+    def _snapshot(self) -> UUID:
+        if self.snapshot is None:
+            raise RuntimeError("no snapshot begun: call snapshot_begin first")
+        return self.snapshot
 
     def reclaim_dead_claims(self, *, claimer_pattern: str, listed_at: datetime,
                             grace_seconds: float, retry: RetryPolicy,
@@ -51,7 +69,8 @@ class Pods(Noun):
         (else it was there, finished or Unknown)."""
         rows = self._all("reclaim_dead_claims", {
             "claimer_pattern": claimer_pattern, "listed_at": listed_at,
-            "grace_seconds": grace_seconds, "batch_size": batch_size, **retry.params()})
+            "grace_seconds": grace_seconds, "batch_size": batch_size, **retry.params(),
+            "snapshot": self._snapshot()})
         done = [(Transition(r["job_id"], r["status"], r["parent_id"]), bool(r["missing"]))
                 for r in rows]
         self.store.dependencies.settle([t for t, _ in done])
@@ -65,7 +84,7 @@ class Pods(Noun):
     def unclaimed_pods(self, *, listed_at: datetime, grace_seconds: float, after: str,
                        limit: int) -> list[PodRef]:
         """Running pods of the snapshot, older than the grace period, with no live claim."""
-        return self._rows("unclaimed_pods", {"listed_at": listed_at,
+        return self._rows("unclaimed_pods", {"snapshot": self._snapshot(), "listed_at": listed_at,
                                              "grace_seconds": grace_seconds, "after": after,
                                              "limit": limit}, PodRef)
 
@@ -89,7 +108,8 @@ class Pods(Noun):
     def finished_pods_beyond_history(self, *, keep: int, after: str,
                                      limit: int) -> list[PodRef]:
         """Finished worker pods older than the newest ``keep``, holding no live claim."""
-        return self._rows("finished_pods_beyond_history", {"keep": keep, "after": after,
+        return self._rows("finished_pods_beyond_history", {"snapshot": self._snapshot(),
+                                                            "keep": keep, "after": after,
                                                             "limit": limit}, PodRef)
 
     def object_owners(self, pairs: Sequence[tuple[UUID, UUID | None]]

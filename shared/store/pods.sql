@@ -2,32 +2,27 @@
 -- Named statements, run by the method of the same name in store/pods.py. {schema} is
 -- the installation's schema (JOBFENCE_SCHEMA), filled in as a quoted identifier.
 
--- snapshot_create --
--- A session-local table for one pass's view of the worker pods, filled page by page, so
--- that the comparison with the claims runs in the database and the pass holds one page.
-CREATE TEMPORARY TABLE IF NOT EXISTS cluster_pods (
-    name       text PRIMARY KEY,
-    phase      text NOT NULL,
-    created_at timestamptz,
-    started_at timestamptz,
-    job_name   text,
-    deleting   boolean NOT NULL
-);
+-- snapshot_forget_stale --
+-- Rows of snapshots whose pass was killed before it could delete them (a pass lasts
+-- minutes; an hour is long past any).
+DELETE FROM {schema}.pod_snapshots WHERE listed_at < now() - interval '1 hour';
 
--- snapshot_clear --
--- Empty the snapshot before a new listing.
-TRUNCATE pg_temp.cluster_pods;
+-- snapshot_forget --
+-- A pass's snapshot, when it begins again or ends.
+DELETE FROM {schema}.pod_snapshots WHERE snapshot_id = %(snapshot)s;
 
 -- snapshot_add --
--- Add one page of listed pods to the snapshot (a pod listed twice keeps its last state).
-INSERT INTO pg_temp.cluster_pods (name, phase, created_at, started_at, job_name, deleting)
-SELECT x.name, x.phase, x.created_at, x.started_at, x.job_name, x.deleting
+-- Add one page of listed pods to the pass's snapshot (a pod listed twice keeps its last
+-- state).
+INSERT INTO {schema}.pod_snapshots (snapshot_id, name, phase, created_at, started_at,
+    job_name, deleting)
+SELECT %(snapshot)s, x.name, x.phase, x.created_at, x.started_at, x.job_name, x.deleting
 FROM jsonb_to_recordset(%(pods)s::jsonb) AS x (
     name text, phase text, created_at timestamptz, started_at timestamptz, job_name text,
     deleting boolean)
-ON CONFLICT (name) DO UPDATE SET phase = excluded.phase, created_at = excluded.created_at,
-    started_at = excluded.started_at, job_name = excluded.job_name,
-    deleting = excluded.deleting;
+ON CONFLICT (snapshot_id, name) DO UPDATE SET phase = excluded.phase,
+    created_at = excluded.created_at, started_at = excluded.started_at,
+    job_name = excluded.job_name, deleting = excluded.deleting;
 
 -- now --
 -- The database's clock, or the injected one: when a listing began.
@@ -45,7 +40,8 @@ WITH dead AS (
         CASE WHEN p.name IS NULL OR p.started_at > j.claimed_at + interval '1 second'
              THEN 'worker pod ' || j.claimed_by || ' disappeared'
              ELSE 'worker pod ' || j.claimed_by || ' is ' || p.phase END AS why
-    FROM {schema}.jobs j LEFT JOIN pg_temp.cluster_pods p ON p.name = j.claimed_by
+    FROM {schema}.jobs j LEFT JOIN {schema}.pod_snapshots p
+        ON p.snapshot_id = %(snapshot)s AND p.name = j.claimed_by
     WHERE j.status = 'running' AND NOT j.is_parent
       AND j.claimed_by ~ %(claimer_pattern)s
       AND j.claimed_at < %(listed_at)s::timestamptz - make_interval(secs => %(grace_seconds)s)
@@ -71,8 +67,8 @@ WHERE status = 'running' AND NOT is_parent AND claimed_by !~ %(claimer_pattern)s
 -- unclaimed_pods --
 -- Running worker pods in the snapshot, started before the grace period, holding no live
 -- claim; a page in name order.
-SELECT p.name, p.job_name FROM pg_temp.cluster_pods p
-WHERE p.phase = 'Running' AND NOT p.deleting
+SELECT p.name, p.job_name FROM {schema}.pod_snapshots p
+WHERE p.snapshot_id = %(snapshot)s AND p.phase = 'Running' AND NOT p.deleting
   AND coalesce(p.started_at, p.created_at) < %(listed_at)s::timestamptz - make_interval(secs => %(grace_seconds)s)
   AND NOT EXISTS (SELECT 1 FROM {schema}.jobs j WHERE j.status = 'running' AND NOT j.is_parent
                   AND j.claimed_by = p.name)
@@ -106,8 +102,9 @@ RETURNING s.name;
 WITH ranked AS (
     SELECT p.name, p.job_name, row_number() OVER (
         ORDER BY coalesce(p.started_at, p.created_at) DESC NULLS LAST, p.name) AS rn
-    FROM pg_temp.cluster_pods p
-    WHERE p.phase IN ('Succeeded', 'Failed') AND NOT p.deleting
+    FROM {schema}.pod_snapshots p
+    WHERE p.snapshot_id = %(snapshot)s AND p.phase IN ('Succeeded', 'Failed')
+      AND NOT p.deleting
 )
 SELECT r.name, r.job_name FROM ranked r
 WHERE r.rn > %(keep)s AND r.name > %(after)s

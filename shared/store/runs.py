@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import socket
 from typing import Any
+from uuid import UUID
 
 from jobfence import db
 from jobfence.store.base import Noun
@@ -16,24 +17,60 @@ from jobfence.store.types import FunctionStatus, FunctionTotal
 class Runs(Noun):
     sql_file = "runs.sql"
 
-    def run_started(self, *, function: str, trigger: str, skipped: bool = False) -> int:
-        """Record a function run (status running, or skipped when another run holds its
-        lock); its run id. A skipped run also counts in the function's totals."""
+    def run_started(self, *, function: str, trigger: str, holder: UUID,
+                    lease_seconds: float) -> int | None:
+        """Take the function's lease for ``holder`` and record the run (status running), in
+        one transaction; its run id. When another run holds the lease, record a skipped run
+        (it counts in the function's totals) and return None. A run found abandoned (its
+        lease ran out while it was running) is recorded as interrupted."""
         with db.transaction(self.conn):
+            took = self.lease_take(function=function, holder=holder,
+                                   lease_seconds=lease_seconds)
             row = self._one("run_started", {
                 "function": function, "trigger": trigger,
-                "status": "skipped" if skipped else "running", "host": socket.gethostname()})
-            if skipped:
+                "status": "running" if took else "skipped", "host": socket.gethostname()})
+            assert row is not None
+            if took is None:
                 self.add_totals(function=function, totals={"run:skipped": 1})
-        assert row is not None
-        return int(row["run_id"])
+                return None
+            run_id = int(row["run_id"])
+            self.lease_bind(function=function, holder=holder, run_id=run_id)
+            abandoned = took["previous_run_id"]
+            if abandoned is not None and self.run_abandoned(abandoned):
+                self.add_totals(function=function, totals={"run:interrupted": 1})
+        return run_id
 
-    def run_finished(self, *, run_id: int, function: str, trigger: str, succeeded: bool,
+    def lease_take(self, *, function: str, holder: UUID,
+                   lease_seconds: float) -> dict[str, Any] | None:
+        """The function's lease for ``holder`` if it is free or ran out (with the run id of
+        a holder whose lease ran out); None while another run holds it."""
+        return self._one("lease_take", {"function": function, "holder": holder,
+                                        "seconds": lease_seconds})
+
+    def lease_bind(self, *, function: str, holder: UUID, run_id: int) -> None:
+        self._execute("lease_bind", {"function": function, "holder": holder,
+                                     "run_id": run_id})
+
+    def run_abandoned(self, run_id: int) -> bool:
+        """Record a run that stopped without recording its end as interrupted; whether it
+        was still running."""
+        return self._one("run_abandoned", {"run_id": run_id}) is not None
+
+    def lease_renew(self, *, function: str, holder: UUID, lease_seconds: float) -> bool:
+        """Extend the holder's lease; False when it no longer holds it."""
+        return self._one("lease_renew", {"function": function, "holder": holder,
+                                         "seconds": lease_seconds}) is not None
+
+    def lease_release(self, *, function: str, holder: UUID) -> None:
+        """Free the function (a no-op unless ``holder`` still holds it)."""
+        self._execute("lease_release", {"function": function, "holder": holder})
+
+    def run_finished(self, *, run_id: int, function: str, trigger: str, status: str,
                      counts: dict[str, Any], duration_seconds: float,
                      error: str | None = None) -> None:
-        """Close a run, add its numeric counts to the function's totals and set its last
-        status (the last success survives failed runs), in one transaction."""
-        status = "succeeded" if succeeded else "failed"
+        """Close a run (succeeded, failed or interrupted), add its numeric counts to the
+        function's totals and set its last status (the last success survives failed runs),
+        in one transaction."""
         totals: dict[str, float] = {f"run:{status}": 1}
         totals.update({k: v for k, v in counts.items()
                        if isinstance(v, int | float) and not isinstance(v, bool)})
@@ -59,13 +96,3 @@ class Runs(Noun):
     def function_totals(self, function: str | None = None) -> list[FunctionTotal]:
         """Every function's totals (or one function's)."""
         return self._rows("function_totals", {"function": function}, FunctionTotal)
-
-    # -- one run at a time -------------------------------------------------------------------
-
-    def try_lock(self, function: str) -> bool:
-        """Take the function's lock if no other run holds it."""
-        row = self._one("try_lock", db.lock_params(f"{self.store.schema}:{function}"))
-        return bool(row and row["ok"])
-
-    def unlock(self, function: str) -> None:
-        self._execute("unlock", db.lock_params(f"{self.store.schema}:{function}"))

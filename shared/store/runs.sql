@@ -4,7 +4,7 @@
 
 -- run_started --
 -- A periodic function's run begins (status running, or skipped when another run holds its
--- lock).
+-- lease).
 INSERT INTO {schema}.function_runs (function, trigger, status, host, finished_at)
 VALUES (%(function)s, %(trigger)s, %(status)s, %(host)s,
         CASE WHEN %(status)s = 'skipped' THEN now() END)
@@ -48,10 +48,38 @@ SELECT function, item, total FROM {schema}.function_totals
 WHERE %(function)s::text IS NULL OR function = %(function)s
 ORDER BY function, item;
 
--- try_lock --
--- Take the session-level advisory lock of a function if it is free (one run at a time).
-SELECT pg_try_advisory_lock(%(namespace)s, %(key)s) AS ok;
+-- lease_take --
+-- Take the function's lease if no run holds it, or the holder's lease ran out (that run was
+-- killed: its run id comes back as previous_run_id). Of two runs at the same moment exactly
+-- one gets a row back: the other waits for the first's insert, then finds it unexpired.
+INSERT INTO {schema}.function_leases AS l (function, holder, expires_at)
+VALUES (%(function)s, %(holder)s, now() + make_interval(secs => %(seconds)s))
+ON CONFLICT (function) DO UPDATE SET holder = excluded.holder, taken_at = now(),
+    expires_at = excluded.expires_at, previous_run_id = l.run_id, run_id = NULL
+WHERE l.expires_at <= now()
+RETURNING previous_run_id;
 
--- unlock --
--- Release the session-level advisory lock of a function.
-SELECT pg_advisory_unlock(%(namespace)s, %(key)s);
+-- lease_bind --
+-- The run record of the lease's holder.
+UPDATE {schema}.function_leases SET run_id = %(run_id)s
+WHERE function = %(function)s AND holder = %(holder)s;
+
+-- lease_renew --
+-- Extend the holder's lease; no row when it is no longer the holder.
+UPDATE {schema}.function_leases
+SET expires_at = now() + make_interval(secs => %(seconds)s)
+WHERE function = %(function)s AND holder = %(holder)s
+RETURNING expires_at;
+
+-- lease_release --
+-- The run ended: the function is free (only if it is still the holder).
+DELETE FROM {schema}.function_leases WHERE function = %(function)s AND holder = %(holder)s;
+
+-- run_abandoned --
+-- A run whose lease ran out while it was still running: it was killed (SIGKILL, a lost
+-- node) before it could record its end.
+UPDATE {schema}.function_runs SET status = 'interrupted', finished_at = now(),
+    error = 'abandoned: the run stopped without recording its end (killed?) and its '
+            'lease ran out'
+WHERE run_id = %(run_id)s AND status = 'running'
+RETURNING run_id;

@@ -259,6 +259,14 @@ class Identity(NamedTuple):
     identified_at: datetime | None
 
 
+class Connections(NamedTuple):
+    """The server's client connections in use, and how many a non-superuser may open
+    (``max_connections`` less ``superuser_reserved_connections``)."""
+
+    in_use: int
+    available: int
+
+
 class QueueStatus(NamedTuple):
     """A queue's settings and its active jobs."""
 

@@ -1,7 +1,9 @@
-"""The short chaos run (`make chaos` at a few hundred jobs): workers SIGKILLed, SIGTERMed
-and paused past their lease, worker connections terminated, jobs cancelled and PostgreSQL
-restarted while the periodic functions run — and every invariant holds, judged from the
-audit trail and the object store (bench/chaos_checks.py)."""
+"""The short chaos run (`make chaos` at a few hundred jobs), every process reaching
+PostgreSQL through a real PgBouncer in transaction mode: workers SIGKILLed, SIGTERMed and
+paused past their lease, server connections terminated, jobs cancelled and PostgreSQL
+restarted behind the pooler while the periodic functions run — and every invariant holds,
+judged from the audit trail and the object store (bench/chaos_checks.py). `make chaos`
+runs the full size directly against the server."""
 
 from __future__ import annotations
 
@@ -15,10 +17,11 @@ from tests.conftest import REPO
 def test_short_chaos_run_violates_no_invariant() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBFENCE_")}
     r = subprocess.run([sys.executable, "-m", "bench.chaos", "--jobs", "300", "--quick",
-                        "--drain-timeout", "180"], cwd=REPO, env=env, capture_output=True,
-                       text=True, timeout=400, check=False)
+                        "--drain-timeout", "180", "--pgbouncer"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=400, check=False)
     out = r.stdout
     assert r.returncode == 0, out[-4000:] + r.stderr[-3000:]
     assert "chaos: passed" in out
     assert "VIOLATED" not in out
     assert "restart PostgreSQL" in out and "SIGKILL a worker" in out
+    assert "through PgBouncer (transaction mode)" in out

@@ -21,7 +21,10 @@ from jobfence.adapters.s3 import S3ObjectStore
 from jobfence.objectstore import job_prefix
 from jobfence.store import Store
 from tests.conftest import run_cli
+from tests.factories import run_in_progress
 from tests.procs import FAST, alive, enqueue, job, log_events, read_pid, spawn, wait_for
+
+pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 
 COUNTS = ("timed_out_retried", "timed_out_failed", "expired_cancelled", "dependents_failed",
           "parents_finalized", "retention_jobs_deleted", "retention_children_deleted",
@@ -63,7 +66,7 @@ def test_a_pass_prints_one_json_summary_and_records_its_run(dsn: str) -> None:
 
 def test_a_second_concurrent_run_skips_and_exits_0(dsn: str) -> None:
     with connect(dsn) as holder:
-        assert Store(holder).runs.try_lock("lifecycle")  # a first run in progress
+        run_in_progress(Store(holder), "lifecycle")  # a first run in progress
         r = run_cli(dsn, "lifecycle")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"function": "lifecycle", "skipped": True}

@@ -24,6 +24,7 @@ from jobfence.runner import Deps, detect_trigger
 from jobfence.settings import Settings
 from jobfence.store import Store
 from tests.conftest import run_cli
+from tests.factories import run_in_progress
 from tests.procs import enqueue, wait_for
 
 BROKEN_CLUSTER = {"JOBFENCE_CLUSTER": "kubernetes", "KUBECONFIG": "/nonexistent",
@@ -90,7 +91,7 @@ def test_skipped_run_is_recorded_and_counted(dsn: str) -> None:
     from jobfence.store import Store
 
     with connect(dsn) as holder:
-        assert Store(holder).runs.try_lock("sweeper")
+        run_in_progress(Store(holder), "sweeper")
         assert run_cli(dsn, "sweeper").returncode == 0
     got = samples(run_cli(dsn, "metrics").stdout)
     assert got[("jobfence_function_runs_total",

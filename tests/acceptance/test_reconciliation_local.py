@@ -17,6 +17,7 @@ from devtools.sqlconn import connect
 from jobfence.adapters.local_cluster import LocalCluster, is_worker
 from jobfence.store import Store
 from tests.conftest import run_cli
+from tests.factories import run_in_progress
 from tests.procs import enqueue, job, kill_quietly, spawn, wait_for
 
 LONG_LEASE = {"JOBFENCE_LEASE_SECONDS": "120", "JOBFENCE_HEARTBEAT_SECONDS": "1"}
@@ -105,7 +106,7 @@ def test_a_worker_started_without_its_installation_is_never_judged(dsn: str) -> 
 
 def test_second_concurrent_run_skips_and_exits_0(dsn: str) -> None:
     with connect(dsn) as holder:
-        assert Store(holder).runs.try_lock("reconciliation")
+        run_in_progress(Store(holder), "reconciliation")
         r = run_cli(dsn, "reconciliation", **LOCAL)
     assert r.returncode == 0 and json.loads(r.stdout) == {"function": "reconciliation",
                                                           "skipped": True}

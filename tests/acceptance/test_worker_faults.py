@@ -36,6 +36,8 @@ from tests.procs import (
     wait_for,
 )
 
+pytestmark = pytest.mark.pooled  # directly and through PgBouncer
+
 
 @dataclass(frozen=True)
 class Mode:

@@ -10,6 +10,7 @@ import time
 from devtools.sqlconn import connect
 from jobfence.store import Store
 from tests.conftest import REPO, run_cli
+from tests.factories import run_in_progress
 from tests.procs import FAST, enqueue, job, spawn, wait_for
 
 PLUGIN = {"PYTHONPATH": str(REPO / "tests" / "fixtures" / "plugin")}
@@ -83,13 +84,14 @@ def test_wait_is_told_the_moment_a_job_ends(dsn: str) -> None:
 
 def test_second_concurrent_sweeper_skips_and_exits_0(dsn: str) -> None:
     with connect(dsn) as conn:
-        assert Store(conn).runs.try_lock("sweeper")
+        holder = run_in_progress(Store(conn), "sweeper")
         r = run_cli(dsn, "sweeper")
         assert r.returncode == 0
         assert json.loads(r.stdout) == {"function": "sweeper", "skipped": True}
+        Store(conn).runs.lease_release(function="sweeper", holder=holder)  # the first run ends
     r = run_cli(dsn, "sweeper")
     out = json.loads(r.stdout)
     assert r.returncode == 0 and out["function"] == "sweeper" and out["reclaimed"] == 0
     with connect(dsn) as conn:
         runs = conn.execute("SELECT status FROM function_runs ORDER BY run_id").fetchall()
-    assert [x["status"] for x in runs] == ["skipped", "succeeded"]
+    assert [x["status"] for x in runs] == ["running", "skipped", "succeeded"]

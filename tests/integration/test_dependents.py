@@ -10,6 +10,8 @@ import threading
 import time
 from uuid import UUID
 
+import pytest
+
 from devtools.sqlconn import connect
 from jobfence.functions import export_finalize
 from jobfence.runner import Deps
@@ -18,6 +20,8 @@ from jobfence.store import SETTLE_BATCH, Store
 from tests.conftest import run_cli
 from tests.factories import enqueue_one, new_job
 from tests.procs import FAST, enqueue, events, job, log_events, spawn, wait_for
+
+pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 
 
 def statuses(store: Store, ids: list[object]) -> dict[str, int]:

@@ -39,10 +39,12 @@ def big_history(databases: Databases) -> Iterator[Store]:
         enqueue_one(store)
     store.attempts.claim(worker_id="w", lease_seconds=60, limit=5)
     store.conn.execute("ANALYZE jobs")
-    store.pods.snapshot_begin()  # the session's pod snapshot, for the cluster queries
     yield store
     conn.close()
     databases.drop(url)
+
+
+SNAPSHOT = UUID(int=1)
 
 
 def sql(noun: str, name: str) -> LiteralString:
@@ -87,10 +89,10 @@ def scanned_jobs_by(store: Store, query: LiteralString, params: dict[str, object
     ("queues", "status", {"queue": None}),
     ("pods", "reclaim_dead_claims", {
         "claimer_pattern": "^w", "listed_at": LATER, "grace_seconds": 0, "batch_size": 500,
-        "base_seconds": 1.0, "cap_seconds": 1.0}),
+        "base_seconds": 1.0, "cap_seconds": 1.0, "snapshot": SNAPSHOT}),
     ("pods", "unverifiable_claims", {"claimer_pattern": "^w"}),
     ("pods", "unclaimed_pods", {"listed_at": LATER, "grace_seconds": 0, "after": "",
-                                "limit": 500}),
+                                "limit": 500, "snapshot": SNAPSHOT}),
     ("pods", "object_owners", {"pairs": '[{"job_id": "00000000-0000-0000-0000-000000000001"}]'}),
 ])
 def test_hot_queries_never_scan_the_whole_table(big_history: Store, noun: str, name: str,

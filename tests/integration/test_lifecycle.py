@@ -25,6 +25,8 @@ from jobfence.settings import Settings, load_settings
 from jobfence.store import ActionOutcome, Store
 from tests.factories import enqueue_one, installation, new_job
 
+pytestmark = pytest.mark.pooled  # directly and through PgBouncer
+
 BUCKET = "out"
 HOUR = timedelta(hours=1)
 

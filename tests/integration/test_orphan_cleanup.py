@@ -24,6 +24,8 @@ from jobfence.settings import Settings
 from jobfence.store import IMMEDIATE, Store
 from tests.factories import enqueue_one
 
+pytestmark = pytest.mark.pooled  # directly and through PgBouncer
+
 BUCKET = "out"
 GRACE = 600.0
 

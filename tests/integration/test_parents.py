@@ -8,6 +8,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from uuid import UUID
 
+import pytest
+
 from devtools.memory_objects import MemoryObjectStore
 from devtools.sqlconn import connect
 from jobfence.datums import child_batches
@@ -15,6 +17,8 @@ from jobfence.finalize import finalize_parent
 from jobfence.objectstore import manifest_key
 from jobfence.store import IMMEDIATE, Claim, Store
 from tests.factories import enqueue_one, installation, new_job
+
+pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 
 BUCKET = "out"
 

@@ -19,6 +19,8 @@ from devtools.sqlconn import connect
 from jobfence.store import Claim, RetryPolicy, Store
 from tests.factories import enqueue_one, new_job
 
+pytestmark = pytest.mark.pooled  # directly and through PgBouncer
+
 
 def claim_one(store: Store, queue: str, worker: str = "w") -> Claim | None:
     claims = store.attempts.claim(worker_id=worker, lease_seconds=60, queue=queue)

@@ -19,6 +19,8 @@ from jobfence.settings import Settings
 from jobfence.store import Store
 from tests.factories import enqueue_one
 
+pytestmark = pytest.mark.pooled  # directly and through PgBouncer
+
 LATER = timedelta(hours=1)
 
 

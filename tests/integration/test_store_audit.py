@@ -11,6 +11,8 @@ from jobfence.ids import uuid7
 from jobfence.store import Store
 from tests.factories import enqueue_one, new_job
 
+pytestmark = pytest.mark.pooled  # directly and through PgBouncer
+
 
 def test_every_transition_has_an_event(store: Store) -> None:
     job_id = enqueue_one(store)

@@ -12,6 +12,8 @@ from jobfence.ids import uuid7
 from jobfence.store import IMMEDIATE, ActionOutcome, RetryPolicy, Store
 from tests.factories import enqueue_one
 
+pytestmark = pytest.mark.pooled  # directly and through PgBouncer
+
 NOW = dt.datetime.now(dt.UTC)
 OUTCOME = ActionOutcome(index=0, name="sleep", succeeded=True, started_at=NOW)
 

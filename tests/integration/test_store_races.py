@@ -9,10 +9,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import pytest
+
 from devtools.sqlconn import connect
 from jobfence.errors import ResourceBusy
+from jobfence.ids import uuid7
 from jobfence.store import Store
 from tests.factories import enqueue_one, new_job
+
+pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 
 THREADS = 50
 
@@ -141,3 +146,35 @@ def test_enqueue_after_racing_the_dependencys_finish_never_leaves_it_waiting(
     finally:
         a_conn.close()
         b_conn.close()
+
+
+def test_fifty_runs_of_one_function_at_once_exactly_one_takes_the_lease(
+        dsn: str, store: Store) -> None:
+    results = race(dsn, lambda s: s.runs.run_started(
+        function="sweeper", trigger="scheduled", holder=uuid7(), lease_seconds=30))
+    winners = [r for r in results if isinstance(r, int)]
+    assert len(winners) == 1, results
+    assert results.count(None) == THREADS - 1
+    statuses = [r.last_status for r in store.runs.function_status("sweeper")]
+    assert statuses == []  # nobody finished yet
+    [total] = [t for t in store.runs.function_totals("sweeper") if t.item == "run:skipped"]
+    assert total.total == THREADS - 1
+
+
+def test_a_lease_that_ran_out_is_taken_over_once_and_the_old_run_is_abandoned(
+        dsn: str, store: Store) -> None:
+    old = uuid7()
+    first = store.runs.run_started(function="lifecycle", trigger="scheduled", holder=old,
+                                   lease_seconds=0.2)
+    time.sleep(0.3)
+    results = race(dsn, lambda s: s.runs.run_started(
+        function="lifecycle", trigger="scheduled", holder=uuid7(), lease_seconds=30))
+    assert len([r for r in results if isinstance(r, int)]) == 1, results
+    # The old holder can neither renew nor free the new holder's lease.
+    assert not store.runs.lease_renew(function="lifecycle", holder=old, lease_seconds=30)
+    store.runs.lease_release(function="lifecycle", holder=old)
+    assert store.runs.run_started(function="lifecycle", trigger="scheduled", holder=uuid7(),
+                                  lease_seconds=30) is None
+    runs = {r["run_id"]: r for r in store.conn.execute(
+        "SELECT run_id, status, error FROM jobfence.function_runs").fetchall()}
+    assert runs[first]["status"] == "interrupted" and "abandoned" in runs[first]["error"]

@@ -44,6 +44,8 @@ METRICS = {
     "jobfence_queue_paused",
     "jobfence_queue_limit",
     "jobfence_draining",
+    "jobfence_database_connections",
+    "jobfence_database_connections_available",
 }
 
 # The vendored CRD of each custom kind the base uses (see tests/fixtures/crds/README.md).

@@ -90,7 +90,9 @@ def test_two_stages_on_a_slim_python(dockerfile: list[Stage]) -> None:
 def test_final_stage_runs_jobfence_as_a_numeric_non_root_user(dockerfile: list[Stage],
                                                              base: list[Obj]) -> None:
     final = dockerfile[-1]
-    assert json.loads(final.args("ENTRYPOINT")[-1]) == ["jobfence"]
+    # A small init as PID 1: signals reach jobfence, orphans of a job's command are reaped.
+    assert json.loads(final.args("ENTRYPOINT")[-1]) == ["/usr/bin/tini", "--", "jobfence"]
+    assert any("install" in run and " tini" in run for run in final.args("RUN"))
     [user] = final.args("USER")
     uid, _, gid = user.partition(":")
     assert uid.isdigit() and int(uid) != 0 and (not gid or (gid.isdigit() and int(gid) != 0))
