@@ -34,6 +34,7 @@ BENCHMARKS = {
     "enqueue": "bench.bench_enqueue",
     "dependents": "bench.bench_dependents",
     "pools": "bench.bench_pools",
+    "pooler": "bench.bench_pooler",
 }
 
 OUT = REPO / "docs" / "BENCHMARKS.md"
