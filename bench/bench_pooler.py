@@ -74,7 +74,12 @@ def run(bench: Bench) -> Section:
                    f"worker --max-jobs` at the shipped log settings; PgBouncer 1.18 with "
                    f"`default_pool_size = {POOL}`. Server backends: the most client "
                    "connections to the run's database seen at once (sampled every 50 ms): "
-                   "directly, each worker holds its two; through PgBouncer, the server sees "
-                   "its pool, whatever the number of workers. Every job is checked to have "
+                   "directly, one per worker (its second, for heartbeats, opens only once a "
+                   "job runs long enough to renew its lease); through PgBouncer, at most its "
+                   "pool, whatever the number of workers. Every job is checked to have "
                    "succeeded on its first claim.")
+    s.notes.append("The price is a second hop per round trip, through a single-threaded "
+                   "PgBouncer sharing this machine's two cores with the workers and the "
+                   "server: it matters for no-op jobs, not for jobs that do work. What it buys "
+                   "is the server's connections: hundreds of worker pods on a pool of tens.")
     return s
