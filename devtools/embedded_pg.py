@@ -58,7 +58,36 @@ def free_port() -> int:
         return port
 
 
-class EmbeddedPostgres:
+class ThrowawayServer:
+    """A server process living in a temporary directory that ``destroy`` deletes, run as
+    the ``postgres`` user (which owns the directory) when this process is root."""
+
+    def __init__(self, prefix: str) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix=prefix))
+        self._run_as: dict[str, Any] = {}
+        if os.geteuid() == 0:
+            pw = pwd.getpwnam("postgres")
+            os.chown(self.root, pw.pw_uid, pw.pw_gid)
+            self._run_as = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def destroy(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+
+class EmbeddedPostgres(ThrowawayServer):
     """One local cluster. ``durable=False`` turns off fsync and friends: fine for tests and
     demos, never for data anyone wants to keep."""
 
@@ -69,14 +98,9 @@ class EmbeddedPostgres:
         self.port = port or free_port()
         self.max_connections = max_connections
         self.extra = settings or {}
-        self.root = Path(tempfile.mkdtemp(prefix="jobfence-pg-"))
+        super().__init__("jobfence-pg-")
         self.data = self.root / "data"
         self.logfile = self.root / "server.log"
-        self._run_as: dict[str, Any] = {}
-        if os.geteuid() == 0:
-            pw = pwd.getpwnam("postgres")
-            os.chown(self.root, pw.pw_uid, pw.pw_gid)
-            self._run_as = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
         self._started = False
 
     @property
@@ -131,13 +155,3 @@ class EmbeddedPostgres:
         if down_seconds:
             time.sleep(down_seconds)
         self.start()
-
-    def destroy(self) -> None:
-        self.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.destroy()

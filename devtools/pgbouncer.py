@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import atexit
 import os
-import pwd
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 from pathlib import Path
-from typing import Any, Self
+from typing import Self
 from urllib.parse import urlsplit
 
-from devtools.embedded_pg import free_port
+from devtools.embedded_pg import ThrowawayServer, free_port
 
 
 class PgBouncerError(RuntimeError):
@@ -39,7 +37,7 @@ def find_pgbouncer() -> str:
                          "pgbouncer)")
 
 
-class PgBouncer:
+class PgBouncer(ThrowawayServer):
     """One PgBouncer. ``server`` is the URL of the PostgreSQL server behind it (host and
     port are used; every database name is forwarded)."""
 
@@ -60,12 +58,7 @@ class PgBouncer:
         self.default_pool_size = default_pool_size
         self.max_client_conn = max_client_conn
         self.port = port or free_port()
-        self.root = Path(tempfile.mkdtemp(prefix="jobfence-pgbouncer-"))
-        self._run_as: dict[str, Any] = {}
-        if os.geteuid() == 0:
-            pw = pwd.getpwnam("postgres")
-            os.chown(self.root, pw.pw_uid, pw.pw_gid)
-            self._run_as = {"user": pw.pw_uid, "group": pw.pw_gid, "extra_groups": []}
+        super().__init__("jobfence-pgbouncer-")
         self._proc: subprocess.Popen[bytes] | None = None
 
     def url(self, dbname: str) -> str:
@@ -141,16 +134,6 @@ class PgBouncer:
                 self._proc.kill()
                 self._proc.wait()
         self._proc = None
-
-    def destroy(self) -> None:
-        self.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.destroy()
 
 
 if __name__ == "__main__":  # `python -m devtools.pgbouncer`: where it is, or how to get it

@@ -18,7 +18,6 @@ listing that cannot be completed changes nothing and fails the pass.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from itertools import islice
 from uuid import UUID
 
 from jobfence.cluster import Cluster
-from jobfence.errors import ClusterError, JobfenceError
+from jobfence.errors import ClusterError
 from jobfence.logs import get_logger
 from jobfence.objectstore import ObjectInfo, ObjectStore, ObjectStoreError, installation_prefix
 from jobfence.runner import Deps, run_pass
@@ -133,21 +132,14 @@ def _delete(cluster: Cluster, name: str, job_name: str | None, grace: int) -> bo
 
 
 def clean_pods(settings: Settings, deps: Deps, cluster: Cluster, c: Report) -> None:
-    store = deps.store
-    try:
-        _clean_pods(settings, deps, cluster, c)
-    finally:
-        with contextlib.suppress(JobfenceError):  # else a later pass deletes it
-            store.pods.snapshot_end()
+    with deps.pod_snapshot(cluster) as listed:  # ClusterError: nothing changed yet
+        c.pods_listed += listed.pods
+        _clean_listed(settings, deps, cluster, c, listed.listed_at)
 
 
-def _clean_pods(settings: Settings, deps: Deps, cluster: Cluster, c: Report) -> None:
+def _clean_listed(settings: Settings, deps: Deps, cluster: Cluster, c: Report,
+                  listed_at: datetime) -> None:
     store = deps.store
-    listed_at = store.pods.snapshot_begin(deps.pass_id, deps.now)
-    for pods in cluster.worker_pod_pages():  # ClusterError: nothing changed yet
-        deps.checkpoint()
-        store.pods.snapshot_add([p.row() for p in pods])
-        c.pods_listed += len(pods)
     confirm_before = listed_at - timedelta(seconds=settings.orphan_pod_grace_seconds)
     after = ""
     while rows := store.pods.unclaimed_pods(listed_at=listed_at,

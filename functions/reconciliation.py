@@ -11,13 +11,9 @@ never judged. Pods without a claim are orphan-cleanup's business.
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from dataclasses import dataclass
-from datetime import datetime
 
-from jobfence.cluster import Cluster
-from jobfence.errors import JobfenceError
 from jobfence.logs import get_logger
 from jobfence.runner import Deps, run_pass
 from jobfence.settings import Settings
@@ -43,57 +39,36 @@ class Report:
     unverifiable_claims: int = 0
 
 
-def snapshot(deps: Deps, cluster: Cluster) -> tuple[datetime, int, int]:
-    """List the worker pods into the store's snapshot: (listed_at, pods, pages). Raises
-    ClusterError, leaving nothing changed, if the listing cannot be completed."""
-    listed_at = deps.store.pods.snapshot_begin(deps.pass_id, deps.now)
-    pods = pages = 0
-    for page in cluster.worker_pod_pages():
-        deps.checkpoint()
-        deps.store.pods.snapshot_add([p.row() for p in page])
-        pods += len(page)
-        pages += 1
-    return listed_at, pods, pages
-
-
 def run_once(settings: Settings, deps: Deps) -> Report:
     cluster = deps.cluster
     if cluster is None:
         log.warning("reconciliation_skipped", reason="JOBFENCE_CLUSTER is none: no pods to "
                     "compare the claims with")
         return Report("reconciliation", settings.cluster)
-    try:
-        return _reconcile(settings, deps, cluster)
-    finally:
-        with contextlib.suppress(JobfenceError):  # else a later pass deletes it
-            deps.store.pods.snapshot_end()
-
-
-def _reconcile(settings: Settings, deps: Deps, cluster: Cluster) -> Report:
-    listed_at, pods, pages = snapshot(deps, cluster)
     retry = RetryPolicy(settings.retry_base_seconds, settings.retry_max_seconds)
     missing = drift = retried = failed = 0
-    for _ in range(MAX_BATCHES):
-        deps.checkpoint()
-        done = deps.store.pods.reclaim_dead_claims(
-            claimer_pattern=cluster.claimer_pattern, listed_at=listed_at,
-            grace_seconds=settings.reconcile_grace_seconds, retry=retry,
-            batch_size=settings.batch_size)
-        for t, was_missing in done:
-            missing += was_missing
-            drift += not was_missing
-            retried += t.status == "pending"
-            failed += t.status == "failed"
-            log.warning("missing_pod_detected" if was_missing else "status_drift_detected",
-                        job_id=str(t.job_id), job_status=t.status)
-        if len(done) < settings.batch_size:
-            break
+    with deps.pod_snapshot(cluster) as listed:
+        for _ in range(MAX_BATCHES):
+            deps.checkpoint()
+            done = deps.store.pods.reclaim_dead_claims(
+                claimer_pattern=cluster.claimer_pattern, listed_at=listed.listed_at,
+                grace_seconds=settings.reconcile_grace_seconds, retry=retry,
+                batch_size=settings.batch_size)
+            for t, was_missing in done:
+                missing += was_missing
+                drift += not was_missing
+                retried += t.status == "pending"
+                failed += t.status == "failed"
+                log.warning("missing_pod_detected" if was_missing else "status_drift_detected",
+                            job_id=str(t.job_id), job_status=t.status)
+            if len(done) < settings.batch_size:
+                break
     unverifiable = deps.store.pods.unverifiable_claims(claimer_pattern=cluster.claimer_pattern)
     if unverifiable:
         log.info("unverifiable_claims", count=unverifiable,
                  message="claims by workers outside the cluster are left to the sweeper")
-    return Report("reconciliation", settings.cluster, pods, pages, missing, drift, retried,
-                  failed, unverifiable)
+    return Report("reconciliation", settings.cluster, listed.pods, listed.pages, missing,
+                  drift, retried, failed, unverifiable)
 
 
 def main(argv: list[str] | None = None) -> int:

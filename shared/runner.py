@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from types import FrameType
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from uuid import UUID, uuid4
 
 from jobfence import cli, db, metrics
@@ -46,6 +46,15 @@ class Report(Protocol):
 
     @property
     def function(self) -> str: ...
+
+
+class PodSnapshot(NamedTuple):
+    """A pass's listing of the worker pods: when it began, how many pods, in how many
+    pages."""
+
+    listed_at: datetime
+    pods: int
+    pages: int
 
 
 @dataclass
@@ -70,6 +79,25 @@ class Deps:
         if not self.stop.is_set():
             self.stop_reason = reason
             self.stop.set()
+
+    @contextlib.contextmanager
+    def pod_snapshot(self, cluster: Cluster) -> Iterator[PodSnapshot]:
+        """List the worker pods, page by page, into this pass's snapshot in the database
+        (the comparisons with the claims run there), and delete it when the block ends.
+        Raises ClusterError, leaving nothing changed, if the listing cannot be completed."""
+        pods = self.store.pods
+        listed_at = pods.snapshot_begin(self.pass_id, self.now)
+        try:
+            listed = pages = 0
+            for page in cluster.worker_pod_pages():
+                self.checkpoint()
+                pods.snapshot_add([p.row() for p in page])
+                listed += len(page)
+                pages += 1
+            yield PodSnapshot(listed_at, listed, pages)
+        finally:
+            with contextlib.suppress(JobfenceError):  # else a later pass deletes it
+                pods.snapshot_end()
 
     def checkpoint(self) -> None:
         """Between two batches: raise PassInterrupted once the pass has been asked to stop."""

@@ -53,6 +53,14 @@ class Dsn(str):
     direct: str = ""
 
 
+def through(bouncer: PgBouncer, url: str) -> Dsn:
+    """The database at ``url``, reached through ``bouncer`` (in transaction mode)."""
+    out = Dsn(with_db(bouncer.url("postgres"), conninfo_to_dict(url)["dbname"]))
+    out.pooler = "transaction"
+    out.direct = url
+    return out
+
+
 POOLER_SEARCH_PATH = "SELECT set_config('search_path', 'jobfence, public', false)"
 
 
@@ -96,11 +104,9 @@ def route(request: pytest.FixtureRequest) -> str:
 def dsn(databases: Databases, route: str, request: pytest.FixtureRequest) -> Iterator[Dsn]:
     url = databases.create()
     out = Dsn(url)
-    if route == "pgbouncer":
-        bouncer: PgBouncer = request.getfixturevalue("pgbouncer")
-        out = Dsn(with_db(bouncer.url("postgres"), conninfo_to_dict(url)["dbname"]))
-        out.pooler = "transaction"
     out.direct = url
+    if route == "pgbouncer":
+        out = through(request.getfixturevalue("pgbouncer"), url)
     yield out
     databases.drop(url)
 

@@ -23,7 +23,7 @@ from jobfence import db
 from jobfence.db import Connection
 from jobfence.store import Store
 from jobfence.store.migrations import available
-from tests.conftest import JOBFENCE, REPO, Dsn, cli_env, run_cli
+from tests.conftest import JOBFENCE, REPO, Dsn, cli_env, run_cli, through
 from tests.factories import new_job
 from tests.pg import Databases, with_db
 from tests.procs import spawn, wait_for
@@ -172,8 +172,7 @@ def test_sigterm_mid_pass_stops_within_2s_and_records_the_run_interrupted(
 def test_migrate_from_three_processes_at_once_through_the_pooler(
         databases: Databases, pgbouncer: PgBouncer) -> None:
     url = databases.create(migrated=False)
-    route = Dsn(with_db(pgbouncer.url("postgres"), conninfo_to_dict(url)["dbname"]))
-    route.pooler = "transaction"
+    route = through(pgbouncer, url)
     try:
         procs = [subprocess.Popen([*JOBFENCE, "migrate"], env=cli_env(route), cwd=REPO,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -200,8 +199,7 @@ def small_pool(pg_server: tuple[str, Any]) -> Iterator[PgBouncer]:
 
 def test_300_clients_through_a_pool_of_10_server_connections(
         dsn: Dsn, small_pool: PgBouncer) -> None:
-    route = Dsn(with_db(small_pool.url("postgres"), conninfo_to_dict(dsn.direct)["dbname"]))
-    route.pooler = "transaction"
+    route = through(small_pool, dsn.direct)
     clients = 300
     opened = threading.Barrier(clients + 1)
     errors: list[BaseException] = []
