@@ -8,11 +8,11 @@ from typing import Any
 
 from jobfence.db import Connection
 
-# Claims of a limited queue are serialized (attempts.sql, claim_lock), each counting the
-# queue's running jobs with a snapshot taken after the previous claim committed. So,
-# ordered by event id, the claims still open at each claim of the queue — itself included
-# — are at most the queue's limit. (An end event numbered before a claim may have
-# committed after it: the claim counted that job as running, so the order only ever
+# Claims of a limited queue are serialized (worker_claim, in the store's migration 0014),
+# each counting the queue's running jobs with a snapshot taken after the previous claim
+# committed. So, ordered by event id, the claims still open at each claim of the queue —
+# itself included — are at most the queue's limit. (An end event numbered before a claim may
+# have committed after it: the claim counted that job as running, so the order only ever
 # overstates what the claim saw, never understates it.)
 CLAIM_WINDOWS = """
 WITH ev AS (

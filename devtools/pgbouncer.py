@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Self
 from urllib.parse import urlsplit
@@ -43,10 +44,12 @@ class PgBouncer(ThrowawayServer):
 
     def __init__(self, server: str, *, pool_mode: str = "transaction",
                  default_pool_size: int = 20, max_client_conn: int = 1000,
-                 port: int | None = None, connect_query: str | None = None) -> None:
+                 port: int | None = None, connect_query: str | None = None,
+                 users: Sequence[str] = ()) -> None:
         """``connect_query`` runs on every server connection PgBouncer opens (the tests set
         a search path with it, for their own plain-SQL looks into the tables; jobfence
-        itself names its schema in every statement)."""
+        itself names its schema in every statement). ``users`` may log in too, each
+        reaching the server as itself (the server's own user otherwise)."""
         self.binary = find_pgbouncer()
         parts = urlsplit(server)
         self.server_host = parts.hostname or "127.0.0.1"
@@ -54,6 +57,7 @@ class PgBouncer(ThrowawayServer):
         self.server_user = parts.username or "postgres"
         self.server_password = parts.password
         self.connect_query = connect_query
+        self.users = tuple(users)
         self.pool_mode = pool_mode
         self.default_pool_size = default_pool_size
         self.max_client_conn = max_client_conn
@@ -66,7 +70,7 @@ class PgBouncer(ThrowawayServer):
 
     def _config(self) -> str:
         auth = self.root / "users.txt"
-        auth.write_text(f'"{self.server_user}" ""\n')
+        auth.write_text("".join(f'"{u}" ""\n' for u in (self.server_user, *self.users)))
         return "\n".join([
             "[databases]",
             f"* = {self._server()}",
@@ -89,9 +93,10 @@ class PgBouncer(ThrowawayServer):
             "", ""])
 
     def _server(self) -> str:
-        params = [f"host={self.server_host}", f"port={self.server_port}",
-                  f"user={self.server_user}"]
-        if self.server_password:
+        params = [f"host={self.server_host}", f"port={self.server_port}"]
+        if not self.users:
+            params.append(f"user={self.server_user}")
+        if self.server_password and not self.users:
             params.append(f"password={self.server_password}")
         if self.connect_query:
             params.append("connect_query='{}'".format(self.connect_query.replace("'", "''")))

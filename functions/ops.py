@@ -16,6 +16,7 @@ from jobfence.ids import parse_job_id
 from jobfence.spec import queue_name
 from jobfence.store import ACTIVE, TERMINAL, JobRow, Store
 from jobfence.store.migrations import migrate
+from jobfence.store.roles import connection_identity, setup_sql
 from jobfence.views import job_views, render_text
 
 MAX_WAIT_SECONDS = 366 * 86_400.0
@@ -31,21 +32,40 @@ def _job_id(text: str) -> UUID:
 
 def migrate_main(argv: list[str]) -> int:
     def body() -> int:
-        cli.Parser(prog="jobfence migrate", description="Apply database migrations "
-                   "(idempotent; safe to run from several pods at once).").parse_args(argv)
+        p = cli.Parser(prog="jobfence migrate", description="Apply database migrations "
+                       "(idempotent; safe to run from several pods at once), create the "
+                       "installation's group roles when this login may, and grant each "
+                       "its privileges.")
+        p.add_argument("--roles-sql", action="store_true",
+                       help="print the SQL a DBA runs to create the group roles when this "
+                       "login may not, and change nothing")
+        args = p.parse_args(argv)
         settings = cli.setup("migrate")
         conn = connect(settings.database_url, pooler=settings.database_pooler,
                        application_name="jobfence-migrate",
                        connect_timeout=settings.connect_timeout_seconds)
         try:
+            if args.roles_sql:
+                login, database = connection_identity(conn)
+                sys.stdout.write(setup_sql(settings.schema_name, login, database))
+                return 0
             report = migrate(conn, settings.schema_name, settings.installation)
         finally:
             conn.close()
+        roles = report.roles
         out: dict[str, object] = {"function": "migrate", "schema": settings.schema_name,
                                   "installation": report.installation,
-                                  "applied": list(report.applied), "version": report.current}
+                                  "applied": list(report.applied), "version": report.current,
+                                  "roles": {"created": list(roles.created),
+                                            "missing": list(roles.missing),
+                                            "granted": roles.granted, "owner": roles.owner}}
         if report.relocated_from:
             out["moved_from_schema"] = report.relocated_from
+        if roles.missing:
+            cli.warn(f"roles {', '.join(roles.missing)} do not exist and this login may not "
+                     "create them: nothing was granted, and every function needs this "
+                     "login's privileges. Have a DBA run the SQL of `jobfence migrate "
+                     "--roles-sql`, then run `jobfence migrate` again.")
         cli.emit(out)
         return 0
 

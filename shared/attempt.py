@@ -279,7 +279,8 @@ class AttemptGuard:
     def _log_fence_lost(self) -> None:
         claim = self.claim
         try:
-            now = self.side.call(lambda store: store.attempts.fence(claim.job_id))
+            now = self.side.call(lambda store: store.attempts.fence(claim.job_id,
+                                                                    claim.attempt_id))
         except StoreUnavailable:
             now = None
         log.warning("writeback_stale_attempt", job_id=str(claim.job_id),

@@ -78,6 +78,12 @@ class Parser(argparse.ArgumentParser):
         return super().parse_args(args, namespace)
 
 
+def warn(message: str) -> None:
+    """One warning line on stderr (the command goes on)."""
+    sys.stderr.write(f"jobfence: warning: {message}\n")
+    sys.stderr.flush()
+
+
 def run_command(name: str, body: Callable[[], int]) -> int:
     """Run a command body; map every error to its exit code and one line on stderr."""
     try:

@@ -184,7 +184,8 @@ class Queries(Mapping[str, LiteralString]):
     """Read-only name → statement mapping of one ``.sql`` file, rendered for a schema; an
     unknown name raises ``KeyError`` naming the file."""
 
-    def __init__(self, text: str, *, schema: str = "jobfence", source: str = "sql") -> None:
+    def __init__(self, text: str, *, schema: str = "jobfence", source: str = "sql",
+                 names: Mapping[str, str] | None = None) -> None:
         if not SCHEMA_NAME.match(schema):
             raise ConfigError(f"schema {schema!r} is not a plain lower-case identifier")
         self.source = source
@@ -198,7 +199,9 @@ class Queries(Mapping[str, LiteralString]):
             if not statement:
                 raise ValueError(f"{source}: query {name!r} is empty")
             # The text comes from our own package file, the schema is a checked identifier.
-            rendered = sql.SQL(statement).format(schema=sql.Identifier(schema)).as_string(None)
+            identifiers = {k: sql.Identifier(v) for k, v in (names or {}).items()}
+            rendered = sql.SQL(statement).format(
+                schema=sql.Identifier(schema), **identifiers).as_string(None)
             self._queries[name] = rendered
 
     def __getitem__(self, name: str) -> LiteralString:
@@ -215,10 +218,11 @@ class Queries(Mapping[str, LiteralString]):
 
 
 @cache
-def queries(package: str, filename: str, schema: str) -> Queries:
-    """The named statements of ``package/filename`` for ``schema``, parsed once."""
+def queries(package: str, filename: str, schema: str, **names: str) -> Queries:
+    """The named statements of ``package/filename`` for ``schema`` (and any other
+    identifiers the file names, e.g. ``worker="jobfence_worker"``), parsed once."""
     text = resources.files(package).joinpath(filename).read_text("utf-8")
-    return Queries(text, schema=schema, source=filename)
+    return Queries(text, schema=schema, source=filename, names=names)
 
 
 # -- running statements ------------------------------------------------------------------------

@@ -8,6 +8,10 @@ reason of its own (not its availability) is replaced by a fenced ``failed`` nami
 reason: a job whose work finished is never left running for the sweeper to run again. The
 worker process is the reaper of everything its jobs start (``jobfence.proctree``): after
 each action, whatever the action left running — daemons included — is killed.
+
+A worker reaches the store as the worker role (``jobfence.store.roles``): its fenced verbs
+and nothing else. A datum parent whose last child this was is finalized by
+``export-finalize`` at its next pass, not here: finalizing reads and writes other jobs.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ from jobfence.attempt import AttemptGuard, GuardThreads, SideChannel, StopReason
 from jobfence.datums import AttemptFiles
 from jobfence.db import Connection, connect
 from jobfence.errors import FenceLost, JobfenceError, StoreUnavailable
-from jobfence.finalize import finalize_parent
 from jobfence.logs import get_logger
 from jobfence.objectstore import ObjectStore
 from jobfence.proctree import kill_descendants
@@ -132,7 +135,8 @@ class AttemptRunner:
 
     def _run_actions(self, claim: Claim, guard: AttemptGuard, dirs: AttemptDirs) -> Outcome:
         # A first attempt has nothing to resume; a retry skips what earlier ones finished.
-        done = self.store.attempts.succeeded_actions(claim.job_id) if claim.may_resume else set()
+        done = (self.store.attempts.done_actions(claim.job_id, claim.attempt_id)
+                if claim.may_resume else set())
         todo = [i for i in range(len(claim.actions)) if i not in done]
         if done:
             log.info("resuming", job_id=str(claim.job_id), after_actions=sorted(done))
@@ -214,7 +218,6 @@ class AttemptRunner:
             return self._lost(claim, guard)
         log.info("job_succeeded", job_id=str(claim.job_id), attempt_id=str(claim.attempt_id),
                  attempt=claim.attempt_count)
-        self._finalize_parent(claim)
         return Outcome.SUCCEEDED
 
     def _fail(self, claim: Claim, guard: AttemptGuard, outcome: ActionOutcome) -> Outcome:
@@ -246,20 +249,8 @@ class AttemptRunner:
             return self._lost(claim, guard)
         log.info("job_released", job_id=str(claim.job_id), status=t.status)
         if t.status == "failed":
-            self._finalize_parent(claim)
             return Outcome.FAILED
         return Outcome.RETRY
-
-    def _finalize_parent(self, claim: Claim) -> None:
-        """Inline finalization when this was a parent's last child; export-finalize is the
-        safety net if this fails or the worker dies first."""
-        if claim.parent_id is None:
-            return
-        try:
-            finalize_parent(self.store, self.objects, self.settings.s3_bucket,
-                            self.installation, claim.parent_id)
-        except JobfenceError as exc:
-            log.warning("inline_finalize_failed", job_id=str(claim.parent_id), error=str(exc))
 
     def _refused(self, claim: Claim, guard: AttemptGuard, exc: WriteRefused) -> Outcome:
         """A write of this attempt was refused: end the job ``failed`` with the reason,
@@ -276,7 +267,6 @@ class AttemptRunner:
             return Outcome.LOST
         if t is None:
             return self._lost(claim, guard)
-        self._finalize_parent(claim)
         return Outcome.FAILED
 
     def _lost(self, claim: Claim, guard: AttemptGuard) -> Outcome:
@@ -313,7 +303,7 @@ class AttemptRunner:
     def _won_anyway(self, claim: Claim, status: str) -> bool:
         """After a retried terminal write matched nothing: had the first try committed?"""
         try:
-            now = self.store.attempts.fence(claim.job_id)
+            now = self.store.attempts.fence(claim.job_id, claim.attempt_id)
         except StoreUnavailable:
             return False
-        return bool(now and now.status == status and now.attempt_id == claim.attempt_id)
+        return bool(now and now.status == status and now.holds)

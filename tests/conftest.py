@@ -17,15 +17,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from devtools.pgbouncer import PgBouncer
+from devtools.roles import BOOTSTRAP, as_login, ensure_logins, login_name
 from devtools.s3 import moto_server
 from devtools.sqlconn import connect
 from jobfence import db
 from jobfence.db import Connection
 from jobfence.store import Store
+from jobfence.store.roles import KINDS, ROLE_OF_COMMAND, role_names
 from tests.pg import Databases, postgres_server, with_db
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,8 +70,9 @@ POOLER_SEARCH_PATH = "SELECT set_config('search_path', 'jobfence, public', false
 @pytest.fixture(scope="session")
 def pgbouncer(pg_server: tuple[str, Any]) -> Iterator[PgBouncer]:
     """A real PgBouncer in transaction mode in front of the test server."""
+    logins = [login_name("jobfence", kind) for kind in KINDS]
     with PgBouncer(pg_server[0], pool_mode="transaction", default_pool_size=20,
-                   connect_query=POOLER_SEARCH_PATH) as bouncer:
+                   connect_query=POOLER_SEARCH_PATH, users=logins) as bouncer:
         yield bouncer
 
 
@@ -151,9 +155,43 @@ def s3_env(s3_endpoint: str) -> dict[str, str]:
             "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
-def cli_env(dsn: str, **extra: str) -> dict[str, str]:
+_logins: dict[tuple[str, str], dict[str, str] | None] = {}
+
+
+def role_dsn(dsn: str, command: str, schema: str = "jobfence") -> str:
+    """``dsn`` as the login of ``command``'s role (``jobfence.store.roles``), as a
+    deployment runs it; ``dsn`` itself for the bootstrap migrate, for a URL that names
+    another login already, or while the schema's roles do not exist yet."""
+    params = conninfo_to_dict(dsn)
+    if command not in ROLE_OF_COMMAND or command in BOOTSTRAP \
+            or str(params.get("user", "")).endswith("_login"):
+        return dsn
+    key = (f"{params.get('host')}:{params.get('port')}", schema)
+    if _logins.get(key) is None:
+        admin = getattr(dsn, "direct", "") or dsn
+        try:
+            with psycopg.connect(admin, autocommit=True, connect_timeout=2) as c:
+                exists = c.execute("SELECT 1 FROM pg_roles WHERE rolname = %s",
+                                   (role_names(schema)["reader"],)).fetchone()
+        except psycopg.Error:  # a test of an unreachable or unusable server
+            return dsn
+        if not exists:
+            return dsn
+        ensure_logins(admin, schema)
+        _logins[key] = {}
+    out = Dsn(as_login(dsn, login_name(schema, ROLE_OF_COMMAND[command])))
+    out.pooler = getattr(dsn, "pooler", "none")
+    direct = getattr(dsn, "direct", "")
+    out.direct = as_login(direct, login_name(schema, ROLE_OF_COMMAND[command])) if direct else ""
+    return out
+
+
+def cli_env(dsn: str, command: str | None = None, **extra: str) -> dict[str, str]:
+    """The CLI's environment: ``dsn`` as the login of ``command``'s role when given."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBFENCE_")}
     env.pop("PYTHONPATH", None)  # the installed package, not the repository's folders
+    if command is not None:
+        dsn = role_dsn(dsn, command, extra.get("JOBFENCE_SCHEMA", "jobfence"))
     env.update({"JOBFENCE_DATABASE_URL": dsn,
                 "JOBFENCE_DATABASE_POOLER": getattr(dsn, "pooler", "none"), **extra})
     return env
@@ -161,6 +199,7 @@ def cli_env(dsn: str, **extra: str) -> dict[str, str]:
 
 def run_cli(dsn: str, *args: str, input: str | None = None, timeout: float = 60,
             **env: str) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI as a subprocess."""
-    return subprocess.run([*JOBFENCE, *args], env=cli_env(dsn, **env), cwd=REPO, input=input,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    """Run the real CLI as a subprocess, as the login of the command's role."""
+    return subprocess.run([*JOBFENCE, *args], env=cli_env(dsn, args[0] if args else None, **env),
+                          cwd=REPO, input=input, capture_output=True, text=True,
+                          timeout=timeout, check=False)

@@ -20,7 +20,8 @@ FAST = {"JOBFENCE_LEASE_SECONDS": "2", "JOBFENCE_HEARTBEAT_SECONDS": "0.4",
 
 
 def spawn(dsn: str, *args: str, **env: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([*JOBFENCE, *args], env=cli_env(dsn, **{**FAST, **env}), cwd=REPO,
+    return subprocess.Popen([*JOBFENCE, *args], env=cli_env(dsn, args[0] if args else None,
+                                                              **{**FAST, **env}), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

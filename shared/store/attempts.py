@@ -41,18 +41,8 @@ class Attempts(Noun):
               limit: int = 1) -> list[Claim]:
         """Claim up to ``limit`` ready jobs of ``queue``, each with a fresh fence; [] when
         nothing is ready, the queue is paused or at its limit, or drain mode is on."""
-        with db.pipeline(self.conn):  # one implicit transaction: the lock holds for the claim
-            self.claim_lock(queue)
-            claimed = db.execute(self.conn, self.sql["claim"], self._claim_params(
-                worker_id, lease_seconds, queue, limit), row=Claim)
-        rows: list[Claim] = claimed.fetchall()
-        return rows
-
-    def claim_lock(self, queue: str) -> None:
-        """One claimer at a time of a queue with a limit (see attempts.sql), until the
-        transaction ends; queued in the claim's pipeline."""
-        self._execute("claim_lock", {"queue": queue, **db.lock_params(
-            f"{self.store.schema}:queue:{queue}")})
+        return self._rows("claim", self._claim_params(worker_id, lease_seconds, queue, limit),
+                          Claim)
 
     @staticmethod
     def _claim_params(worker_id: str, lease_seconds: float, queue: str,
@@ -103,7 +93,6 @@ class Attempts(Noun):
                 "job_id": job_id, "attempt_id": attempt_id, "status": "succeeded",
                 "reason": "succeeded", "error": None, "error_detail": None,
                 **(outcome.params("action_") if outcome else NO_OUTCOME)})
-            self.claim_lock(queue)
             nxt = db.execute(self.conn, self.sql["claim"], self._claim_params(
                 worker_id, lease_seconds, queue, 1), row=Claim)
             sync()
@@ -112,14 +101,15 @@ class Attempts(Noun):
         return self._finished(fin.fetchone(), deps.fetchall()), claim
 
     def _dependents_after(self, job_id: UUID) -> db.Cursor:
-        return self.store.dependencies.dependents_cursor(job_id)
+        return self.store.dependencies.settle_cursor(job_id)
 
-    def _finished(self, row: dict[str, Any] | None,
+    @staticmethod
+    def _finished(row: dict[str, Any] | None,
                   deps: Sequence[dict[str, Any]]) -> Transition | None:
-        if row is None:
-            return None
-        self.store.dependencies.settle_found(list(dict.fromkeys(r["job_id"] for r in deps)))
-        return transitions([row])[0]
+        """The terminal write's transition (None: the fence was lost, and the settling that
+        followed it found nothing to do)."""
+        del deps  # settled in the database, after the terminal write's commit
+        return transitions([row])[0] if row is not None else None
 
     def release(self, *, job_id: UUID, attempt_id: UUID, reason: str,
                 retry: RetryPolicy, outcome: ActionOutcome | None = None,
@@ -150,15 +140,16 @@ class Attempts(Noun):
         self.store.dependencies.settle(done)
         return done[0]
 
-    def fence(self, job_id: UUID) -> Fence | None:
-        """Where a job's fence stands now (after a write whose outcome was lost with the
-        connection, or to say why a heartbeat matched nothing)."""
-        return self._row("fence", {"job_id": job_id}, Fence)
+    def fence(self, job_id: UUID, attempt_id: UUID) -> Fence | None:
+        """Where a job's fence stands now for this attempt (after a write whose outcome was
+        lost with the connection, or to say why a heartbeat matched nothing)."""
+        return self._row("fence", {"job_id": job_id, "attempt_id": attempt_id}, Fence)
 
-    def succeeded_actions(self, job_id: UUID) -> set[int]:
-        """Indexes of the actions some attempt already finished: a retry resumes after them."""
-        return {r.action_index for r in self.store.jobs.action_results([job_id])
-                if r.status == "succeeded"}
+    def done_actions(self, job_id: UUID, attempt_id: UUID) -> set[int]:
+        """Indexes of the actions earlier attempts finished, for the attempt holding the
+        fence: a retry resumes after them."""
+        return {r["action_index"] for r in self._all("done_actions", {
+            "job_id": job_id, "attempt_id": attempt_id})}
 
     # -- outputs ---------------------------------------------------------------------------
 

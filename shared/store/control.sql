@@ -21,8 +21,9 @@ RETURNING draining, drain_changed_at, drain_reason;
 SELECT count(*) AS n FROM {schema}.jobs WHERE status = 'running' AND NOT is_parent;
 
 -- identity --
--- The installation's identity (NULL until `jobfence migrate` fills it in), and since when.
-SELECT installation, identified_at FROM {schema}.jobfence_control;
+-- The installation's identity (NULL until `jobfence migrate` fills it in), and since when:
+-- through a function every role may run (a worker's role reads no table).
+SELECT installation, identified_at FROM {schema}.jobfence_identity();
 
 -- claim_identity --
 -- Fill in the identity once; afterwards it never changes (the row says which it is).

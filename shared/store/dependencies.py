@@ -51,70 +51,31 @@ class Dependencies(Noun):
             self._execute("insert_many", {"deps": json.dumps(
                 [{"job_id": str(j), "depends_on": str(d)} for j, d in pairs])})
 
-    def dependents(self, job_ids: Sequence[UUID], *, limit: int) -> list[UUID]:
-        """Up to ``limit`` waiting jobs that depend on any of these."""
-        return list(dict.fromkeys(r["job_id"] for r in self._all(
-            "dependents", {"job_ids": list(job_ids), "limit": limit})))
-
-    def dependents_cursor(self, job_id: UUID) -> db.Cursor:
-        """The first page of a job's dependents, as a cursor to read later: queued in a
-        pipeline after the Sync of the job's terminal write, it runs after that commit."""
-        return self._execute("dependents", {"job_ids": [job_id], "limit": SETTLE_BATCH})
+    def settle_cursor(self, job_id: UUID) -> db.Cursor:
+        """Settle a job's dependents, as a cursor to read later: queued in a pipeline after
+        the Sync of the job's terminal write, it runs after that commit."""
+        return self._execute("settle", {"job_ids": [job_id], "budget": SETTLE_BATCH})
 
     def settle(self, done: Sequence[Transition], budget: int = SETTLE_BATCH) -> list[Transition]:
         """Resolve jobs waiting on the jobs that just became terminal, transitively, at
         most ``budget`` of them; export-finalize resolves the rest at its next pass.
 
         Returns every further transition it made. Runs after the commit of the transitions
-        it is given, each resolution in its own statement.
+        it is given, in one statement of its own.
         """
-        made: list[Transition] = []
         frontier = [t.job_id for t in done if t.terminal]
-        while frontier and budget > 0:
-            found = self.dependents(frontier, limit=budget)
-            budget -= len(found)
-            resolved = self.resolve(found) if found else []
-            made.extend(resolved)
-            frontier = [t.job_id for t in resolved if t.terminal]
-        return made
-
-    def settle_found(self, found: Sequence[UUID]) -> list[Transition]:
-        """Settle after a terminal write whose first page of dependents came back with it."""
-        if not found:
+        if not frontier or budget <= 0:
             return []
-        resolved = self.resolve(found)
-        return resolved + self.settle([t for t in resolved if t.terminal],
-                                      SETTLE_BATCH - len(found))
+        return transitions(self._all("settle", {"job_ids": frontier, "budget": budget}))
 
     def resolve(self, job_ids: Sequence[UUID]) -> list[Transition]:
         """Resolve these waiting jobs if their dependencies allow (pending, a parent
         running with its children released, or failed naming the dependency), in batches
-        of ``RESOLVE_BATCH``, each its own transaction unless the caller's is open."""
+        of ``RESOLVE_BATCH``, each its own statement."""
         out: list[Transition] = []
         for batch in _chunks(job_ids, RESOLVE_BATCH):
-            with db.transaction(self.conn):
-                rows = self._all("resolve", {"job_ids": batch})
-                started = [r["job_id"] for r in rows
-                           if r["is_parent"] and r["status"] == "running"]
-                failed = [r["job_id"] for r in rows
-                          if r["is_parent"] and r["status"] == "failed"]
-                children = self.release_children(started) + \
-                    self.cancel_children_of_failed(failed)
-            out += transitions(rows) + children
+            out += transitions(self._all("resolve", {"job_ids": batch}))
         return out
-
-    def release_children(self, parent_ids: Sequence[UUID]) -> list[Transition]:
-        """A parent whose dependencies succeeded: its waiting children become claimable."""
-        if not parent_ids:
-            return []
-        return transitions(self._all("release_children", {"parent_ids": list(parent_ids)}))
-
-    def cancel_children_of_failed(self, parent_ids: Sequence[UUID]) -> list[Transition]:
-        """A parent that failed before starting: its waiting children will never run."""
-        if not parent_ids:
-            return []
-        return transitions(self._all("cancel_children_of_failed",
-                                     {"parent_ids": list(parent_ids)}))
 
     def waiting_page(self, *, after: UUID, limit: int) -> list[UUID]:
         """Waiting top-level jobs after ``after`` in id order (the safety net's pages)."""

@@ -9,6 +9,10 @@ the installation's schema as its only search path, so migration files name objec
 unqualified. Migrations must be additive: a rolling deploy runs old and new pods against
 the same schema.
 
+Once the installation's group roles exist (``jobfence.store.roles``), migrations run as the
+owner role, which owns every object of the schema, and each migrate ends by granting every
+role its privileges.
+
 A database migrated by a release from before ``JOBFENCE_SCHEMA`` keeps its objects in the
 first schema of its search path (usually ``public``); the first migrate of this release
 moves every one of them into the installation's schema, jobs intact, and goes on from the
@@ -18,13 +22,14 @@ version it had reached.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import LiteralString
 
 from jobfence import db
 from jobfence.db import Connection
 from jobfence.store import Store
+from jobfence.store.roles import Roles, RolesReport
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
@@ -58,6 +63,8 @@ class MigrateReport:
     current: int = 0
     """The schema's version once this run is done (migrations another run applied at the
     same time included)."""
+    roles: RolesReport = field(default_factory=RolesReport)
+    """The group roles this run created, or could not create (then nothing was granted)."""
 
 
 def available() -> list[Migration]:
@@ -104,10 +111,13 @@ class Migrations:
         row = db.execute(self.conn, self.sql["legacy_location"]).fetchone()
         return str(row["schema"]) if row and row["schema"] != self.schema else None
 
-    def apply(self, mig: Migration) -> bool:
-        """Apply one migration in its own transaction unless it was; whether it ran."""
+    def apply(self, mig: Migration, owner: Roles | None = None) -> bool:
+        """Apply one migration in its own transaction unless it was (as the owner role when
+        ``owner`` is given); whether it ran."""
         with db.transaction(self.conn):
             self.lock()
+            if owner is not None:
+                owner.become_owner()
             self.use_schema()
             if mig.version in self.applied():
                 return False
@@ -134,9 +144,23 @@ def migrate(conn: Connection, schema: str = "jobfence",
         m.use_schema()
         m.table_create()
         already = len(m.applied())
-    applied = tuple(f"{mig.version:04d}_{mig.name}" for mig in available() if m.apply(mig))
+    roles = Roles(conn, schema)
+    created, missing = roles.create_missing()
+    owner = roles if not missing and roles.may_become_owner() else None
+    if owner is not None:
+        with db.transaction(conn):
+            m.lock()
+            owner.take_ownership()
+    applied = tuple(f"{mig.version:04d}_{mig.name}" for mig in available()
+                    if m.apply(mig, owner))
+    if not missing:
+        with db.transaction(conn):
+            m.lock()
+            roles.grant()
     store = Store(conn, schema)
     identity = store.control.claim_identity(installation)
     return MigrateReport(applied=applied, already=already, relocated_from=relocated,
                          installation=identity.installation,
-                         current=store.control.schema_version())
+                         current=store.control.schema_version(),
+                         roles=RolesReport(created=created, missing=missing,
+                                           owner=roles.names["owner"] if owner else None))

@@ -214,10 +214,11 @@ class JobRow(NamedTuple):
 
 
 class Fence(NamedTuple):
-    """Where a job's fence stands: its status, the attempt holding it, and why."""
+    """Where a job's fence stands for the attempt asking: its status, whether that attempt
+    holds the fence, and why (never whose the fence is)."""
 
     status: str
-    attempt_id: UUID | None
+    holds: bool
     reason: str | None
 
 

@@ -56,8 +56,9 @@ def sql(noun: str, name: str) -> LiteralString:
 
 
 def scanned_jobs_by(store: Store, query: LiteralString, params: dict[str, object]) -> set[str]:
-    """How the plan reads the jobs table (EXPLAIN only: nothing is executed)."""
-    [row] = store.conn.execute("EXPLAIN (FORMAT JSON) " + query, params).fetchall()
+    """How the plan reads the jobs table (EXPLAIN only: nothing is executed). A statement
+    that calls one of the store's functions is run instead, in a transaction rolled back,
+    with auto_explain reporting the plans of the statements inside it."""
     found: set[str] = set()
 
     def walk(node: dict[str, object]) -> None:
@@ -66,7 +67,26 @@ def scanned_jobs_by(store: Store, query: LiteralString, params: dict[str, object
         for child in node.get("Plans", []):  # type: ignore[attr-defined]
             walk(child)
 
-    walk(row["QUERY PLAN"][0]["Plan"])
+    if "worker_" not in query:
+        [row] = store.conn.execute("EXPLAIN (FORMAT JSON) " + query, params).fetchall()
+        walk(row["QUERY PLAN"][0]["Plan"])
+        return found
+    plans: list[str] = []
+    conn = store.conn
+    conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+    try:
+        with conn.transaction(force_rollback=True):
+            conn.execute("LOAD 'auto_explain'")
+            for setting, value in (("log_min_duration", "0"), ("log_nested_statements", "on"),
+                                   ("log_format", "json")):
+                conn.execute("SELECT set_config(%s, %s, true)", (f"auto_explain.{setting}", value))
+            conn.execute("SET LOCAL client_min_messages = log")
+            conn.execute(query, params).fetchall()
+    finally:
+        conn._notice_handlers.clear()  # type: ignore[attr-defined]
+    for message in plans:
+        if "plan:" in message:
+            walk(json.loads(message.split("plan:", 1)[1])["Plan"])
     return found
 
 

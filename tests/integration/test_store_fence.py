@@ -189,7 +189,8 @@ def test_action_record_is_idempotent_and_finish_carries_the_last_one(
                          result={"ok": 1})
     assert store.attempts.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=True,
                         outcome=last)
-    assert store.attempts.succeeded_actions(job_id) == {0, 1}
+    assert {r.action_index for r in store.jobs.action_results([job_id])
+            if r.status == "succeeded"} == {0, 1}
 
 
 def test_stale_finish_leaves_no_action_record_behind(store: Store) -> None:

@@ -51,8 +51,8 @@ class FakeDatabase:
             raise answer
         return answer  # type: ignore[no-any-return]
 
-    def fence(self, job_id: object) -> Fence:
-        return Fence(status="cancelled", attempt_id=None, reason="cancelled by operator")
+    def fence(self, job_id: object, attempt_id: object) -> Fence:
+        return Fence(status="cancelled", holds=False, reason="cancelled by operator")
 
 
 @pytest.fixture

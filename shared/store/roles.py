@@ -1,0 +1,155 @@
+"""The installation's group roles: one per kind of function, each able to do only what
+that function does (invariant 9 in the contract).
+
+==============  ===========================================================================
+role            may
+==============  ===========================================================================
+owner           own the schema and every object in it; run ``jobfence migrate``
+worker          run the worker's fenced verbs (``worker_*`` functions), nothing else: no
+                table, no other job's fence
+maintainer      the periodic functions: read everything, reclaim, time out, expire,
+                finalize, settle, retain; write their own runs, leases and snapshots
+operator        enqueue, cancel, wait, drain, queues; read everything
+reader          read everything: status, list, KEDA's queries, metrics
+==============  ===========================================================================
+
+Roles live in the server, not in a database, so they are named after the schema
+(``<schema>_worker``, ...). ``jobfence migrate`` creates those missing when its login may
+(a superuser, or ``CREATEROLE``), takes ownership of the schema's objects for the owner
+role when its login may act as it, and grants each role its privileges — again at every
+migrate, so that objects of new migrations are covered. When the login may not create
+roles, migrate says so and ``jobfence migrate --roles-sql`` prints the statements for a
+DBA to run. Logins are the deployment's business: ``GRANT jobfence_worker TO app_worker``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psycopg import sql
+
+from jobfence import db
+from jobfence.db import Connection
+from jobfence.errors import JobfenceError
+
+KINDS = ("owner", "worker", "maintainer", "operator", "reader")
+
+ROLE_OF_COMMAND = {
+    "migrate": "owner",
+    "worker": "worker",
+    "sweeper": "maintainer", "reconciliation": "maintainer", "lifecycle": "maintainer",
+    "export-finalize": "maintainer", "orphan-cleanup": "maintainer",
+    "enqueue": "operator", "cancel": "operator", "wait": "operator", "drain": "operator",
+    "queue": "operator",
+    "status": "reader", "list": "reader", "info": "reader", "metrics": "reader",
+    "pools": "reader",
+}
+"""The role each command of the CLI runs as (``drain status`` and ``queue status`` need only
+the reader's; the command's role covers its every subcommand)."""
+
+
+def role_names(schema: str) -> dict[str, str]:
+    """Each kind of role's name for an installation's schema."""
+    return {kind: f"{schema}_{kind}" for kind in KINDS}
+
+
+@dataclass(frozen=True, slots=True)
+class RolesReport:
+    created: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+    """Roles that do not exist and this login may not create (then nothing is granted)."""
+    owner: str | None = None
+    """The role owning the schema's objects, when it is the owner role."""
+
+    @property
+    def granted(self) -> bool:
+        return not self.missing
+
+
+class Roles:
+    """The role statements (``roles.sql``) for one schema."""
+
+    def __init__(self, conn: Connection, schema: str) -> None:
+        self.conn, self.schema = conn, schema
+        self.names = role_names(schema)
+        self.sql = db.queries("jobfence.store", "roles.sql", schema, **self.names)
+
+    def may_create(self) -> bool:
+        row = db.execute(self.conn, self.sql["may_create"]).fetchone()
+        return bool(row and row["may"])
+
+    def existing(self) -> set[str]:
+        return {r["rolname"] for r in db.execute(
+            self.conn, self.sql["existing"], {"names": list(self.names.values())})}
+
+    def may_become_owner(self) -> bool:
+        row = db.execute(self.conn, self.sql["may_become_owner"],
+                         {"owner": self.names["owner"]}).fetchone()
+        return bool(row and row["may"])
+
+    def become_owner(self) -> None:
+        """Act as the owner role until the transaction ends (objects created are its)."""
+        db.execute(self.conn, self.sql["become_owner"])
+
+    def not_owned(self) -> list[dict[str, str]]:
+        rows: list[dict[str, str]] = db.execute(self.conn, self.sql["not_owned"], {
+            "schema": self.schema, "owner": self.names["owner"]}).fetchall()
+        return rows
+
+    def grant(self) -> None:
+        db.execute(self.conn, self.sql["grant"])
+
+    # -- composite -------------------------------------------------------------------------
+
+    def create_missing(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Create the roles that do not exist when this login may; (created, missing)."""
+        missing = [name for name in self.names.values() if name not in self.existing()]
+        if not missing or not self.may_create():
+            return (), tuple(missing)
+        for name in missing:
+            try:
+                with db.transaction(self.conn):
+                    db.execute(self.conn, create_role(name))
+            except JobfenceError:
+                if name not in self.existing():  # else another migrate made it just now
+                    raise
+        return tuple(missing), ()
+
+    def take_ownership(self) -> None:
+        """Give the owner role whatever of the schema it does not own yet."""
+        owner = sql.Identifier(self.names["owner"])
+        for obj in self.not_owned():
+            if obj["kind"] == "schema":
+                stmt = sql.SQL("ALTER SCHEMA {} OWNER TO {}").format(
+                    sql.Identifier(obj["name"]), owner)
+            elif obj["kind"] == "table":
+                stmt = sql.SQL("ALTER TABLE {} OWNER TO {}").format(
+                    sql.Identifier(self.schema, obj["name"]), owner)
+            else:  # the argument list is the server's own rendering of the signature
+                stmt = sql.SQL("ALTER FUNCTION {}({}) OWNER TO {}").format(
+                    sql.Identifier(self.schema, obj["name"]), sql.SQL(obj["args"]), owner)
+            db.execute(self.conn, stmt)
+
+
+def create_role(name: str) -> sql.Composed:
+    return sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(name))
+
+
+def setup_sql(schema: str, login: str, database: str) -> str:
+    """The statements a DBA runs when ``login`` (the login that runs ``jobfence migrate``)
+    may not create roles: the group roles, the owner role granted to ``login``, and the
+    owner's right to create the schema in ``database``."""
+    names = role_names(schema)
+    lines = [create_role(name).as_string(None) + ";" for name in names.values()]
+    lines.append(sql.SQL("GRANT {} TO {};").format(
+        sql.Identifier(names["owner"]), sql.Identifier(login)).as_string(None))
+    lines.append(sql.SQL("GRANT CREATE ON DATABASE {} TO {};").format(
+        sql.Identifier(database), sql.Identifier(names["owner"])).as_string(None))
+    return "\n".join(lines) + "\n"
+
+
+def connection_identity(conn: Connection) -> tuple[str, str]:
+    """(login, database) of a connection."""
+    row = db.execute(conn, "SELECT session_user AS login, current_database() AS db").fetchone()
+    assert row is not None
+    return str(row["login"]), str(row["db"])

@@ -1,0 +1,95 @@
+-- The installation's group roles and what each may do (run by store/roles.py at the end of
+-- every `jobfence migrate`). {schema} is the installation's schema; {owner}, {worker},
+-- {maintainer}, {operator} and {reader} are its group roles (<schema>_owner, ...), each
+-- filled in as a quoted identifier. A deployment grants these roles to its login users.
+
+-- may_create --
+-- Whether this session may create roles.
+SELECT rolsuper OR rolcreaterole AS may FROM pg_roles WHERE rolname = current_user;
+
+-- existing --
+-- Which of these roles exist already.
+SELECT rolname FROM pg_roles WHERE rolname = ANY(%(names)s::text[]);
+
+-- may_become_owner --
+-- Whether this session may act as the owner role (a superuser, or a member of it).
+SELECT pg_has_role(current_user, %(owner)s, 'MEMBER') AS may;
+
+-- become_owner --
+-- Create (and alter) as the owner role until this transaction ends.
+SET LOCAL ROLE {owner};
+
+-- not_owned --
+-- Objects of the schema that the owner role does not own yet (an installation migrated
+-- before the roles existed, or by another login): the schema itself, its tables and its
+-- functions (indexes and identity sequences follow their tables).
+SELECT 'schema' AS kind, n.nspname AS name, NULL AS args
+FROM pg_namespace n
+WHERE n.nspname = %(schema)s AND n.nspowner <> %(owner)s::regrole
+UNION ALL
+SELECT 'table', c.relname, NULL
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema)s AND c.relkind IN ('r', 'p', 'v', 'm')
+  AND c.relowner <> %(owner)s::regrole
+UNION ALL
+SELECT 'function', p.proname, pg_get_function_identity_arguments(p.oid)
+FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+WHERE n.nspname = %(schema)s AND p.proowner <> %(owner)s::regrole;
+
+-- grant --
+-- Start from nothing (PUBLIC included: PostgreSQL lets everyone run a new function), then
+-- give each role what its functions use. Trigger functions need no grant to fire.
+REVOKE ALL ON SCHEMA {schema} FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA {schema}
+    FROM PUBLIC, {worker}, {maintainer}, {operator}, {reader};
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA {schema}
+    FROM PUBLIC, {worker}, {maintainer}, {operator}, {reader};
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {schema}
+    FROM PUBLIC, {worker}, {maintainer}, {operator}, {reader};
+GRANT USAGE ON SCHEMA {schema} TO {worker}, {maintainer}, {operator}, {reader};
+GRANT EXECUTE ON FUNCTION {schema}.jobfence_identity()
+    TO {worker}, {maintainer}, {operator}, {reader};
+
+-- worker: the fenced verbs, and settling what waited on its own terminal writes. No table.
+GRANT EXECUTE ON FUNCTION
+    {schema}.worker_claim(text, text, float8, integer),
+    {schema}.worker_heartbeat(uuid, uuid, float8),
+    {schema}.worker_record_action(uuid, uuid, integer, text, text, timestamptz, jsonb, text,
+                                  text),
+    {schema}.worker_finish(uuid, uuid, text, text, text, text, integer, text, text,
+                           timestamptz, jsonb, text, text),
+    {schema}.worker_release(uuid, uuid, float8, float8, text, text, text, integer, text, text,
+                            timestamptz, jsonb, text, text),
+    {schema}.worker_interrupt(uuid, uuid, text, integer),
+    {schema}.worker_register_outputs(uuid, uuid, jsonb),
+    {schema}.worker_confirm_outputs(uuid, uuid, jsonb),
+    {schema}.worker_fence(uuid, uuid),
+    {schema}.worker_done_actions(uuid, uuid),
+    {schema}.settle_dependents(uuid[], integer)
+    TO {worker};
+
+-- reader: status, list, queue status, drain status, KEDA's queries, metrics.
+GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {reader}, {maintainer}, {operator};
+
+-- operator: enqueue (with `after`), cancel, wait, drain, queues.
+GRANT INSERT, UPDATE ON {schema}.jobs TO {operator};
+GRANT INSERT ON {schema}.job_dependencies TO {operator};
+GRANT INSERT, DELETE ON {schema}.job_watchers TO {operator};
+GRANT UPDATE ON {schema}.jobfence_control TO {operator};
+GRANT INSERT, UPDATE ON {schema}.queues TO {operator};
+GRANT EXECUTE ON FUNCTION {schema}.resolve_waiting(uuid[]),
+    {schema}.settle_dependents(uuid[], integer) TO {operator};
+
+-- maintainer: the periodic functions (sweeper, reconciliation, lifecycle, export-finalize,
+-- orphan-cleanup): reclaim, time out, expire, finalize, settle, retain; their own runs,
+-- leases, snapshots and suspects. Never an enqueue, never the drain switch.
+GRANT UPDATE, DELETE ON {schema}.jobs, {schema}.job_outputs TO {maintainer};
+GRANT DELETE ON {schema}.job_events, {schema}.job_action_results,
+    {schema}.job_dependencies, {schema}.job_watchers TO {maintainer};
+GRANT INSERT, UPDATE, DELETE ON {schema}.function_runs, {schema}.function_totals,
+    {schema}.function_status, {schema}.function_leases, {schema}.pod_snapshots,
+    {schema}.orphan_pod_suspects TO {maintainer};
+GRANT EXECUTE ON FUNCTION {schema}.jobfence_reclaim(uuid[], text[], text[], float8, float8),
+    {schema}.jobfence_retry_delay(integer, float8, float8),
+    {schema}.resolve_waiting(uuid[]),
+    {schema}.settle_dependents(uuid[], integer) TO {maintainer};
