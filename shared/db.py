@@ -44,6 +44,7 @@ LOCK_NAMESPACE = 0x6A66  # "jf"
 
 Connection = psycopg.Connection[dict[str, Any]]
 Cursor = psycopg.Cursor[Any]
+Composed = sql.Composed
 T = TypeVar("T")
 
 _HEADER = re.compile(r"^-- ([a-z][a-z0-9_]*) --$", re.MULTILINE)
@@ -269,6 +270,18 @@ def lock_params(name: str) -> dict[str, int]:
 
 
 # -- schema administration (migrate only) ------------------------------------------------------
+
+
+def statement(template: LiteralString, *, trusted: Mapping[str, str] | None = None,
+              **identifiers: str | tuple[str, ...]) -> sql.Composed:
+    """``template`` with ``{name}`` placeholders filled in as quoted identifiers (a tuple:
+    a qualified name), and ``trusted`` ones as SQL text the server itself rendered (e.g. a
+    function's argument list from ``pg_get_function_identity_arguments``)."""
+    parts: dict[str, sql.Composable] = {
+        k: sql.Identifier(*v) if isinstance(v, tuple) else sql.Identifier(v)
+        for k, v in identifiers.items()}
+    parts.update({k: sql.SQL(v) for k, v in (trusted or {}).items()})
+    return sql.SQL(template).format(**parts)
 
 
 def relation_exists(conn: Connection, schema: str, name: str) -> bool:

@@ -26,10 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from psycopg import sql
-
 from jobfence import db
-from jobfence.db import Connection
+from jobfence.db import Composed, Connection
 from jobfence.errors import JobfenceError
 
 KINDS = ("owner", "worker", "maintainer", "operator", "reader")
@@ -117,22 +115,23 @@ class Roles:
 
     def take_ownership(self) -> None:
         """Give the owner role whatever of the schema it does not own yet."""
-        owner = sql.Identifier(self.names["owner"])
+        owner = self.names["owner"]
         for obj in self.not_owned():
             if obj["kind"] == "schema":
-                stmt = sql.SQL("ALTER SCHEMA {} OWNER TO {}").format(
-                    sql.Identifier(obj["name"]), owner)
+                stmt = db.statement("ALTER SCHEMA {name} OWNER TO {owner}",
+                                    name=obj["name"], owner=owner)
             elif obj["kind"] == "table":
-                stmt = sql.SQL("ALTER TABLE {} OWNER TO {}").format(
-                    sql.Identifier(self.schema, obj["name"]), owner)
+                stmt = db.statement("ALTER TABLE {name} OWNER TO {owner}",
+                                    name=(self.schema, obj["name"]), owner=owner)
             else:  # the argument list is the server's own rendering of the signature
-                stmt = sql.SQL("ALTER FUNCTION {}({}) OWNER TO {}").format(
-                    sql.Identifier(self.schema, obj["name"]), sql.SQL(obj["args"]), owner)
+                stmt = db.statement("ALTER FUNCTION {name}({args}) OWNER TO {owner}",
+                                    name=(self.schema, obj["name"]), owner=owner,
+                                    trusted={"args": obj["args"]})
             db.execute(self.conn, stmt)
 
 
-def create_role(name: str) -> sql.Composed:
-    return sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(name))
+def create_role(name: str) -> Composed:
+    return db.statement("CREATE ROLE {name} NOLOGIN", name=name)
 
 
 def setup_sql(schema: str, login: str, database: str) -> str:
@@ -141,10 +140,10 @@ def setup_sql(schema: str, login: str, database: str) -> str:
     owner's right to create the schema in ``database``."""
     names = role_names(schema)
     lines = [create_role(name).as_string(None) + ";" for name in names.values()]
-    lines.append(sql.SQL("GRANT {} TO {};").format(
-        sql.Identifier(names["owner"]), sql.Identifier(login)).as_string(None))
-    lines.append(sql.SQL("GRANT CREATE ON DATABASE {} TO {};").format(
-        sql.Identifier(database), sql.Identifier(names["owner"])).as_string(None))
+    lines.append(db.statement("GRANT {owner} TO {login};", owner=names["owner"],
+                              login=login).as_string(None))
+    lines.append(db.statement("GRANT CREATE ON DATABASE {database} TO {owner};",
+                              database=database, owner=names["owner"]).as_string(None))
     return "\n".join(lines) + "\n"
 
 
