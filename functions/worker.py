@@ -25,6 +25,7 @@ from jobfence.errors import InvalidSpec
 from jobfence.execution import AttemptRunner, Outcome
 from jobfence.logs import get_logger
 from jobfence.proctree import become_subreaper
+from jobfence.sandbox import protect_worker
 from jobfence.settings import Settings
 from jobfence.shutdown import on_termination
 from jobfence.spec import queue_name
@@ -166,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise InvalidSpec(f"--queue: {exc}") from None
         settings = cli.setup("worker")
         become_subreaper()  # this process runs nothing but jobs
+        protect_worker()  # its environment holds the keys: closed to its jobs' code
         report = run_once(settings, args.max_jobs, args.max_seconds, queue)
         cli.emit(report)
         return 0 if report.ok else 1

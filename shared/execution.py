@@ -30,10 +30,11 @@ from jobfence.actions.builtin import ActionFailed
 from jobfence.attempt import AttemptGuard, GuardThreads, SideChannel, StopReason
 from jobfence.datums import AttemptFiles
 from jobfence.db import Connection, connect
-from jobfence.errors import FenceLost, JobfenceError, StoreUnavailable
+from jobfence.errors import ConfigError, FenceLost, JobfenceError, StoreUnavailable
 from jobfence.logs import get_logger
 from jobfence.objectstore import ObjectStore
 from jobfence.proctree import kill_descendants
+from jobfence.sandbox import Sandbox
 from jobfence.settings import Settings
 from jobfence.store import ActionOutcome, Claim, RetryPolicy, Store, Transition
 from jobfence.wiring import open_object_store
@@ -67,6 +68,11 @@ class AttemptRunner:
         self.settings = settings
         self.queue = queue
         self.retry = RetryPolicy(settings.retry_base_seconds, settings.retry_max_seconds)
+        try:
+            self.sandbox = Sandbox.configured(settings.command_user,
+                                              settings.command_env.split(","))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         self.side = SideChannel(settings)
         self.guards = GuardThreads(join_timeout=settings.heartbeat + 6)
         self._conn = self._connect()
@@ -158,7 +164,7 @@ class AttemptRunner:
                 ctx = ActionContext(job_id=claim.job_id, attempt_id=claim.attempt_id,
                                     action_index=index, dirs=dirs, stop=guard.stop,
                                     track_process=guard.track, untrack_process=guard.untrack,
-                                    files=files, env=env)
+                                    files=files, env=env, sandbox=self.sandbox)
                 try:
                     result = action.run(ctx, spec.get("params", {}))
                 finally:

@@ -106,6 +106,15 @@ class Settings(BaseSettings):
     queue: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
     """The queue a worker serves when it is not given ``--queue`` (a pool's pods are)."""
 
+    command_user: str = Field(default="nobody", max_length=64)
+    """The user a ``command`` child runs as when the worker runs as root (a name, or
+    ``UID[:GID]``); ``worker`` keeps the worker's own. A worker of another user cannot switch:
+    its child runs as itself (``jobfence.sandbox`` says what still keeps it out)."""
+
+    command_env: str = Field(default="", max_length=4096)
+    """Comma-separated names of the worker's own environment variables that a ``command``
+    child also gets. Nothing else of the worker's environment reaches it."""
+
     worker_id: str | None = None
     """Claimer identity written on every claim; default the pod name from the downward API
     (``POD_NAME``), so that reconciliation can match a claim to its pod; else host:pid."""

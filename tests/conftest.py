@@ -193,7 +193,10 @@ def cli_env(dsn: str, command: str | None = None, **extra: str) -> dict[str, str
     if command is not None:
         dsn = role_dsn(dsn, command, extra.get("JOBFENCE_SCHEMA", "jobfence"))
     env.update({"JOBFENCE_DATABASE_URL": dsn,
-                "JOBFENCE_DATABASE_POOLER": getattr(dsn, "pooler", "none"), **extra})
+                "JOBFENCE_DATABASE_POOLER": getattr(dsn, "pooler", "none"),
+                # Commands of most tests write where the test looks (its tmp_path, which only
+                # root may enter): they keep the worker's user unless a test asks otherwise.
+                "JOBFENCE_COMMAND_USER": "worker", **extra})
     return env
 
 

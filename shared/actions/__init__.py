@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 from uuid import UUID
 
 from jobfence.errors import InvalidSpec
+from jobfence.sandbox import Sandbox
 
 ENTRY_POINT_GROUP = "jobfence.actions"
 
@@ -83,6 +84,8 @@ class ActionContext:
     untrack_process: Callable[[int], None]
     files: AttemptFiles | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    sandbox: Sandbox = field(default_factory=Sandbox)
+    """How a child process of the job is started: away from the worker's keys."""
 
     @property
     def workdir(self) -> Path:

@@ -27,8 +27,6 @@ from jobfence.durations import Duration
 from jobfence.errors import InvalidSpec
 
 TAIL_BYTES = 4096
-# The child never sees the worker's own secrets.
-_HIDDEN_ENV = ("JOBFENCE_DATABASE_URL",)
 
 
 class ActionFailed(Exception):
@@ -155,8 +153,9 @@ def kill_group(pgid: int) -> None:
 
 
 class CommandAction:
-    """Run ``argv`` (no shell unless the argv asks for one) with the job's environment:
-    the job's S3 inputs are downloaded into JOBFENCE_INPUT_DIR first, and what the command
+    """Run ``argv`` (no shell unless the argv asks for one) in the job's sandbox
+    (``jobfence.sandbox``: its own environment, another user when the worker is root): the
+    job's S3 inputs are downloaded into JOBFENCE_INPUT_DIR first, and what the command
     writes into JOBFENCE_OUTPUT_DIR is uploaded when it exits 0."""
 
     name = "command"
@@ -167,20 +166,20 @@ class CommandAction:
 
     def run(self, ctx: ActionContext, params: Mapping[str, Any]) -> Mapping[str, Any] | None:
         p = CommandParams.model_validate(params)
-        env = {k: v for k, v in os.environ.items() if k not in _HIDDEN_ENV}
-        env.update(ctx.env)
-        env.update(p.env)
+        env = ctx.sandbox.environment(ctx.env, p.env, ctx.workdir)
         ctx.check_stop()
         inputs, outputs = ctx.input_dir, ctx.output_dir  # the child may use both: make them
         if ctx.files is not None:
             ctx.files.download_inputs(inputs)
             ctx.check_stop()
+        ctx.sandbox.hand_over(ctx.dirs.root)
         started = time.monotonic()
         try:
             proc = subprocess.Popen(
                 p.argv, cwd=ctx.workdir, env=env, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                 preexec_fn=_PREEXEC,  # noqa: PLW1509 - a single prctl call, no locks
+                **ctx.sandbox.popen_args(),
             )
         except OSError as exc:
             raise ActionFailed(f"cannot start {p.argv[0]!r}: {exc.strerror or exc}") from exc

@@ -74,7 +74,7 @@ GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {reader}, {maintainer}, {operat
 -- operator: enqueue (with `after`), cancel, wait, drain, queues.
 GRANT INSERT, UPDATE ON {schema}.jobs TO {operator};
 GRANT INSERT ON {schema}.job_dependencies TO {operator};
-GRANT INSERT, DELETE ON {schema}.job_watchers TO {operator};
+GRANT INSERT, UPDATE, DELETE ON {schema}.job_watchers TO {operator};
 GRANT UPDATE ON {schema}.jobfence_control TO {operator};
 GRANT INSERT, UPDATE ON {schema}.queues TO {operator};
 GRANT EXECUTE ON FUNCTION {schema}.resolve_waiting(uuid[]),

@@ -51,13 +51,20 @@ def test_two_hundred_datums_four_workers_each_child_once(dsn: str, s3_env: dict[
     parent = enqueue_spec(dsn, s3_env, {"actions": [{"name": "command", "params": {
         "argv": ["sh", "-c", UPPER]}}], "inputs": url})
     assert parent["status"] == "running" and parent["children"] == 200
-    workers = [spawn(dsn, "worker", "--max-jobs", "200", **s3_env) for _ in range(4)]
+    # The children's commands run as another user (the worker is root here): their inputs
+    # are handed over to it, and what they write is uploaded.
+    workers = [spawn(dsn, "worker", "--max-jobs", "200", JOBFENCE_COMMAND_USER="nobody",
+                     **s3_env) for _ in range(4)]
     outs = [w.communicate(timeout=180) for w in workers]
     assert [w.returncode for w in workers] == [0, 0, 0, 0], [e[-2000:] for _, e in outs]
     reports = [json.loads(o) for o, _ in outs]
     assert sum(r["succeeded"] for r in reports) == 200
     assert all(r["claimed"] > 0 for r in reports)  # all four took part
     pid = str(parent["job_id"])
+    assert job(dsn, pid)["status"] == "running"  # finalized by export-finalize, not a worker
+    r = run_cli(dsn, "export-finalize", **s3_env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["parents_succeeded"] == 1
     row = job(dsn, pid)
     assert row["status"] == "succeeded"
     assert len([e for e in events(dsn, pid) if e["to_status"] == "succeeded"]) == 1
@@ -102,6 +109,7 @@ def test_killed_after_partial_upload_retry_outputs_committed(
     assert run_cli(dsn, "sweeper", **FAST).returncode == 0
     r = run_cli(dsn, "worker", **FAST, **s3_env)
     assert r.returncode == 0, r.stderr
+    assert run_cli(dsn, "export-finalize", **s3_env).returncode == 0
     row = job(dsn, pid)
     assert row["status"] == "succeeded"
     [item] = manifest(s3_env, row["manifest"])["items"]  # type: ignore[misc]
@@ -182,6 +190,7 @@ def test_grouped_datums_keep_names_relative_to_the_prefix(dsn: str,
                                                      "per_datum": 2}})
     assert parent["children"] == 3
     assert run_cli(dsn, "worker", "--max-jobs", "5", **FAST, **s3_env).returncode == 0
+    assert run_cli(dsn, "export-finalize", **s3_env).returncode == 0
     row = job(dsn, str(parent["job_id"]))
     items = manifest(s3_env, row["manifest"])["items"]
     seen = sorted(store.get_bytes(*parse_s3_url(i["outputs"][0])).decode()  # type: ignore[index]
@@ -212,9 +221,10 @@ def test_wait_on_a_parent_shows_children_progress_on_a_terminal(
     parent = enqueue_spec(dsn, s3_env, {"actions": [{"name": "sleep", "params": {
         "seconds": 0}}], "inputs": url})
     assert run_cli(dsn, "worker", "--max-jobs", "4", **FAST, **s3_env).returncode == 0
+    assert run_cli(dsn, "export-finalize", **s3_env).returncode == 0
     master, slave = pty.openpty()
     p = subprocess.Popen([*JOBFENCE, "wait", str(parent["job_id"])], cwd=REPO, stdin=slave,
-                         stdout=slave, stderr=subprocess.PIPE, env=cli_env(dsn, **s3_env))
+                         stdout=slave, stderr=subprocess.PIPE, env=cli_env(dsn, "wait", **s3_env))
     _, err = p.communicate(timeout=30)
     os.close(slave)
     out = b""
@@ -251,4 +261,5 @@ def test_children_inherit_the_queue_and_the_schedule(dsn: str, s3_env: dict[str,
     r = run_cli(dsn, "worker", "--queue", "datums", "--max-jobs", "20", **{**FAST, **s3_env})
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["succeeded"] == 6
-    wait_for(lambda: job(dsn, str(parent["job_id"]))["status"] == "succeeded", timeout=10)
+    assert run_cli(dsn, "export-finalize", **s3_env).returncode == 0
+    assert job(dsn, str(parent["job_id"]))["status"] == "succeeded"
