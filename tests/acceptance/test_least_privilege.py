@@ -1,0 +1,158 @@
+"""A job's code looks for the keys, as a hostile job would, and finds none (invariant 9).
+
+The job's command searches everything its process can read — its environment, its
+parent's, every ``/proc/*/environ`` and ``cmdline`` it can open, every file under the
+worker's working directory and home (where a deployment left a credentials file that only
+the worker may read) — then tries, with every connection string it found, to mark another
+running job succeeded, read its fence, claim a job, update and delete tables, enqueue and
+drop a table. Nothing is found, nothing is tried, every other job is as it was, and its own
+job ends as its worker decides.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from jobfence.store import Store
+from tests.conftest import JOBFENCE, Dsn, cli_env
+from tests.factories import enqueue_one
+from tests.procs import FAST, events, job
+
+SEARCH = r'''
+import json, os, re, sys
+report, cwd, home = sys.argv[1], sys.argv[2], sys.argv[3]
+DSN = re.compile(rb"postgres(?:ql)?://[^\s\x00'\"]+|(?:host|dbname|user)=[^\x00]*?(?=\x00|$)")
+found, seen = set(), []
+
+def scan(data, where):
+    for m in DSN.findall(data):
+        found.add(m.decode(errors="replace"))
+        seen.append(where)
+
+scan("\0".join(f"{k}={v}" for k, v in os.environ.items()).encode(), "own environment")
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        for part in ("environ", "cmdline"):
+            try:
+                with open(f"/proc/{pid}/{part}", "rb") as f:
+                    scan(f.read(), f"/proc/{pid}/{part}")
+            except OSError:
+                pass
+files = 0
+for top in (cwd, home):
+    for root, _, names in os.walk(top):
+        for name in names:
+            try:
+                with open(os.path.join(root, name), "rb") as f:
+                    scan(f.read(1 << 20), os.path.join(root, name))
+                    files += 1
+            except OSError:
+                pass
+tried = []
+for dsn in sorted(found):
+    try:
+        import psycopg
+        with psycopg.connect(dsn, connect_timeout=3, autocommit=True) as conn:
+            for what, stmt in (
+                ("mark another job succeeded",
+                 "UPDATE jobfence.jobs SET status = 'succeeded' WHERE status = 'running'"),
+                ("read another job's attempt_id", "SELECT attempt_id FROM jobfence.jobs"),
+                ("claim a job", "SELECT * FROM jobfence.worker_claim('default', 'x', 60, 1)"),
+                ("delete the audit trail", "DELETE FROM jobfence.job_events"),
+                ("enqueue", "INSERT INTO jobfence.jobs (job_id, status, actions, max_attempts)"
+                            " VALUES (gen_random_uuid(), 'pending', '[]', 3)"),
+                ("drop a table", "DROP TABLE jobfence.job_events")):
+                try:
+                    conn.execute(stmt)
+                    tried.append([what, "done"])
+                except psycopg.Error as exc:
+                    tried.append([what, type(exc).__name__])
+    except Exception as exc:
+        tried.append(["connect", type(exc).__name__])
+with open(report, "w") as f:
+    json.dump({"found": sorted(found), "where": seen, "tried": tried, "files": files,
+               "uid": os.getuid(), "env": sorted(os.environ)}, f)
+'''
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory anyone may enter (pytest's own temporary root is closed to others)."""
+    path = Path(tempfile.mkdtemp(prefix="jobfence-keys-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_jobs_command_finds_no_key_and_changes_nothing(dsn: Dsn, store: Store,
+                                                        open_dir: Path) -> None:
+    # Another worker's job, running, with its audit trail so far.
+    other = enqueue_one(store)
+    [claim] = store.attempts.claim(worker_id="another-worker", lease_seconds=300)
+    assert claim.job_id == other
+    before = (job(dsn, str(other)), events(dsn, str(other)))
+    # The worker's home and working directory, as a deployment may leave them: a
+    # credentials file only the worker's user may read.
+    home = open_dir / "worker-home"
+    home.mkdir()
+    secret = home / ".pgpass"
+    env = cli_env(dsn, "worker", **FAST, JOBFENCE_COMMAND_USER="nobody")
+    secret.write_text(env["JOBFENCE_DATABASE_URL"] + "\n")
+    secret.chmod(0o600)
+    (home / "notes.txt").write_text("nothing to see\n")  # readable: the search does read
+    drop = open_dir / "drop"
+    drop.mkdir()
+    drop.chmod(0o777)  # where the job leaves its report for the test
+    report = drop / "report.json"
+    # The system's Python: the test's own may live where only root may enter. (psycopg is
+    # imported only when a connection string was found.)
+    python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable
+    hostile = enqueue_one(store, actions=[{"name": "command", "params": {"argv": [
+        python, "-c", SEARCH, str(report), str(home), str(home)]}}])
+    r = subprocess.run([*JOBFENCE, "worker"], env={**env, "HOME": str(home)}, cwd=home,
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    found = json.loads(report.read_text())
+    assert found["uid"] != os.getuid()  # the command ran as another user
+    assert found["found"] == [] and found["tried"] == [], found
+    assert found["files"] >= 1  # it did search
+    assert not any(k.startswith(("JOBFENCE_DATABASE", "AWS_", "PG")) for k in found["env"])
+    # Every other job is as it was; the hostile job ended as its worker decided.
+    assert (job(dsn, str(other)), events(dsn, str(other))) == before
+    assert job(dsn, str(hostile))["status"] == "succeeded"
+    assert [e["to_status"] for e in events(dsn, str(hostile))] == [
+        "pending", "running", "succeeded"]
+
+
+def test_the_worker_role_bounds_a_command_that_is_handed_the_keys(
+        dsn: Dsn, store: Store, tmp_path: Path) -> None:
+    """Where a deployment passes the worker's URL to its jobs anyway (JOBFENCE_COMMAND_ENV),
+    the worker's role is all it gets: no table, no other job's fence, nothing dropped."""
+    other = enqueue_one(store)
+    [claim] = store.attempts.claim(worker_id="another-worker", lease_seconds=300)
+    before = (job(dsn, str(other)), events(dsn, str(other)))
+    drop = tmp_path / "drop"
+    drop.mkdir()
+    report = drop / "report.json"
+    enqueue_one(store, actions=[{"name": "command", "params": {"argv": [
+        sys.executable, "-c", SEARCH, str(report), str(drop), str(drop)]}}])
+    env = cli_env(dsn, "worker", **FAST, JOBFENCE_COMMAND_ENV="JOBFENCE_DATABASE_URL")
+    r = subprocess.run([*JOBFENCE, "worker"], env=env, capture_output=True, text=True,
+                       timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    found = json.loads(report.read_text())
+    assert found["found"], found  # handed the worker's URL...
+    tried = dict(map(tuple, found["tried"]))
+    assert tried.pop("claim a job") == "done"  # ...it may claim (nothing is ready)
+    assert set(tried.values()) == {"InsufficientPrivilege"}, found["tried"]
+    assert (job(dsn, str(other)), events(dsn, str(other))) == before
+    assert claim.job_id == other
