@@ -52,10 +52,3 @@ class MemoryCluster:
         for pod in [p for p in self.pods.values() if p.job_name == name]:
             del self.pods[pod.name]
         return True
-
-    def job_annotations(self, name: str) -> dict[str, str] | None:
-        return self.jobs.get(name)
-
-    def pod_job_name(self, name: str) -> str | None:
-        pod = self.pods.get(name)
-        return pod.job_name if pod else None

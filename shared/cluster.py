@@ -62,13 +62,6 @@ class Cluster(Protocol):
         """Delete a Job and its pods; False if it was already gone."""
         ...
 
-    def job_annotations(self, name: str) -> dict[str, str] | None:
-        """A Job's annotations, None if there is no such Job."""
-        ...
-
-    def pod_job_name(self, name: str) -> str | None:
-        """The Job owning a pod, None if the pod or its owner is unknown."""
-        ...
 
 
 # Kubernetes object names are DNS subdomains: a claimer id with ':' or '/' is not a pod.

@@ -32,7 +32,7 @@ from uuid import UUID, uuid4
 
 from jobfence import cli, db, metrics
 from jobfence.cluster import Cluster
-from jobfence.errors import ClusterError, JobfenceError, PassInterrupted
+from jobfence.errors import JobfenceError, PassInterrupted
 from jobfence.logs import get_logger
 from jobfence.objectstore import ObjectStore
 from jobfence.settings import Settings
@@ -139,25 +139,11 @@ class Deps:
 RunOnce = Callable[[Settings, Deps], Report]
 
 
-MANUAL_ANNOTATION = "cronjob.kubernetes.io/instantiate"
-
-
-def detect_trigger(settings: Settings, deps: Deps) -> str:
+def detect_trigger(settings: Settings) -> str:
     """``scheduled`` or ``manual`` (see ``Settings.trigger``). Uncertain: scheduled."""
     if settings.trigger != "auto":
         return settings.trigger
-    pod = os.environ.get("POD_NAME")
-    if pod and settings.cluster == "kubernetes":
-        try:
-            cluster = deps.cluster
-            job = cluster.pod_job_name(pod) if cluster else None
-            annotations = cluster.job_annotations(job) if cluster and job else None
-        except ClusterError as exc:
-            get_logger("jobfence.runner").warning("trigger_unknown", error=str(exc))
-            return "scheduled"
-        return "manual" if (annotations or {}).get(MANUAL_ANNOTATION) == "manual" \
-            else "scheduled"
-    return "manual" if not pod and sys.stdin.isatty() else "scheduled"
+    return "manual" if not os.environ.get("POD_NAME") and sys.stdin.isatty() else "scheduled"
 
 
 def counts_of(report: Report) -> dict[str, Any]:
@@ -248,7 +234,7 @@ def run_pass(name: str, argv: list[str] | None, run_once: RunOnce, description: 
         with cli.open_store(settings, name) as store:
             deps = Deps(store, settings)
             _ = deps.installation  # a pass of another installation stops here (exit 2)
-            trigger = detect_trigger(settings, deps)
+            trigger = detect_trigger(settings)
             run_id = store.runs.run_started(function=name, trigger=trigger,
                                             holder=deps.pass_id,
                                             lease_seconds=settings.function_lease_seconds)

@@ -175,10 +175,10 @@ class Settings(BaseSettings):
     """Prometheus Pushgateway for run metrics; unset: nothing is pushed."""
 
     trigger: Literal["auto", "scheduled", "manual"] = "auto"
-    """How a function run records its trigger. ``auto``: in a Kubernetes pod, ``manual``
-    when its Job carries ``cronjob.kubernetes.io/instantiate: manual`` (what
-    ``kubectl create job --from=cronjob/...`` sets), else ``scheduled``; outside a pod,
-    ``manual`` when run from a terminal."""
+    """How a function run records its trigger. ``auto``: ``scheduled`` in a pod (a run made
+    by hand sets ``manual``: manifests/README.md shows how), and outside a pod ``manual``
+    when run from a terminal. Read from the environment only: a function needs no access to
+    the Kubernetes API to know it (least privilege)."""
 
     log_format: Literal["json", "console"] = "json"
     """Log lines on stderr: JSON for machines, console for people."""

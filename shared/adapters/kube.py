@@ -144,18 +144,6 @@ class KubernetesCluster:
             name, self.namespace, grace_period_seconds=grace_seconds,
             propagation_policy="Background", _preload_content=False), f"job {name}")
 
-    def job_annotations(self, name: str) -> dict[str, str] | None:
-        obj = self._read(lambda: self.batch.read_namespaced_job(
-            name, self.namespace, _preload_content=False), f"job {name}")
-        if obj is None:
-            return None
-        return dict((obj.get("metadata") or {}).get("annotations") or {})
-
-    def pod_job_name(self, name: str) -> str | None:
-        obj = self._read(lambda: self.core.read_namespaced_pod(
-            name, self.namespace, _preload_content=False), f"pod {name}")
-        return pod_from_json(obj).job_name if obj else None
-
     # -- calls with rate limit and retries -------------------------------------------------
 
     def _read(self, call: Callable[[], Any], what: str) -> dict[str, Any] | None:

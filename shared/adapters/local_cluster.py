@@ -139,9 +139,3 @@ class LocalCluster:
 
     def delete_job(self, name: str, *, grace_seconds: int) -> bool:
         return False  # local workers have no Jobs
-
-    def job_annotations(self, name: str) -> dict[str, str] | None:
-        return None
-
-    def pod_job_name(self, name: str) -> str | None:
-        return None

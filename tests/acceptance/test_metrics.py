@@ -11,16 +11,13 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Iterator
-from datetime import UTC, datetime
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.embedded_pg import free_port
-from devtools.memory_cluster import MemoryCluster
 from devtools.sqlconn import connect
-from jobfence.cluster import Pod
-from jobfence.runner import Deps, detect_trigger
+from jobfence.runner import detect_trigger
 from jobfence.settings import Settings
 from jobfence.store import Store
 from tests.conftest import run_cli
@@ -88,7 +85,6 @@ def test_runs_record_trigger_counts_and_status_and_metrics_add_up(dsn: str) -> N
 
 
 def test_skipped_run_is_recorded_and_counted(dsn: str) -> None:
-    from jobfence.store import Store
 
     with connect(dsn) as holder:
         run_in_progress(Store(holder), "sweeper")
@@ -98,21 +94,13 @@ def test_skipped_run_is_recorded_and_counted(dsn: str) -> None:
                 (("function", "sweeper"), ("status", "skipped")))] == 1
 
 
-def test_trigger_comes_from_the_jobs_annotation_in_kubernetes(
-        store: Store, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    cluster = MemoryCluster()
-    at = datetime.now(UTC)
-    cluster.add(Pod("sweep-manual-x7k2p", "Running", at, at, job_name="sweep-manual"))
-    cluster.add(Pod("sweep-29384756-abcde", "Running", at, at, job_name="sweep-29384756"))
-    cluster.jobs["sweep-manual"] = {"cronjob.kubernetes.io/instantiate": "manual"}
-    s = Settings(database_url=dsn, cluster="kubernetes")
-    deps = Deps(store, s, cluster_port=cluster)
-    monkeypatch.setenv("POD_NAME", "sweep-manual-x7k2p")
-    assert detect_trigger(s, deps) == "manual"
+def test_trigger_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No function reads the Kubernetes API to know its trigger: a pod's run is scheduled
+    unless started with JOBFENCE_TRIGGER=manual."""
+    s = Settings(database_url="postgresql://x@localhost/x", cluster="kubernetes")
     monkeypatch.setenv("POD_NAME", "sweep-29384756-abcde")
-    assert detect_trigger(s, deps) == "scheduled"
-    monkeypatch.setenv("POD_NAME", "gone")  # no such pod: uncertain, so scheduled
-    assert detect_trigger(s, deps) == "scheduled"
+    assert detect_trigger(s) == "scheduled"
+    assert detect_trigger(s.model_copy(update={"trigger": "manual"})) == "manual"
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ from jobfence.functions.cli import COMMANDS
 from jobfence.functions.pools import render as render_pools
 from jobfence.functions.worker import EXIT_GRACE_SECONDS
 from jobfence.spec import parse_spec_text
+from jobfence.store.roles import ROLE_OF_COMMAND
 from tests.manifests.rendered import (
     PERIODIC,
     REPO,
@@ -38,7 +39,7 @@ APP_LABELS = {"app.kubernetes.io/name": "jobfence", "app.kubernetes.io/part-of":
 POOLS = pools()
 # Pods that talk to the API server: the periodic functions (reconciliation and
 # orphan-cleanup list and delete worker pods; each reads its own Job's annotations).
-USES_API = {f"CronJob/jobfence-{name}" for name in PERIODIC}
+PERIODIC_CRONJOBS = {f"CronJob/jobfence-{name}" for name in PERIODIC}
 
 
 def minutes_between_runs(schedule: str) -> int:
@@ -164,7 +165,7 @@ def test_function_alert_thresholds_cover_every_function_and_outlast_a_run(
 
 def test_the_base_has_a_pod_template_per_function(base: list[Obj]) -> None:
     names = {where for where, _ in pod_templates(base)}
-    assert names == USES_API | {"CronJob/jobfence-enqueue", "Job/jobfence-migrate",
+    assert names == PERIODIC_CRONJOBS | {"CronJob/jobfence-enqueue", "Job/jobfence-migrate",
                                 *(f"ScaledJob/jobfence-worker-{p.name}" for p in POOLS.pools)}
 
 
@@ -228,12 +229,21 @@ def test_every_pod_takes_its_settings_from_the_configmap(base: list[Obj]) -> Non
             assert {"configMapRef": {"name": "jobfence-config"}} in c["envFrom"], where
 
 
-def test_the_dsn_comes_only_from_the_secret(base: list[Obj]) -> None:
+def test_the_dsn_comes_only_from_the_secret_of_the_functions_role(base: list[Obj]) -> None:
+    """One Secret per database role, referenced by exactly the pods whose function runs as
+    that role (jobfence.store.roles.ROLE_OF_COMMAND); KEDA reads as the reader."""
+    used: dict[str, set[str]] = {}
     for where, template in pod_templates(base):
         for c in containers(template):
+            role = ROLE_OF_COMMAND[c["args"][0]]
+            secret = f"jobfence-database-{role}"
             dsn = env_of(c)["JOBFENCE_DATABASE_URL"]
             assert dsn == {"name": "JOBFENCE_DATABASE_URL", "valueFrom": {
-                "secretKeyRef": {"name": "jobfence-database", "key": "url"}}}, where
+                "secretKeyRef": {"name": secret, "key": "url"}}}, where
+            used.setdefault(role, set()).add(c["args"][0])
+    assert set(used) == {"owner", "worker", "maintainer", "operator"}
+    [auth] = of_kind(base, "TriggerAuthentication")
+    assert [r["name"] for r in auth["spec"]["secretTargetRef"]] == ["jobfence-database-reader"]
     for config in of_kind(base, "ConfigMap"):
         assert "JOBFENCE_DATABASE_URL" not in config["data"]
 
@@ -294,15 +304,6 @@ def test_worker_pods_match_the_selector_reconciliation_uses(base: list[Obj]) -> 
         assert matches == where.startswith("ScaledJob/jobfence-worker-"), where
 
 
-def test_only_pods_that_use_the_api_get_a_token(base: list[Obj]) -> None:
-    account = one(base, "ServiceAccount", "jobfence")
-    assert account["automountServiceAccountToken"] is False
-    for where, template in pod_templates(base):
-        spec = template["spec"]
-        assert spec["serviceAccountName"] == "jobfence", where
-        assert spec["automountServiceAccountToken"] is (where in USES_API), where
-
-
 def test_every_container_runs_the_one_jobfence_image(base: list[Obj]) -> None:
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     for where, template in pod_templates(base):
@@ -313,22 +314,21 @@ def test_every_container_runs_the_one_jobfence_image(base: list[Obj]) -> None:
 
 # -- RBAC ---------------------------------------------------------------------------------
 
-def test_rbac_is_namespaced_and_grants_exactly_the_verbs_used(base: list[Obj]) -> None:
+def test_rbac_is_namespaced_and_names_every_verb(base: list[Obj]) -> None:
+    """Which verbs each ServiceAccount gets is tests/manifests/test_rbac.py's business;
+    here: nothing cluster-wide, no wildcard, each binding to its own account here."""
     assert not of_kind(base, "ClusterRole") and not of_kind(base, "ClusterRoleBinding")
-    role = one(base, "Role", "jobfence")
-    granted = {(group, resource): sorted(rule["verbs"]) for rule in role["rules"]
-               for group in rule["apiGroups"] for resource in rule["resources"]}
-    assert granted == {("", "pods"): ["delete", "get", "list"],
-                       ("batch", "jobs"): ["delete", "get"]}
-    for rule in role["rules"]:
-        for field in ("apiGroups", "resources", "verbs"):
-            assert "*" not in rule[field], rule
-        assert "resourceNames" not in rule and "nonResourceURLs" not in rule
-    binding = one(base, "RoleBinding", "jobfence")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": "jobfence"}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "jobfence",
-                                    "namespace": "jobfence"}]
+    for role in of_kind(base, "Role"):
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[field], rule
+            assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+    for binding in of_kind(base, "RoleBinding"):
+        name = binding["metadata"]["name"]
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                      "kind": "Role", "name": name}
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name,
+                                        "namespace": "jobfence"}]
 
 
 # -- the worker pools -----------------------------------------------------------------------
@@ -466,14 +466,14 @@ def test_scaledjob_trigger_is_postgresql_with_string_metadata(base: list[Obj]) -
         assert set(metadata) == {"query", "targetQueryValue", "activationTargetQueryValue"}
 
 
-def test_trigger_authentication_reads_the_dsn_from_the_same_secret(base: list[Obj]) -> None:
+def test_trigger_authentication_reads_as_the_reader_role(base: list[Obj]) -> None:
     for scaled in of_kind(base, "ScaledJob"):
         [trigger] = scaled["spec"]["triggers"]
         auth = one(base, "TriggerAuthentication", trigger["authenticationRef"]["name"])
         assert trigger["authenticationRef"].get("kind", "TriggerAuthentication") == \
             "TriggerAuthentication"
         assert auth["spec"] == {"secretTargetRef": [
-            {"parameter": "connection", "name": "jobfence-database", "key": "url"}]}
+            {"parameter": "connection", "name": "jobfence-database-reader", "key": "url"}]}
 
 
 def test_every_job_spec_is_a_single_pod_run(base: list[Obj]) -> None:
