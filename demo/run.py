@@ -47,7 +47,11 @@ DEMO_ENV = {"JOBFENCE_LEASE_SECONDS": str(LEASE), "JOBFENCE_HEARTBEAT_SECONDS": 
             "JOBFENCE_RETRY_BASE_SECONDS": "0.5", "JOBFENCE_LOG_FORMAT": "json",
             "JOBFENCE_RECONCILE_GRACE_SECONDS": "0", "JOBFENCE_ORPHAN_OBJECT_GRACE_SECONDS": "0",
             "JOBFENCE_TRIGGER": "scheduled", "AWS_ACCESS_KEY_ID": "demo",
-            "AWS_SECRET_ACCESS_KEY": "demo"}
+            "AWS_SECRET_ACCESS_KEY": "demo",
+            # The story's commands keep their state in the demo's own (private) directory:
+            # they run as the worker's user, not as another one (docs/REFERENCE.md, "A
+            # job's code and the keys").
+            "JOBFENCE_COMMAND_USER": "worker"}
 SCHEDULE = {"sweeper": 2.0, "reconciliation": 2.0, "export-finalize": 2.0,
             "lifecycle": 5.0, "orphan-cleanup": 5.0}
 BUCKET = "jobfence-demo"
