@@ -18,11 +18,13 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from devtools.pgbouncer import PgBouncer
+from devtools.roles import login_name
 from devtools.sqlconn import connect
 from jobfence import db
 from jobfence.db import Connection
 from jobfence.store import Store
 from jobfence.store.migrations import available
+from jobfence.store.roles import KINDS
 from tests.conftest import JOBFENCE, REPO, Dsn, cli_env, run_cli, through
 from tests.factories import new_job
 from tests.pg import Databases, with_db
@@ -193,6 +195,7 @@ def test_migrate_from_three_processes_at_once_through_the_pooler(
 @pytest.fixture
 def small_pool(pg_server: tuple[str, Any]) -> Iterator[PgBouncer]:
     with PgBouncer(pg_server[0], pool_mode="transaction", default_pool_size=10,
+                   users=[login_name("jobfence", kind) for kind in KINDS],
                    max_client_conn=400) as bouncer:
         yield bouncer
 
