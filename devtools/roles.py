@@ -1,6 +1,5 @@
-"""Logins for an installation's group roles, so that the tests, the demo and the local
-platform run each function as its role (``jobfence.store.roles``) — as a deployment does
-with one Secret per role.
+"""Logins for an installation's group roles, so that the tests run each function as its
+role (``jobfence.store.roles``) — as a deployment does with one Secret per role.
 
 ``<schema>_<kind>_login`` is a login member of ``<schema>_<kind>``, created once per server
 by a login that may create roles (the tests' and the demo's server superuser). Only what
@@ -10,13 +9,12 @@ the role grants is inherited: the login itself owns nothing and is granted nothi
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from jobfence.store.roles import KINDS, ROLE_OF_COMMAND, role_names
+from jobfence.store.roles import KINDS, role_names
 
 BOOTSTRAP = ("migrate",)
 """Commands left on the given login: the first migrate of a database creates its schema,
@@ -47,10 +45,3 @@ def as_login(url: str, login: str) -> str:
     params.pop("password", None)
     return make_conninfo(**{**params, "user": login})  # type: ignore[arg-type]
 
-
-def url_for(command: str, urls: Mapping[str, str], default: str) -> str:
-    """The URL a command runs with: its role's, or ``default`` for the bootstrap."""
-    role = ROLE_OF_COMMAND.get(command)
-    if role is None or command in BOOTSTRAP:
-        return default
-    return urls[role]

@@ -155,7 +155,8 @@ def s3_env(s3_endpoint: str) -> dict[str, str]:
             "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
-_logins: dict[tuple[str, str], dict[str, str] | None] = {}
+_with_logins: set[tuple[str, str]] = set()
+"""(server, schema) pairs whose role logins exist."""
 
 
 def role_dsn(dsn: str, command: str, schema: str = "jobfence") -> str:
@@ -167,7 +168,7 @@ def role_dsn(dsn: str, command: str, schema: str = "jobfence") -> str:
             or str(params.get("user", "")).endswith("_login"):
         return dsn
     key = (f"{params.get('host')}:{params.get('port')}", schema)
-    if _logins.get(key) is None:
+    if key not in _with_logins:
         admin = getattr(dsn, "direct", "") or dsn
         try:
             with psycopg.connect(admin, autocommit=True, connect_timeout=2) as c:
@@ -178,7 +179,7 @@ def role_dsn(dsn: str, command: str, schema: str = "jobfence") -> str:
         if not exists:
             return dsn
         ensure_logins(admin, schema)
-        _logins[key] = {}
+        _with_logins.add(key)
     out = Dsn(as_login(dsn, login_name(schema, ROLE_OF_COMMAND[command])))
     out.pooler = getattr(dsn, "pooler", "none")
     direct = getattr(dsn, "direct", "")

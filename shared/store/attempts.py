@@ -2,7 +2,7 @@
 write after it — heartbeat, action results, outputs, the terminal write, a give-back —
 each predicated on the fence and a live lease, each saying whether it matched.
 
-A terminal write asks for the job's dependents in the same round trip, as a second
+A terminal write settles the job's dependents in the same round trip, as a second
 transaction after its Sync (``jobfence.store.dependencies`` says why).
 """
 
@@ -66,8 +66,8 @@ class Attempts(Noun):
                outcome: ActionOutcome | None = None, reason: str | None = None,
                error: str | None = None, error_detail: str | None = None) -> Transition | None:
         """Fenced terminal write, with the last action's outcome in the same statement;
-        None when the fence is lost (nothing written). Its dependents are asked for in the
-        same round trip, after its commit, and settled."""
+        None when the fence is lost (nothing written). Its dependents are settled in the same
+        round trip, after its commit."""
         status = "succeeded" if succeeded else "failed"
         with db.pipeline(self.conn) as sync:
             fin = self._execute("finish", {
@@ -75,8 +75,8 @@ class Attempts(Noun):
                 **_texts(reason=reason or status, error=error, error_detail=error_detail),
                 **(outcome.params("action_") if outcome else NO_OUTCOME)})
             sync()  # the terminal write commits here
-            deps = self._dependents_after(job_id)
-        return self._finished(fin.fetchone(), deps.fetchall())
+            self.store.dependencies.settle_cursor(job_id)
+        return self._finished(fin.fetchone())
 
     def finish_and_claim(self, *, job_id: UUID, attempt_id: UUID,
                          outcome: ActionOutcome | None, worker_id: str,
@@ -96,19 +96,13 @@ class Attempts(Noun):
             nxt = db.execute(self.conn, self.sql["claim"], self._claim_params(
                 worker_id, lease_seconds, queue, 1), row=Claim)
             sync()
-            deps = self._dependents_after(job_id)
+            self.store.dependencies.settle_cursor(job_id)
         claim: Claim | None = nxt.fetchone()
-        return self._finished(fin.fetchone(), deps.fetchall()), claim
-
-    def _dependents_after(self, job_id: UUID) -> db.Cursor:
-        return self.store.dependencies.settle_cursor(job_id)
+        return self._finished(fin.fetchone()), claim
 
     @staticmethod
-    def _finished(row: dict[str, Any] | None,
-                  deps: Sequence[dict[str, Any]]) -> Transition | None:
-        """The terminal write's transition (None: the fence was lost, and the settling that
-        followed it found nothing to do)."""
-        del deps  # settled in the database, after the terminal write's commit
+    def _finished(row: dict[str, Any] | None) -> Transition | None:
+        """The terminal write's transition; None when the fence was lost."""
         return transitions([row])[0] if row is not None else None
 
     def release(self, *, job_id: UUID, attempt_id: UUID, reason: str,

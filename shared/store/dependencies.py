@@ -52,8 +52,8 @@ class Dependencies(Noun):
                 [{"job_id": str(j), "depends_on": str(d)} for j, d in pairs])})
 
     def settle_cursor(self, job_id: UUID) -> db.Cursor:
-        """Settle a job's dependents, as a cursor to read later: queued in a pipeline after
-        the Sync of the job's terminal write, it runs after that commit."""
+        """Settle a job's dependents: queued in a pipeline after the Sync of the job's
+        terminal write, it runs after that commit (its transitions need not be read)."""
         return self._execute("settle", {"job_ids": [job_id], "budget": SETTLE_BATCH})
 
     def settle(self, done: Sequence[Transition], budget: int = SETTLE_BATCH) -> list[Transition]:

@@ -12,6 +12,7 @@ from typing import LiteralString
 from uuid import UUID
 
 import pytest
+from psycopg.errors import Diagnostic
 
 from devtools.sqlconn import connect
 from jobfence.db import queries
@@ -73,7 +74,11 @@ def scanned_jobs_by(store: Store, query: LiteralString, params: dict[str, object
         return found
     plans: list[str] = []
     conn = store.conn
-    conn.add_notice_handler(lambda d: plans.append(d.message_primary or ""))
+
+    def collect(diag: Diagnostic) -> None:
+        plans.append(diag.message_primary or "")
+
+    conn.add_notice_handler(collect)
     try:
         with conn.transaction(force_rollback=True):
             conn.execute("LOAD 'auto_explain'")
@@ -83,7 +88,7 @@ def scanned_jobs_by(store: Store, query: LiteralString, params: dict[str, object
             conn.execute("SET LOCAL client_min_messages = log")
             conn.execute(query, params).fetchall()
     finally:
-        conn._notice_handlers.clear()  # type: ignore[attr-defined]
+        conn.remove_notice_handler(collect)
     for message in plans:
         if "plan:" in message:
             walk(json.loads(message.split("plan:", 1)[1])["Plan"])
