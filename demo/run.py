@@ -257,7 +257,7 @@ def story(d: Demo, platform: LocalPlatform) -> int:
     d.say(f"the default queue drained; `datums` still holds {held.pending} ready jobs, "
           f"paused, with {len(platform.live_workers('datums'))} workers")
 
-    d.step("7. resume `datums`: a few draining pods run every child; the last one "
+    d.step("7. resume `datums`: a few draining pods run every child; export-finalize "
            "finalizes the datum job")
     d.cli("queue", "resume", "datums")
     d.wait_until("the datum job to finish", lambda: d.job(parent)["status"] in (
