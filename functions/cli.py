@@ -31,6 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("ops:info_main", "which installation this is (schema, identity, version)"),
     "queue": ("ops:queue_main", "a queue's state; pause, resume or limit it"),
     "pools": ("pools:main", "render the KEDA ScaledJobs of the worker pools"),
+    "command-runner": ("command_runner:main",
+                       "the worker pod's command sidecar: run jobs' commands away from the keys"),
     "metrics": ("ops:metrics_main", "print metrics in the Prometheus text format"),
 }
 

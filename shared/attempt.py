@@ -33,11 +33,10 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import TypeVar
 
-from jobfence.actions.builtin import kill_group
 from jobfence.db import Connection, connect, deadline
 from jobfence.errors import StoreUnavailable
 from jobfence.logs import get_logger
-from jobfence.proctree import kill_descendants
+from jobfence.proctree import kill_descendants, kill_group
 from jobfence.settings import Settings, self_fence_margin
 from jobfence.store import Claim, Store, Transition
 

@@ -70,7 +70,8 @@ class AttemptRunner:
         self.retry = RetryPolicy(settings.retry_base_seconds, settings.retry_max_seconds)
         try:
             self.sandbox = Sandbox.configured(settings.command_user,
-                                              settings.command_env.split(","))
+                                              settings.command_env.split(","),
+                                              settings.command_socket)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.side = SideChannel(settings)

@@ -39,10 +39,12 @@ class Pool(BaseModel):
     max_seconds: int = Field(default=600, ge=1, le=7 * 86_400, alias="maxSeconds")
     """A draining pod's budget: no claim after this many seconds (the job in hand ends)."""
     image: str = "jobfence"
-    """A team's own image built FROM the jobfence image (manifests/README.md)."""
+    """A team's own image built FROM the jobfence image (manifests/README.md); both the
+    worker and the command sidecar run it."""
     resources: dict[str, Any] = Field(default_factory=lambda: {
         "requests": {"cpu": "250m", "memory": "256Mi"},
         "limits": {"cpu": "2", "memory": "1Gi"}})
+    """The command sidecar's requests and limits: the job's commands run in it."""
     polling_interval: int = Field(default=10, ge=1, le=3600, alias="pollingInterval")
 
     @field_validator("queue")
@@ -104,7 +106,9 @@ def scaled_job(pool: Pool, query: str, base: dict[str, Any]) -> dict[str, Any]:
     [container] = pod["spec"]["containers"]
     container["image"] = pool.image
     container["args"] = pool.args
-    container["resources"] = pool.resources
+    [sidecar] = pod["spec"]["initContainers"]
+    sidecar["image"] = pool.image  # the team's tools are where its commands run
+    sidecar["resources"] = pool.resources
     [trigger] = spec["triggers"]
     trigger["name"] = f"queue-{pool.queue}"
     trigger["metadata"]["query"] = query

@@ -16,15 +16,75 @@ the tree too: the container's init (tini) kills what is left when the worker exi
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import os
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
+
+TAIL_BYTES = 4096
+"""How much of a child's stdout and stderr is kept (the end of each)."""
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL a whole process group; gone already is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL me if my parent dies, even by SIGKILL (Linux).
+    Only an async-signal-safe libc call runs here."""
+    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+try:
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+    DIE_WITH_PARENT: Callable[[], None] | None = (
+        _die_with_parent if sys.platform == "linux" else None)
+    """A ``preexec_fn`` for a child that must not outlive the process that started it."""
+except (AttributeError, OSError):
+    DIE_WITH_PARENT = None
+
+
+class Tail:
+    """The last TAIL_BYTES written to a child's stream."""
+
+    def __init__(self) -> None:
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._size = 0
+
+    def add(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        while self._size - len(self._chunks[0]) >= TAIL_BYTES:
+            self._size -= len(self._chunks.popleft())
+
+    def text(self) -> str:
+        return b"".join(self._chunks)[-TAIL_BYTES:].decode("utf-8", errors="replace")
+
+
+def pump(stream: IO[bytes], sink: Callable[[bytes], None]) -> threading.Thread:
+    """Read ``stream`` to its end on a thread, handing each chunk to ``sink``, so that the
+    child's pipe never fills. The stream is closed at its end."""
+
+    def run() -> None:
+        with stream:
+            for chunk in iter(lambda: stream.read1(65536), b""):  # type: ignore[attr-defined]
+                sink(chunk)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
 
 
 class _State:

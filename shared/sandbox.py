@@ -15,24 +15,28 @@ The ``command`` child gets:
   a process of the same user without CAP_SYS_PTRACE can neither read its ``environ`` nor
   attach to it.
 
-On Kubernetes the worker's pod runs as a non-root user, and the child shares that user: its
-own environment and the worker's process are closed to it as above, but the worker's
-parents (the container's init) and files the worker may read are not. A deployment that
-needs more runs the command in a second container that holds no Secret (see
-docs/REFERENCE.md, "A job's code and the keys"); whatever the child reaches, the worker
-role bounds what a leaked worker credential can do.
+A child starts here, as the worker's own child (``LocalChild``), or — with
+``JOBFENCE_COMMAND_SOCKET`` set, as the shipped worker pods do — in the command sidecar, a
+second container of the worker's pod that holds no Secret, no API token and none of the
+worker's processes (``jobfence.sidecar``). Either way the action sees one ``Child``: wait
+for its exit, kill its process group, read the tails of its output. Whatever the child
+reaches, the worker role bounds what a leaked worker credential can do.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import pwd
-from collections.abc import Iterable, Mapping
+import subprocess
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from jobfence.proctree import DIE_WITH_PARENT, Tail, kill_group, pump
 
 BASE_ENV = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TZ")
 """What a child gets of the worker's own environment whatever the deployment says."""
@@ -51,6 +55,93 @@ def protect_worker() -> bool:
     return False
 
 
+class ChildNotStarted(Exception):
+    """The child could not be started (no such program, the sidecar not answering); the
+    message says why, for the action's error."""
+
+
+class ChildLost(Exception):
+    """The child's fate cannot be known any more (the command sidecar went away)."""
+
+
+class Child(Protocol):
+    """A job's running child process, wherever it runs."""
+
+    pgid: int | None
+    """Its process group when it is this process's child (another thread may kill it)."""
+
+    def wait(self, timeout: float) -> int | None:
+        """Its exit status once it has exited, else None after ``timeout`` seconds;
+        ChildLost when that cannot be known."""
+        ...
+
+    def kill(self) -> object:
+        """SIGKILL its whole process group (from any thread)."""
+        ...
+
+    def close(self) -> None:
+        """Kill what is left of it and release it; its output is complete afterwards."""
+        ...
+
+    def output(self) -> tuple[str, str]:
+        """The tails of its stdout and stderr."""
+        ...
+
+
+class LocalChild:
+    """A child of this process in a session of its own. Its output goes to ``sink`` (the
+    command sidecar streams it), else to tails kept here."""
+
+    def __init__(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str],
+                 popen_args: Mapping[str, Any],
+                 sink: Callable[[str, bytes], None] | None = None) -> None:
+        try:
+            self._proc = subprocess.Popen(
+                list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                preexec_fn=DIE_WITH_PARENT,  # noqa: PLW1509 - a single prctl call, no locks
+                **popen_args)
+        except OSError as exc:
+            raise ChildNotStarted(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from exc
+        except (ValueError, UnicodeError) as exc:
+            raise ChildNotStarted(f"cannot start {argv[0]!r}: {exc}") from exc
+        self.pgid: int | None = self._proc.pid
+        self._closed = False
+        self._tails = {"out": Tail(), "err": Tail()}
+        assert self._proc.stdout is not None and self._proc.stderr is not None
+        self._pumps = [pump(stream, self._tails[name].add if sink is None
+                            else functools.partial(sink, name))
+                       for name, stream in (("out", self._proc.stdout),
+                                            ("err", self._proc.stderr))]
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def wait(self, timeout: float | None) -> int | None:
+        try:
+            return self._proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill(self) -> bool:
+        """SIGKILL its group; False once it was closed (its group's id may be another's)."""
+        if self._closed:
+            return False
+        kill_group(self._proc.pid)
+        return True
+
+    def close(self) -> None:
+        kill_group(self._proc.pid)  # grandchildren left behind by the child die with it
+        self._proc.wait()
+        self._closed = True
+        for thread in self._pumps:
+            thread.join(timeout=2)
+
+    def output(self) -> tuple[str, str]:
+        return self._tails["out"].text(), self._tails["err"].text()
+
+
 @dataclass(frozen=True, slots=True)
 class Sandbox:
     """How a job's child process is started."""
@@ -60,17 +151,31 @@ class Sandbox:
     gid: int | None = None
     passthrough: tuple[str, ...] = ()
     """Names of the worker's own variables a child also gets (JOBFENCE_COMMAND_ENV)."""
+    socket: Path | None = None
+    """The command sidecar's socket (JOBFENCE_COMMAND_SOCKET): children start there."""
 
     @classmethod
-    def configured(cls, user: str, passthrough: Iterable[str] = ()) -> Sandbox:
-        """The sandbox for ``JOBFENCE_COMMAND_USER`` and ``JOBFENCE_COMMAND_ENV``: the user
-        only matters to a worker running as root (another cannot switch), and ``""`` keeps
-        the worker's own with ``worker``."""
+    def configured(cls, user: str, passthrough: Iterable[str] = (),
+                   socket: Path | None = None) -> Sandbox:
+        """The sandbox for ``JOBFENCE_COMMAND_USER``, ``JOBFENCE_COMMAND_ENV`` and
+        ``JOBFENCE_COMMAND_SOCKET``: the user only matters where the child starts as this
+        process's own and this process runs as root (another cannot switch; the sidecar
+        applies its own), and ``worker`` keeps this process's user."""
         names = tuple(n for n in passthrough if n)
-        if user == SAME_USER or os.geteuid() != 0:
-            return cls(passthrough=names)
+        if socket is not None or user == SAME_USER or os.geteuid() != 0:
+            return cls(passthrough=names, socket=socket)
         uid, gid = resolve_user(user)
         return cls(uid=uid, gid=gid, passthrough=names)
+
+    def start(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str]) -> Child:
+        """Start the child in ``cwd`` (the attempt's directory, handed over to the child's
+        user) with exactly ``env``; ChildNotStarted says why it could not."""
+        if self.socket is not None:
+            from jobfence.sidecar import RemoteChild
+
+            return RemoteChild.start(self.socket, argv, cwd, env)
+        self.hand_over(cwd)
+        return LocalChild(argv, cwd, env, self.popen_args())
 
     def environment(self, job: Mapping[str, str], spec: Mapping[str, str],
                     workdir: Path) -> dict[str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 from datetime import timedelta
+from pathlib import Path
 from typing import Literal, Self
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
@@ -114,6 +115,11 @@ class Settings(BaseSettings):
     command_env: str = Field(default="", max_length=4096)
     """Comma-separated names of the worker's own environment variables that a ``command``
     child also gets. Nothing else of the worker's environment reaches it."""
+
+    command_socket: Path | None = None
+    """The command sidecar's socket (``jobfence command-runner``, a second container of the
+    worker's pod that holds no Secret): when set, every ``command`` child runs there, not
+    as the worker's own child. The shipped worker pods set it."""
 
     worker_id: str | None = None
     """Claimer identity written on every claim; default the pod name from the downward API

@@ -1,32 +1,24 @@
 """Built-in actions: ``sleep`` and ``command``.
 
 ``command`` runs an argv in its own process group so that the whole tree can be killed at
-once — by the action itself on timeout, or by the worker's heartbeat or SIGTERM watcher
-from another thread when the attempt must stop.
+once — by the action itself on timeout or stop, or by the worker's heartbeat or SIGTERM
+watcher from another thread when the attempt must stop. Where the child runs (here, or in
+the command sidecar) is the sandbox's business (``jobfence.sandbox``).
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import ctypes
-import os
-import signal
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import IO, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from jobfence.actions import Action, ActionContext, StopRequested
 from jobfence.durations import Duration
 from jobfence.errors import InvalidSpec
-
-TAIL_BYTES = 4096
+from jobfence.sandbox import Child, ChildLost, ChildNotStarted
 
 
 class ActionFailed(Exception):
@@ -109,49 +101,6 @@ class CommandParams(BaseModel):
         return self
 
 
-class _Tail:
-    """Keeps the last TAIL_BYTES of a stream, read on a thread so the pipe never fills."""
-
-    def __init__(self, stream: IO[bytes]) -> None:
-        self._chunks: collections.deque[bytes] = collections.deque()
-        self._size = 0
-        self._thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)
-        self._thread.start()
-
-    def _pump(self, stream: IO[bytes]) -> None:
-        with stream:
-            for chunk in iter(lambda: stream.read1(65536), b""):  # type: ignore[attr-defined]
-                self._chunks.append(chunk)
-                self._size += len(chunk)
-                while self._size - len(self._chunks[0]) >= TAIL_BYTES:
-                    self._size -= len(self._chunks.popleft())
-
-    def text(self) -> str:
-        self._thread.join(timeout=2)
-        data = b"".join(self._chunks)[-TAIL_BYTES:]
-        return data.decode("utf-8", errors="replace")
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL me if the worker dies, even by SIGKILL (Linux).
-    Only an async-signal-safe libc call runs here."""
-    _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-try:
-    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-    _PR_SET_PDEATHSIG = 1
-    _PREEXEC: Callable[[], None] | None = _die_with_parent if sys.platform == "linux" else None
-except (AttributeError, OSError):
-    _PREEXEC = None
-
-
-def kill_group(pgid: int) -> None:
-    """SIGKILL a whole process group; gone already is fine."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
 class CommandAction:
     """Run ``argv`` (no shell unless the argv asks for one) in the job's sandbox
     (``jobfence.sandbox``: its own environment, another user when the worker is root): the
@@ -172,28 +121,21 @@ class CommandAction:
         if ctx.files is not None:
             ctx.files.download_inputs(inputs)
             ctx.check_stop()
-        ctx.sandbox.hand_over(ctx.dirs.root)
         started = time.monotonic()
         try:
-            proc = subprocess.Popen(
-                p.argv, cwd=ctx.workdir, env=env, stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                preexec_fn=_PREEXEC,  # noqa: PLW1509 - a single prctl call, no locks
-                **ctx.sandbox.popen_args(),
-            )
-        except OSError as exc:
-            raise ActionFailed(f"cannot start {p.argv[0]!r}: {exc.strerror or exc}") from exc
-        ctx.track_process(proc.pid)
-        assert proc.stdout is not None and proc.stderr is not None
-        out, err = _Tail(proc.stdout), _Tail(proc.stderr)
+            child = ctx.sandbox.start(p.argv, ctx.workdir, env)
+        except ChildNotStarted as exc:
+            raise ActionFailed(str(exc)) from exc
+        if child.pgid is not None:
+            ctx.track_process(child.pgid)
         deadline = started + p.timeout.total_seconds() if p.timeout else None
         try:
-            code = self._wait(proc, ctx, deadline, p.timeout)
+            code = self._wait(child, ctx, deadline, p.timeout)
         finally:
-            kill_group(proc.pid)   # grandchildren left behind by the child die with it
-            proc.wait()
-            ctx.untrack_process(proc.pid)
-        stdout, stderr = out.text(), err.text()
+            child.close()
+            if child.pgid is not None:
+                ctx.untrack_process(child.pgid)
+        stdout, stderr = child.output()
         result: dict[str, Any] = {
             "exit_code": code, "duration_seconds": round(time.monotonic() - started, 3),
             "stdout_tail": stdout, "stderr_tail": stderr}
@@ -206,18 +148,20 @@ class CommandAction:
             result["outputs"] = ctx.files.publish_outputs(outputs)
         return result
 
-    def _wait(self, proc: subprocess.Popen[bytes], ctx: ActionContext, deadline: float | None,
+    def _wait(self, child: Child, ctx: ActionContext, deadline: float | None,
               timeout: timedelta | None) -> int:
         while True:
             try:
-                return proc.wait(timeout=self.poll_seconds)
-            except subprocess.TimeoutExpired:
-                pass
+                code = child.wait(self.poll_seconds)
+            except ChildLost as exc:
+                raise ActionFailed(str(exc)) from exc
+            if code is not None:
+                return code
             if ctx.stop.is_set():
-                kill_group(proc.pid)
+                child.kill()
                 raise StopRequested("stopped while the command ran")
             if deadline is not None and time.monotonic() >= deadline:
-                kill_group(proc.pid)
+                child.kill()
                 raise ActionFailed(f"command timed out after {timeout}")
 
 

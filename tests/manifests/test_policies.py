@@ -52,9 +52,18 @@ def minutes_between_runs(schedule: str) -> int:
     return int(match.group(1))
 
 
+SIDECAR = "command-runner"
+"""A worker pod's command sidecar (jobfence.sidecar): no function, no settings, no key."""
+
+
 def containers(template: Obj) -> list[Obj]:
     spec = template["spec"]
     return list(spec["containers"]) + list(spec.get("initContainers", []))
+
+
+def function_containers(template: Obj) -> list[Obj]:
+    """The containers that run a function (all but the command sidecar)."""
+    return [c for c in containers(template) if c["name"] != SIDECAR]
 
 
 def env_of(container: Obj) -> dict[str, Obj]:
@@ -211,7 +220,7 @@ def test_every_pod_knows_its_name_and_namespace(base: list[Obj]) -> None:
     expected = {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace",
                 "JOBFENCE_NAMESPACE": "metadata.namespace"}
     for where, template in pod_templates(base):
-        for c in containers(template):
+        for c in function_containers(template):
             env = env_of(c)
             for name, field in expected.items():
                 assert env[name]["valueFrom"]["fieldRef"]["fieldPath"] == field, (where, name)
@@ -225,7 +234,7 @@ def test_every_pod_takes_its_settings_from_the_configmap(base: list[Obj]) -> Non
                 "JOBFENCE_RETRY_BASE_SECONDS", "JOBFENCE_S3_BUCKET"):
         assert config[key], key
     for where, template in pod_templates(base):
-        for c in containers(template):
+        for c in function_containers(template):
             assert {"configMapRef": {"name": "jobfence-config"}} in c["envFrom"], where
 
 
@@ -234,7 +243,7 @@ def test_the_dsn_comes_only_from_the_secret_of_the_functions_role(base: list[Obj
     that role (jobfence.store.roles.ROLE_OF_COMMAND); KEDA reads as the reader."""
     used: dict[str, set[str]] = {}
     for where, template in pod_templates(base):
-        for c in containers(template):
+        for c in function_containers(template):
             role = ROLE_OF_COMMAND[c["args"][0]]
             secret = f"jobfence-database-{role}"
             dsn = env_of(c)["JOBFENCE_DATABASE_URL"]
@@ -246,6 +255,32 @@ def test_the_dsn_comes_only_from_the_secret_of_the_functions_role(base: list[Obj
     assert [r["name"] for r in auth["spec"]["secretTargetRef"]] == ["jobfence-database-reader"]
     for config in of_kind(base, "ConfigMap"):
         assert "JOBFENCE_DATABASE_URL" not in config["data"]
+
+
+def test_a_worker_pods_commands_run_in_a_sidecar_that_holds_no_key(base: list[Obj]) -> None:
+    """The command sidecar: a native sidecar (an init container that keeps running) with no
+    Secret, no configuration, no API token and its own PID namespace; the worker reaches it
+    through a socket on the one volume both share."""
+    workers = 0
+    for where, template in pod_templates(base):
+        spec = template["spec"]
+        if not where.startswith("ScaledJob/"):
+            assert not spec.get("initContainers"), where
+            continue
+        workers += 1
+        [sidecar] = spec["initContainers"]
+        [worker] = spec["containers"]
+        assert sidecar["name"] == SIDECAR and sidecar["restartPolicy"] == "Always", where
+        assert sidecar["args"][:2] == ["command-runner", "--socket"], where
+        socket = sidecar["args"][2]
+        assert env_of(worker)["JOBFENCE_COMMAND_SOCKET"]["value"] == socket, where
+        assert "env" not in sidecar and "envFrom" not in sidecar, where
+        [mount] = sidecar["volumeMounts"]
+        assert mount in worker["volumeMounts"] and socket.startswith(mount["mountPath"] + "/")
+        assert set(spec["volumes"][0]) == {"name", "emptyDir"} and len(spec["volumes"]) == 1
+        assert not spec.get("shareProcessNamespace"), where
+        assert spec["automountServiceAccountToken"] is False, where
+    assert workers == len(POOLS.pools)
 
 
 def test_no_secret_values_are_committed(base: list[Obj]) -> None:
@@ -350,7 +385,8 @@ def test_the_base_ships_a_one_job_pool_and_a_draining_pool(base: list[Obj]) -> N
         assert container["args"][:3] == ["worker", "--queue", pool.queue]
         assert ("--max-jobs" in container["args"]) == (pool.mode == "draining")
         assert scaled["spec"]["maxReplicaCount"] == pool.max_pods
-        assert container["resources"] == pool.resources
+        [sidecar] = scaled["spec"]["jobTargetRef"]["template"]["spec"]["initContainers"]
+        assert sidecar["resources"] == pool.resources  # the job's commands run there
         labels = scaled["spec"]["jobTargetRef"]["template"]["metadata"]["labels"]
         assert labels["jobfence.io/queue"] == pool.queue
         assert labels["jobfence.io/pool"] == pool.name
@@ -381,8 +417,11 @@ def test_pools_differ_only_where_the_pools_file_says(base: list[Obj]) -> None:
         for key in ("jobfence.io/pool", "jobfence.io/queue"):
             template["metadata"]["labels"].pop(key)
         [container] = template["spec"]["containers"]
-        for key in ("args", "resources", "image"):
+        for key in ("args", "image"):
             container.pop(key)
+        [sidecar] = template["spec"]["initContainers"]
+        for key in ("resources", "image"):
+            sidecar.pop(key)
         [trigger] = spec["triggers"]
         trigger.pop("name")
         trigger["metadata"].pop("query")
