@@ -28,6 +28,7 @@ from typing import Any
 from uuid import UUID
 
 from devtools.platform import JOBFENCE, LocalPlatform, Proc
+from devtools.roles import ensure_logins, url_of
 from devtools.s3 import moto_server
 from devtools.sqlconn import connect
 from jobfence.functions.cli import COMMANDS
@@ -76,6 +77,9 @@ class Demo:
                     }
         self.conn = connect(dsn)
         self.store = Store(self.conn)
+        self.role_urls: dict[str, str] = {}
+        """Each role's login URL once the roles exist: every command connects as its
+        function's role (jobfence.store.roles), as a deployment's pods do."""
         self.t0 = time.monotonic()
 
     def step(self, title: str) -> None:
@@ -88,7 +92,8 @@ class Demo:
             stdin: str | None = None) -> str:
         if show:
             print(f"{DIM}$ jobfence {' '.join(args)}{RESET}")
-        r = subprocess.run([*JOBFENCE, *args], env=self.env, cwd=REPO, input=stdin,
+        env = {**self.env, "JOBFENCE_DATABASE_URL": url_of(self.role_urls, args[0], self.dsn)}
+        r = subprocess.run([*JOBFENCE, *args], env=env, cwd=REPO, input=stdin,
                            capture_output=True, text=True, check=False)
         if show and r.stdout.strip():
             print("\n".join("   " + ln for ln in r.stdout.strip().splitlines()))
@@ -155,9 +160,14 @@ def worker_of(platform: LocalPlatform, claimed_by: str) -> Proc:
 
 
 def story(d: Demo, platform: LocalPlatform) -> int:
-    d.step("1. schema: migrations under an advisory lock (twice is harmless)")
+    d.step("1. schema and roles: migrations under an advisory lock (twice is harmless)")
     d.cli("migrate")
     d.cli("migrate", show=False)
+    d.role_urls = platform.role_urls = ensure_logins(d.dsn)
+    d.say("from here on every command connects as a login of its function's role: "
+          "workers as jobfence_worker (fenced functions only, no table), periodic "
+          "functions as jobfence_maintainer, enqueue/cancel/queue as jobfence_operator, "
+          "list/status and KEDA's query as jobfence_reader")
 
     d.step(f"2. {DATUMS} input files on S3 (moto, 127.0.0.1), then enqueue a realistic mix")
     from jobfence.adapters.s3 import S3ObjectStore

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devtools.roles import url_of
 from jobfence.db import Connection, connect
 from jobfence.errors import JobfenceError
 from jobfence.pools import Pool
@@ -53,8 +54,12 @@ class LocalPlatform:
     def __init__(self, dsn: str, env: dict[str, str], logs: Path, *,
                  schedules: dict[str, float], poll_seconds: float = 0.5,
                  pools: tuple[Pool, ...] = (Pool(name="default", maxPods=8),),
-                 pod_start_seconds: float = 0.0) -> None:
+                 pod_start_seconds: float = 0.0, role_urls: dict[str, str] | None = None,
+                 ) -> None:
         self.dsn, self.env, self.logs = dsn, {**env, "JOBFENCE_CLUSTER": "local"}, logs
+        self.role_urls = role_urls or {}
+        """Each role's login URL (devtools.roles.ensure_logins): every process then
+        connects as its function's role, as a pod does with its Secret."""
         self.schema = self.env.get("JOBFENCE_SCHEMA", "jobfence")
         self.installation: str | None = None
         self.schedules = schedules
@@ -87,7 +92,7 @@ class LocalPlatform:
         platform starts carries it, as a pool's pods carry its label: the local cluster
         vouches for (and signals) exactly those."""
         if self.installation is None:
-            conn = connect(self.dsn, application_name="jobfence-local-platform")
+            conn = connect(self.url("info"), application_name="jobfence-local-platform")
             try:
                 identity = Store(conn, self.schema).control.identity(
                     self.env.get("JOBFENCE_INSTALLATION"))
@@ -97,6 +102,13 @@ class LocalPlatform:
             self.installation = identity.installation
             self.env["JOBFENCE_INSTALLATION"] = self.installation
         return self.installation
+
+    def url(self, command: str) -> str:
+        """The URL ``command`` connects with (KEDA's query reads as ``metrics`` does)."""
+        return url_of(self.role_urls, command, self.dsn)
+
+    def env_of(self, command: str) -> dict[str, str]:
+        return {**self.env, "JOBFENCE_DATABASE_URL": self.url(command)}
 
     def stop(self, kill_workers: bool = True) -> None:
         self._stop.set()
@@ -126,7 +138,7 @@ class LocalPlatform:
                 self._reap()
                 try:
                     conn = conn if conn is not None and not conn.closed else connect(
-                        self.dsn, application_name="jobfence-local-keda")
+                        self.url("metrics"), application_name="jobfence-local-keda")
                     self._scale(conn)
                 except JobfenceError:  # the database may be restarting: KEDA retries too
                     if conn is not None:
@@ -174,7 +186,7 @@ class LocalPlatform:
             argv = ["sh", "-c", 'sleep "$0" && exec "$@"', str(self.pod_start_seconds),
                     *argv]
         with log.open("wb") as f:
-            popen = subprocess.Popen(argv, env=self.env, cwd=REPO, stdout=f,
+            popen = subprocess.Popen(argv, env=self.env_of("worker"), cwd=REPO, stdout=f,
                                      stderr=subprocess.STDOUT)
         proc = Proc(name, popen, log, pool)
         with self._lock:
@@ -197,6 +209,6 @@ class LocalPlatform:
                 self.function_runs[name] += 1
                 log = self.logs / f"{name}.log"
                 with log.open("ab") as f:
-                    popen = subprocess.Popen([*JOBFENCE, name], env=self.env, cwd=REPO,
-                                             stdout=f, stderr=subprocess.STDOUT)
+                    popen = subprocess.Popen([*JOBFENCE, name], env=self.env_of(name),
+                                             cwd=REPO, stdout=f, stderr=subprocess.STDOUT)
                 self.functions[name] = Proc(name, popen, log)

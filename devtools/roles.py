@@ -14,7 +14,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from jobfence.store.roles import KINDS, role_names
+from jobfence.store.roles import KINDS, ROLE_OF_COMMAND, role_names
 
 BOOTSTRAP = ("migrate",)
 """Commands left on the given login: the first migrate of a database creates its schema,
@@ -45,3 +45,12 @@ def as_login(url: str, login: str) -> str:
     params.pop("password", None)
     return make_conninfo(**{**params, "user": login})  # type: ignore[arg-type]
 
+
+
+def url_of(urls: dict[str, str], command: str, default: str) -> str:
+    """The URL ``command`` connects with: its role's login from ``urls`` (as
+    ``ensure_logins`` returns them), ``default`` for the bootstrap migrate or without
+    logins."""
+    if not urls or command in BOOTSTRAP or command not in ROLE_OF_COMMAND:
+        return default
+    return urls[ROLE_OF_COMMAND[command]]
