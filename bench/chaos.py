@@ -45,12 +45,12 @@ from devtools.sqlconn import connect
 from jobfence.adapters.s3 import S3ObjectStore
 from jobfence.errors import JobfenceError, ResourceBusy, StoreUnavailable
 from jobfence.functions.cli import COMMANDS
-from jobfence.functions.enqueue import run_once as enqueue
 from jobfence.pools import Pool
 from jobfence.settings import Settings
 from jobfence.spec import parse_specs
 from jobfence.store import ACTIVE, Store
 from jobfence.store.migrations import migrate
+from jobfence.submit import submit
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -158,8 +158,8 @@ class Feeder(threading.Thread):
             try:
                 if conn is None or conn.closed:
                     conn = connect(self.settings.database_url, application_name="chaos-feeder")
-                report = enqueue(self.settings, Store(conn), parse_specs(spec),
-                                 objects=lambda: self.objects)
+                [job] = submit(self.settings, Store(conn), parse_specs(spec),
+                               objects=lambda: self.objects)
             except ResourceBusy:
                 self.counts["enqueue refused: resource busy"] += 1
                 time.sleep(0.01)
@@ -171,7 +171,6 @@ class Feeder(threading.Thread):
                     time.sleep(0.5)
                     continue
                 raise
-            job = report.jobs[0]
             self.created += 1 + (job.children or 0)
             self.recent = [*self.recent[-20:], str(job.job_id)]
             time.sleep(random.uniform(0, 0.01))

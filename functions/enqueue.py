@@ -4,77 +4,18 @@ print one JSON object per spec. Invalid input writes nothing (exit 2)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 from jobfence import cli
-from jobfence.datums import child_batches
-from jobfence.errors import InvalidSpec, NotFound, Unavailable
-from jobfence.ids import uuid7
+from jobfence.errors import InvalidSpec
 from jobfence.limits import MAX_SPEC_BYTES
-from jobfence.objectstore import ObjectStore, ObjectStoreError, output_bucket
-from jobfence.settings import Settings
 from jobfence.spec import (
     JobSpec,
     decode_spec_bytes,
     parse_action_arg,
     parse_spec_text,
     parse_specs,
-    seconds,
 )
-from jobfence.store import Enqueued, NewJob, Store
-from jobfence.wiring import open_object_store
-
-
-@dataclass(frozen=True, slots=True)
-class Report:
-    function: str
-    jobs: tuple[Enqueued, ...]
-
-
-def to_new_job(spec: JobSpec, settings: Settings) -> NewJob:
-    parent = spec.inputs is not None
-    return NewJob(
-        is_parent=parent,
-        inputs=spec.inputs.model_dump() if spec.inputs else None,
-        job_id=uuid7(),
-        actions=spec.stored_actions(),
-        max_attempts=spec.max_attempts or settings.max_attempts,
-        resource=spec.resource,
-        priority=spec.priority,
-        after=tuple(spec.after),
-        labels=dict(spec.labels),
-        ttl_seconds=seconds(spec.ttl),
-        timeout_seconds=seconds(spec.timeout),
-        expires_in_seconds=seconds(spec.expires_in),
-        idempotency_key=spec.idempotency_key,
-        spec_hash=spec.fingerprint() if spec.idempotency_key else None,
-        queue=spec.queue,
-        run_at=spec.run_at,
-        delay_seconds=seconds(spec.delay),
-    )
-
-
-def run_once(settings: Settings, store: Store, specs: Sequence[JobSpec],
-             objects: Callable[[], ObjectStore] | None = None) -> Report:
-    """Insert the jobs; a spec with S3 ``inputs`` becomes a parent with one child per
-    datum, listed and inserted in the same transaction."""
-    jobs = [to_new_job(spec, settings) for spec in specs]
-    if not any(job.is_parent for job in jobs):
-        return Report("enqueue", tuple(store.jobs.enqueue(jobs)))
-    output_bucket(settings)  # outputs and the manifest need a bucket: say so before listing
-    opened = objects or (lambda: open_object_store(settings))
-
-    def children(parent: NewJob) -> Iterator[list[NewJob]]:
-        inputs = parent.inputs
-        return child_batches(inputs["url"], inputs["per_datum"], opened())(parent)
-
-    try:
-        return Report("enqueue", tuple(store.jobs.enqueue(jobs, children=children)))
-    except ObjectStoreError as exc:
-        if exc.code == "NoSuchBucket":
-            raise NotFound(f"cannot list inputs: {exc}") from None
-        raise Unavailable(f"cannot list inputs: {exc}") from None
+from jobfence.submit import enqueued_object, submit
 
 
 def parser() -> cli.Parser:
@@ -143,16 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         specs = specs_from_args(list(sys.argv[1:] if argv is None else argv))
         settings = cli.setup("enqueue")
         with cli.open_store(settings, "enqueue") as store:
-            report = run_once(settings, store, specs)
-        outs: list[dict[str, object]] = []
-        for job in report.jobs:
-            out: dict[str, object] = {"job_id": job.job_id, "status": job.status}
-            if job.children is not None:
-                out["children"] = job.children
-            if not job.created:
-                out["created"] = False
-            outs.append(out)
-        cli.emit_lines(outs)
+            jobs = submit(settings, store, specs)
+        cli.emit_lines([enqueued_object(job) for job in jobs])
         return 0
 
     return cli.run_command("enqueue", body)

@@ -17,6 +17,7 @@ from jobfence.spec import queue_name
 from jobfence.store import ACTIVE, TERMINAL, JobRow, Store
 from jobfence.store.migrations import migrate
 from jobfence.store.roles import connection_identity, setup_sql
+from jobfence.submit import cancelled_object
 from jobfence.views import job_views, render_text
 
 MAX_WAIT_SECONDS = 366 * 86_400.0
@@ -149,9 +150,7 @@ def cancel_main(argv: list[str]) -> int:
         settings = cli.setup("cancel")
         with cli.open_store(settings, "cancel") as store:
             done = store.jobs.cancel(job_id=job_id, reason=args.reason)
-        cli.emit({"job_id": job_id, "status": "cancelled",
-                  "children_cancelled": sum(1 for t in done if t.job_id != job_id
-                                            and t.status == "cancelled")})
+        cli.emit(cancelled_object(job_id, done))
         return 0
 
     return cli.run_command("cancel", body)

@@ -126,6 +126,32 @@ def cancel_quietly(conn: Connection) -> None:
         conn.cancel_safe(timeout=2.0)
 
 
+def callers(conn: object) -> Connection:
+    """An application's own connection, checked for use by the Python API: a psycopg 3
+    connection, open, not inside a failed transaction. On a connection that is not in
+    autocommit mode and has no transaction yet, the transaction psycopg would begin on the
+    next statement is begun now: what the API writes is then part of it (a savepoint),
+    and the application's own commit or rollback decides, as for its other statements."""
+    if not isinstance(conn, psycopg.Connection):
+        raise TypeError(f"expected a psycopg.Connection, got {type(conn).__name__}")
+    if conn.closed:
+        raise StoreUnavailable("the connection is closed")
+    status = conn.info.transaction_status
+    if status == TransactionStatus.INERROR:
+        raise StoreError("the connection's transaction has failed: roll it back first")
+    if status == TransactionStatus.ACTIVE:
+        raise StoreError("the connection is running another statement")
+    if not conn.autocommit and status == TransactionStatus.IDLE:
+        with translated():
+            conn.execute("SELECT 1", prepare=False)  # psycopg's implicit BEGIN comes with it
+    return conn
+
+
+def conninfo(conn: Connection) -> str:
+    """The connection's parameters, without its password."""
+    return conn.info.dsn
+
+
 def in_transaction(conn: Connection) -> bool:
     """Whether the caller has a transaction open on ``conn``."""
     return conn.info.transaction_status != TransactionStatus.IDLE
@@ -234,9 +260,8 @@ def execute(conn: Connection, query: LiteralString | sql.SQL | sql.Composed,
     """Run one statement; psycopg errors come out as jobfence errors. With ``row``, rows
     come back as that dataclass (its fields named like the statement's columns)."""
     with translated():
-        if row is None:
-            return conn.execute(query, params)
-        cur: Cursor = conn.cursor(row_factory=class_row(row))
+        # The cursor's own row factory: an application's connection keeps its own.
+        cur: Cursor = conn.cursor(row_factory=dict_row if row is None else class_row(row))
         return cur.execute(query, params)
 
 

@@ -1,0 +1,86 @@
+"""Enqueueing, shared by the ``enqueue`` command and the Python API (``jobfence.api``): job
+specs become rows, a spec with S3 ``inputs`` becomes a parent with one child per datum, and
+everything goes to the store in one transaction (``Jobs.enqueue``), all or nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from jobfence.datums import child_batches
+from jobfence.errors import NotFound, Unavailable
+from jobfence.ids import uuid7
+from jobfence.objectstore import ObjectStore, ObjectStoreError, output_bucket
+from jobfence.settings import Settings
+from jobfence.spec import JobSpec, seconds
+from jobfence.store import Enqueued, NewJob, Store, Transition
+from jobfence.wiring import open_object_store
+
+
+def to_new_job(spec: JobSpec, settings: Settings) -> NewJob:
+    parent = spec.inputs is not None
+    return NewJob(
+        is_parent=parent,
+        inputs=spec.inputs.model_dump() if spec.inputs else None,
+        job_id=uuid7(),
+        actions=spec.stored_actions(),
+        max_attempts=spec.max_attempts or settings.max_attempts,
+        resource=spec.resource,
+        priority=spec.priority,
+        after=tuple(spec.after),
+        labels=dict(spec.labels),
+        ttl_seconds=seconds(spec.ttl),
+        timeout_seconds=seconds(spec.timeout),
+        expires_in_seconds=seconds(spec.expires_in),
+        idempotency_key=spec.idempotency_key,
+        spec_hash=spec.fingerprint() if spec.idempotency_key else None,
+        queue=spec.queue,
+        run_at=spec.run_at,
+        delay_seconds=seconds(spec.delay),
+    )
+
+
+def submit(settings: Settings, store: Store, specs: Sequence[JobSpec], *,
+           objects: Callable[[], ObjectStore] | None = None,
+           list_first: bool = False) -> list[Enqueued]:
+    """Insert the jobs of ``specs``, in order. A parent's children come from the S3
+    listing of its inputs: streamed batch by batch inside the transaction (memory bounded
+    however many there are), or — ``list_first``, for a transaction the caller owns —
+    listed whole before anything is written, so that the caller's transaction never waits
+    on S3."""
+    jobs = [to_new_job(spec, settings) for spec in specs]
+    if not any(job.is_parent for job in jobs):
+        return store.jobs.enqueue(jobs)
+    output_bucket(settings)  # outputs and the manifest need a bucket: say so before listing
+    opened = objects or (lambda: open_object_store(settings))
+
+    def children(parent: NewJob) -> Iterator[list[NewJob]]:
+        inputs = parent.inputs
+        return child_batches(inputs["url"], inputs["per_datum"], opened())(parent)
+
+    try:
+        if list_first:
+            listed = {job.job_id: list(children(job)) for job in jobs if job.is_parent}
+            return store.jobs.enqueue(jobs, children=lambda job: iter(listed[job.job_id]))
+        return store.jobs.enqueue(jobs, children=children)
+    except ObjectStoreError as exc:
+        if exc.code == "NoSuchBucket":
+            raise NotFound(f"cannot list inputs: {exc}") from None
+        raise Unavailable(f"cannot list inputs: {exc}") from None
+
+
+def enqueued_object(job: Enqueued) -> dict[str, Any]:
+    """What ``enqueue`` prints for a job (one JSON object per spec)."""
+    out: dict[str, Any] = {"job_id": str(job.job_id), "status": job.status}
+    if job.children is not None:
+        out["children"] = job.children
+    if not job.created:
+        out["created"] = False
+    return out
+
+
+def cancelled_object(job_id: object, done: Sequence[Transition]) -> dict[str, Any]:
+    """What ``cancel`` prints."""
+    return {"job_id": str(job_id), "status": "cancelled",
+            "children_cancelled": sum(1 for t in done if str(t.job_id) != str(job_id)
+                                      and t.status == "cancelled")}
