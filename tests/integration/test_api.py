@@ -211,7 +211,7 @@ def test_drain_schema_and_closed_connections(dsn: Dsn, app: psycopg.Connection[A
     closed.close()
     with pytest.raises(jobfence.StoreUnavailable, match="closed"):
         jobfence.enqueue(closed, {"actions": SLEEP})
-    with pytest.raises(TypeError, match="psycopg.Connection"):
+    with pytest.raises(TypeError, match=r"psycopg\.Connection"):
         jobfence.enqueue(object(), {"actions": SLEEP})
     failed = app_connect(dsn)
     try:
