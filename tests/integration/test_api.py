@@ -51,8 +51,9 @@ def counts(conn: Any) -> dict[str, int]:
         SELECT (SELECT count(*) FROM jobs) AS jobs,
                (SELECT count(*) FROM job_events) AS events,
                (SELECT count(*) FROM job_dependencies) AS dependencies,
-               (SELECT count(*) FROM jobs WHERE resource IS NOT NULL
-                                            AND status NOT IN ('succeeded', 'failed', 'cancelled')) AS held,
+               (SELECT count(*) FROM jobs
+                 WHERE resource IS NOT NULL
+                   AND status NOT IN ('succeeded', 'failed', 'cancelled')) AS held,
                (SELECT count(*) FROM app.requests) AS requests""").fetchone()
     return dict(row)
 
