@@ -1,4 +1,4 @@
-"""The image. The Dockerfile builds on a slim Python in two stages, its final stage runs
+"""The image and the wheel. The Dockerfile builds on a slim Python in two stages, its final stage runs
 `jobfence` as a numeric non-root user (the uid the pods run as) with no build tools, no
 sources and no wheel files; the build context lets in what the build copies. No Docker
 engine runs here, so the image itself is not built: instead the wheel is built from
@@ -210,5 +210,16 @@ def test_the_wheel_is_one_package_that_never_touches_an_applications_own(
     for command in COMMANDS:  # every command's module imports from the installed wheel
         assert command in run(venv / "bin" / "jobfence", command, "--help").stdout
     assert "worker" in run(python, "-m", "jobfence.functions.worker", "--help").stdout
+    # An application beside it, typed against the installed API: the example service,
+    # with its extra, passes mypy --strict.
+    run(*pip, "install", "--quiet", f"{wheel}[example]")
+    example = tmp_path / "application"
+    example.mkdir()
+    shutil.copy2(REPO / "examples" / "maintenance_service" / "app.py", example / "app.py")
+    checked = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental",
+         "--python-executable", str(python), "app.py"],
+        cwd=example, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert checked.returncode == 0, checked.stdout[-3000:]
     run(*pip, "uninstall", "--yes", "jobfence")
     run(python, "-c", theirs)
