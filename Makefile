@@ -38,7 +38,7 @@ postgres-check: $(STAMP) ## make sure a PostgreSQL server (and PgBouncer) can be
 	@$(PY) -m devtools.pgbouncer
 
 lint: $(STAMP) ## ruff, mypy and the import-linter contracts (the layers in docs/DEVELOPERS.md)
-	$(VENV)/bin/ruff check shared functions devtools tests bench demo
+	$(VENV)/bin/ruff check shared functions devtools tests bench demo examples
 	@$(PY) -m devtools.linktree >/dev/null  # jobfence as installed, for mypy and lint-imports
 	$(VENV)/bin/mypy
 	PYTHONPATH=build/src $(VENV)/bin/lint-imports

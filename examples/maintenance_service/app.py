@@ -162,7 +162,7 @@ class ThreadingServer(ThreadingMixIn, WSGIServer):
 
 
 class QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+    def log_message(self, format: str, *args: Any) -> None:
         sys.stderr.write(f"{self.address_string()} {format % args}\n")
 
 

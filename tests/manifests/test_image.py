@@ -1,10 +1,10 @@
-"""The image and the wheel. The Dockerfile builds on a slim Python in two stages, its final stage runs
-`jobfence` as a numeric non-root user (the uid the pods run as) with no build tools, no
-sources and no wheel files; the build context lets in what the build copies. No Docker
-engine runs here, so the image itself is not built: instead the wheel is built from
+"""The image and the wheel. The Dockerfile builds on a slim Python in two stages, its final
+stage runs `jobfence` as a numeric non-root user (the uid the pods run as) with no build
+tools, no sources and no wheel files; the build context lets in what the build copies. No
+Docker engine runs here, so the image itself is not built: instead the wheel is built from
 exactly the files the build stage copies and installed into a clean virtualenv, as the
 final stage does, and its `jobfence` must list and start every command and carry the SQL
-and the migrations."""
+and the migrations; an application beside it type-checks against its API."""
 
 from __future__ import annotations
 
