@@ -26,7 +26,7 @@ import sys
 from collections.abc import Iterable
 from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import WSGIServer, make_server
 from wsgiref.types import StartResponse, WSGIEnvironment
 
 import psycopg
@@ -161,11 +161,6 @@ class ThreadingServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
 
 
-class QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        sys.stderr.write(f"{self.address_string()} {format % args}\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--host", default="127.0.0.1")
@@ -181,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             conn.execute(AUDIT_TABLE)
     with ConnectionPool(url, min_size=1, max_size=8, open=True) as pool:
         server = make_server(args.host, args.port, Service(pool),
-                             server_class=ThreadingServer, handler_class=QuietHandler)
+                             server_class=ThreadingServer)
         print(f"listening on http://{args.host}:{server.server_port}", flush=True)
         try:
             server.serve_forever()
