@@ -35,6 +35,7 @@ BENCHMARKS = {
     "dependents": "bench.bench_dependents",
     "pools": "bench.bench_pools",
     "pooler": "bench.bench_pooler",
+    "sidecar": "bench.bench_sidecar",
 }
 
 OUT = REPO / "docs" / "BENCHMARKS.md"
