@@ -14,7 +14,7 @@ audit trail and the object store. A table of faults injected and invariants chec
 printed; the exit code is 1 on any violation.
 
     python -m bench.chaos                      # full size: 3,000 jobs
-    python -m bench.chaos --jobs 300 --quick --pgbouncer
+    python -m bench.chaos --jobs 150 --quick --pgbouncer
                                                # the short run `make test` includes:
                                                # every process through PgBouncer
 """
