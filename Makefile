@@ -7,6 +7,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# Test files run on this many processes at once (each with its own throwaway PostgreSQL);
+# most of the suite waits on leases, subprocesses and sockets, not on the CPU.
+PYTEST_WORKERS ?= 2
 BENCH_ARGS ?=
 CHAOS_ARGS ?=
 
@@ -44,7 +47,7 @@ lint: $(STAMP) ## ruff, mypy and the import-linter contracts (the layers in docs
 	PYTHONPATH=build/src $(VENV)/bin/lint-imports
 
 test: lint postgres-check ## lint, type-check, and run every test on a real PostgreSQL
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 demo: $(STAMP) ## run the main story end to end on embedded defaults
 	$(PY) -m demo.run
@@ -71,7 +74,7 @@ pools: $(STAMP) ## render manifests/pools.yaml into the pools' KEDA ScaledJobs (
 
 verify: $(STAMP) ## render the manifests and validate them, check migrations give the expected schema, test the wheel
 	$(KUBECTL) kustomize manifests/ >/dev/null
-	$(PY) -m pytest $(PYTEST_ARGS) tests/manifests tests/integration/test_migrations.py
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) tests/manifests tests/integration/test_migrations.py
 
 image: ## build the one image of every function (IMAGE=jobfence:VERSION)
 	$(DOCKER) build -t $(IMAGE) .

@@ -4,7 +4,8 @@ installation's schema.
 Every migration runs in its own transaction together with its bookkeeping row, under a
 transaction-scoped advisory lock (it holds through a transaction-pooling PgBouncer, and a
 crash releases it): two pods running ``jobfence migrate`` at once apply each migration
-exactly once, and the second finds nothing left to do. Each migration's transaction has
+exactly once and in order between them (whichever takes the lock first applies it; the
+other finds it applied and goes on). Each migration's transaction has
 the installation's schema as its only search path, so migration files name objects
 unqualified. Migrations must be additive: a rolling deploy runs old and new pods against
 the same schema.
