@@ -96,6 +96,7 @@ class StoreCollector:
             if q.limit is not None:
                 limit.add_metric([q.queue], float(q.limit))
         yield from (jobs, scheduled, oldest, paused, limit)
+        yield from self._job_totals()
         draining = self.store.control.drain_status().draining
         yield GaugeMetricFamily("jobfence_draining", "1 while drain mode is on.",
                                 value=1.0 if draining else 0.0)
@@ -108,6 +109,50 @@ class StoreCollector:
             "jobfence_database_connections_available", "Connections the server allows a "
             "non-superuser (max_connections less superuser_reserved_connections).",
             value=float(conns.available))
+
+
+    def _job_totals(self) -> Iterator[Any]:
+        """Jobs finished, attempts ended, wait and run histograms by queue: the totals the
+        periodic passes fold (as of the last pass)."""
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+        from prometheus_client.utils import floatToGoString
+
+        finished = CounterMetricFamily(
+            "jobfence_jobs_finished", "Jobs that reached a terminal status, by queue.",
+            labels=["queue", "status"])
+        attempts = CounterMetricFamily(
+            "jobfence_job_attempts", "Attempts that ended, by queue and outcome: succeeded, "
+            "failed, cancelled, retried, interrupted (SIGTERM) or lost (fence taken).",
+            labels=["queue", "outcome"])
+        totals = self.store.job_metrics.totals()
+        histograms: dict[tuple[str, str], dict[float, float]] = {}
+        sums: dict[tuple[str, str], float] = {}
+        for t in totals:
+            if t.name == "finished":
+                finished.add_metric([t.queue, t.label], t.value)
+            elif t.name == "attempts":
+                attempts.add_metric([t.queue, t.label], t.value)
+            elif t.name in ("wait", "run"):
+                histograms.setdefault((t.name, t.queue), {})[t.le] = t.value
+            elif t.name in ("wait_sum", "run_sum"):
+                sums[(t.name[:-4], t.queue)] = t.value
+        yield from (finished, attempts)
+        for kind, help_text in (("wait", "How long jobs waited for a worker once ready "
+                                         "(ready -> claimed), by queue."),
+                                ("run", "How long jobs ran, claim to terminal status (the "
+                                        "attempt that finished them), by queue.")):
+            family = HistogramMetricFamily(f"jobfence_job_{kind}_seconds", help_text,
+                                           labels=["queue"])
+            bounds = self.store.job_metrics.buckets(kind)
+            for (name, queue), counts in sorted(histograms.items()):
+                if name != kind:
+                    continue
+                running, buckets = 0.0, []
+                for bound in bounds:
+                    running += counts.get(bound, 0.0)
+                    buckets.append((floatToGoString(bound), running))  # type: ignore[no-untyped-call]
+                family.add_metric([queue], buckets, sums.get((kind, queue), 0.0))
+            yield family
 
 
 def _registry(collector: StoreCollector) -> Any:

@@ -1,7 +1,8 @@
 """The shape every periodic function shares: ``run_once(settings, deps) -> Report`` does one
 pass; ``run_pass`` wraps it into a CLI ``main()`` that takes the function's lease (a second
 concurrent run skips and exits 0), records the run (trigger, status, counts, duration) in
-the database, pushes its metrics when a Pushgateway is set, logs, prints the report as one
+the database, folds the job metrics (``jobfence.store.job_metrics``), pushes its metrics
+when a Pushgateway is set, logs, prints the report as one
 JSON object, and returns the exit code.
 
 One run at a time holds through any pooler: the lease is a row (``function_leases``), taken
@@ -268,6 +269,9 @@ def run_pass(name: str, argv: list[str] | None, run_once: RunOnce, description: 
                     store.runs.lease_release(function=name, holder=deps.pass_id)
                     metrics.push(settings, store, name)
                 raise
+            # Every pass also folds the job metrics' deltas into their totals (any of the
+            # periodic functions will do: a fold is cheap, exact, and safe to run at once).
+            store.job_metrics.fold()
             counts = counts_of(report)
             duration = round(time.monotonic() - started, 3)
             store.runs.run_finished(run_id=run_id, function=name, trigger=trigger,

@@ -13,6 +13,7 @@ dependencies  record `after`, settle what waited on jobs that finished
 parents       datum parents: ready, children pages, the one finalization
 maintenance   reclaim expired leases, run timeouts, pending expiry, retention
 runs          runs of the periodic functions and their totals
+job_metrics   jobs finished, attempts ended, wait and run times: folded totals by queue
 pods          a pass's snapshot of the worker pods: dead claims, orphan suspects, objects
 control       drain mode
 queues        each pool's KEDA trigger count, each queue's state and settings
@@ -29,6 +30,7 @@ from jobfence.db import Connection
 from jobfence.store.attempts import Attempts
 from jobfence.store.control import Control
 from jobfence.store.dependencies import SETTLE_BATCH, Dependencies
+from jobfence.store.job_metrics import JobMetrics
 from jobfence.store.jobs import Jobs
 from jobfence.store.maintenance import Maintenance
 from jobfence.store.parents import Parents
@@ -103,3 +105,7 @@ class Store:
     @cached_property
     def queues(self) -> Queues:
         return Queues(self)
+
+    @cached_property
+    def job_metrics(self) -> JobMetrics:
+        return JobMetrics(self)

@@ -49,6 +49,7 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {schema}
 GRANT USAGE ON SCHEMA {schema} TO {worker}, {maintainer}, {operator}, {reader};
 GRANT EXECUTE ON FUNCTION {schema}.jobfence_identity()
     TO {worker}, {maintainer}, {operator}, {reader};
+GRANT EXECUTE ON FUNCTION {schema}.jobfence_buckets(text) TO {maintainer}, {operator}, {reader};
 
 -- worker: the fenced verbs, and settling what waited on its own terminal writes. No table.
 GRANT EXECUTE ON FUNCTION
@@ -89,6 +90,8 @@ GRANT DELETE ON {schema}.job_events, {schema}.job_action_results,
 GRANT INSERT, UPDATE, DELETE ON {schema}.function_runs, {schema}.function_totals,
     {schema}.function_status, {schema}.function_leases, {schema}.pod_snapshots,
     {schema}.orphan_pod_suspects TO {maintainer};
+GRANT INSERT, UPDATE ON {schema}.job_metrics TO {maintainer};
+GRANT DELETE ON {schema}.job_metric_deltas TO {maintainer};
 GRANT EXECUTE ON FUNCTION {schema}.jobfence_reclaim(uuid[], text[], text[], float8, float8),
     {schema}.jobfence_retry_delay(integer, float8, float8),
     {schema}.resolve_waiting(uuid[]),

@@ -298,6 +298,19 @@ class FunctionTotal(NamedTuple):
     total: float
 
 
+class JobMetric(NamedTuple):
+    """One total of the job metrics (``jobfence.store.job_metrics``)."""
+
+    queue: str
+    name: str
+    """finished, attempts, wait, run, wait_sum or run_sum."""
+    label: str
+    """finished: the status; attempts: the outcome; '' otherwise."""
+    le: float
+    """wait, run: the bucket's upper bound (per bucket, not cumulative); +Inf otherwise."""
+    value: float
+
+
 class ChildEntry(NamedTuple):
     """A parent's child as its manifest lists it."""
 

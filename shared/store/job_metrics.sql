@@ -1,0 +1,27 @@
+-- Job metrics: what the audit trigger appends per transition statement, folded into the
+-- totals the exposition reads (migration 0015 says how).
+-- Named statements, run by the method of the same name in store/job_metrics.py. {schema}
+-- is the installation's schema (JOBFENCE_SCHEMA), filled in as a quoted identifier.
+
+-- fold --
+-- Move every committed delta into the totals, exactly once (a delta committed after this
+-- statement began is left for the next fold); how many deltas were folded.
+WITH moved AS (
+    DELETE FROM {schema}.job_metric_deltas RETURNING queue, name, label, le, value
+), summed AS (
+    SELECT queue, name, label, le, sum(value) AS value, count(*) AS deltas
+    FROM moved GROUP BY queue, name, label, le
+), added AS (
+    INSERT INTO {schema}.job_metrics AS m (queue, name, label, le, value)
+    SELECT queue, name, label, le, value FROM summed
+    ON CONFLICT (queue, name, label, le) DO UPDATE SET value = m.value + excluded.value
+)
+SELECT coalesce(sum(deltas), 0)::bigint AS folded FROM summed;
+
+-- totals --
+-- Every job metric total, by queue.
+SELECT queue, name, label, le, value FROM {schema}.job_metrics ORDER BY queue, name, label, le;
+
+-- buckets --
+-- The upper bounds of a histogram's buckets (wait or run), +Inf last.
+SELECT {schema}.jobfence_buckets(%(kind)s) AS bounds;
