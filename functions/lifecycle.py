@@ -38,7 +38,7 @@ from jobfence.errors import JobfenceError
 from jobfence.finalize import finalize_parent
 from jobfence.logs import get_logger
 from jobfence.retention import Retention
-from jobfence.runner import Deps, run_pass
+from jobfence.runner import Deps, run_pass, snapshot
 from jobfence.settings import Settings
 from jobfence.store import RetryPolicy, Transition
 
@@ -180,7 +180,7 @@ class Report:
     events_deleted: int
     function_runs_deleted: int
     batches: int
-    longest_batch_seconds: float
+    longest_batch_seconds: float = snapshot()
     """Wall time of the longest single database batch: an upper bound on the longest
     transaction this pass held."""
 

@@ -29,7 +29,7 @@ from jobfence.cluster import Cluster
 from jobfence.errors import ClusterError
 from jobfence.logs import get_logger
 from jobfence.objectstore import ObjectInfo, ObjectStore, ObjectStoreError, installation_prefix
-from jobfence.runner import Deps, run_pass
+from jobfence.runner import Deps, run_pass, snapshot
 from jobfence.settings import Settings
 from jobfence.store import Store
 
@@ -48,19 +48,19 @@ class Report:
 
     function: str
     cluster: str
-    pods_listed: int = 0
-    orphan_suspects: int = 0
+    pods_listed: int = snapshot()
+    orphan_suspects: int = snapshot()
     """Running worker pods seen without a live claim this pass (not yet past the grace)."""
     orphaned_pods_detected: int = 0
     orphaned_pods_cleaned: int = 0
     orphaned_pods_cleanup_failures: int = 0
     finished_pods_deleted: int = 0
     finished_pods_cleanup_failures: int = 0
-    objects_scanned: int = 0
+    objects_scanned: int = snapshot()
     orphaned_objects_detected: int = 0
     orphaned_objects_deleted: int = 0
     orphaned_objects_cleanup_failures: int = 0
-    objects_unrecognized: int = 0
+    objects_unrecognized: int = snapshot()
 
 
 # -- objects ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from jobfence.logs import get_logger
-from jobfence.runner import Deps, run_pass
+from jobfence.runner import Deps, run_pass, snapshot
 from jobfence.settings import Settings
 from jobfence.store import RetryPolicy
 
@@ -28,7 +28,7 @@ MAX_BATCHES = 200
 class Report:
     function: str
     cluster: str
-    pods_listed: int = 0
+    pods_listed: int = snapshot()
     pages: int = 0
     missing_pods_detected: int = 0
     """Live claims whose pod is gone."""
@@ -36,7 +36,7 @@ class Report:
     """Live claims whose pod has finished, failed or gone Unknown."""
     retried: int = 0
     failed: int = 0
-    unverifiable_claims: int = 0
+    unverifiable_claims: int = snapshot()
 
 
 def run_once(settings: Settings, deps: Deps) -> Report:

@@ -11,6 +11,7 @@ the text format. ``prometheus_client`` is imported only here, only when needed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -22,6 +23,8 @@ log = get_logger("jobfence.metrics")
 
 JOB = "jobfence"
 QUEUE_GROUP = "queue"
+UNHEALTHY_AFTER = 3
+"""Failed runs in a row after which a function's health is 0."""
 
 
 class StoreCollector:
@@ -62,12 +65,28 @@ class StoreCollector:
             duration = GaugeMetricFamily(
                 "jobfence_function_last_duration_seconds",
                 "How long the function's last run took.", labels=["function"])
+            health = GaugeMetricFamily(
+                "jobfence_function_health", f"1 while the function is healthy, 0 once "
+                f"{UNHEALTHY_AFTER} runs in a row have failed (back to 1 on a success).",
+                labels=["function"])
+            failures = GaugeMetricFamily(
+                "jobfence_function_consecutive_failures",
+                "Failed runs of the function since its last success.", labels=["function"])
+            seen = GaugeMetricFamily(
+                "jobfence_function_snapshot", "What the function's last successful run saw "
+                "at that moment (e.g. item=orphan_suspects): a current value, never a sum.",
+                labels=["function", "item"])
             for status in self.store.runs.function_status(only):
                 if status.last_success_at is not None:
                     success.add_metric([status.function], status.last_success_at.timestamp())
                 if status.last_duration_seconds is not None:
                     duration.add_metric([status.function], status.last_duration_seconds)
-            yield from (runs, items, success, duration)
+                health.add_metric([status.function], 0.0 if status.consecutive_failures
+                                  >= UNHEALTHY_AFTER else 1.0)
+                failures.add_metric([status.function], float(status.consecutive_failures))
+                for item, value in sorted((status.last_values or {}).items()):
+                    seen.add_metric([status.function, item], float(value))
+            yield from (runs, items, success, duration, health, failures, seen)
         if self.queue:
             yield from self._queues()
 
@@ -97,6 +116,10 @@ class StoreCollector:
                 limit.add_metric([q.queue], float(q.limit))
         yield from (jobs, scheduled, oldest, paused, limit)
         yield from self._job_totals()
+        yield GaugeMetricFamily(
+            "jobfence_metrics_collected_timestamp_seconds", "When the queue and job metrics "
+            "beside it were read from the database (Unix time): pushed values go stale when "
+            "the functions that push them stop.", value=time.time())
         draining = self.store.control.drain_status().draining
         yield GaugeMetricFamily("jobfence_draining", "1 while drain mode is on.",
                                 value=1.0 if draining else 0.0)

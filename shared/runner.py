@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from types import FrameType
 from typing import Any, NamedTuple, Protocol
@@ -152,6 +152,17 @@ def counts_of(report: Report) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k != "function"}
 
 
+def snapshot(default: int | float = 0) -> Any:
+    """A report field that says what the pass saw at that moment (pods listed, orphan
+    suspects...), not something it did: the metrics show its last value, never a sum."""
+    return field(default=default, metadata={"snapshot": True})
+
+
+def snapshots_of(report: Report) -> set[str]:
+    """The names of a report's snapshot fields."""
+    return {f.name for f in fields(report) if f.metadata.get("snapshot")}  # type: ignore[arg-type]
+
+
 class LeaseKeeper:
     """Renews the run's lease every third of it, on a connection of its own, until the run
     ends. Stops the pass when the lease is lost (another run took it over after it ran out)
@@ -276,7 +287,7 @@ def run_pass(name: str, argv: list[str] | None, run_once: RunOnce, description: 
             duration = round(time.monotonic() - started, 3)
             store.runs.run_finished(run_id=run_id, function=name, trigger=trigger,
                                     status="succeeded", counts=counts,
-                                    duration_seconds=duration)
+                                    duration_seconds=duration, gauges=snapshots_of(report))
             store.runs.lease_release(function=name, holder=deps.pass_id)
             log.info("pass_finished", duration_seconds=duration, **counts)
             cli.emit({"function": name, **counts, "duration_seconds": duration})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Collection
 from typing import Any
 from uuid import UUID
 
@@ -67,27 +68,31 @@ class Runs(Noun):
 
     def run_finished(self, *, run_id: int, function: str, trigger: str, status: str,
                      counts: dict[str, Any], duration_seconds: float,
-                     error: str | None = None) -> None:
+                     error: str | None = None, gauges: Collection[str] = ()) -> None:
         """Close a run (succeeded, failed or interrupted), add its numeric counts to the
         function's totals and set its last status (the last success survives failed runs),
-        in one transaction."""
+        in one transaction. The counts named in ``gauges`` are what the run saw at that
+        moment: kept as the function's last values (a successful run's), never summed."""
         totals: dict[str, float] = {f"run:{status}": 1}
-        totals.update({k: v for k, v in counts.items()
-                       if isinstance(v, int | float) and not isinstance(v, bool)})
+        numbers = {k: v for k, v in counts.items()
+                   if isinstance(v, int | float) and not isinstance(v, bool)}
+        totals.update({k: v for k, v in numbers.items() if k not in gauges})
+        values = {k: v for k, v in numbers.items() if k in gauges}
         with db.transaction(self.conn):
             self._execute("run_finished", {"run_id": run_id, "status": status,
                                            "counts": json.dumps(counts), "error": error})
             self.add_totals(function=function, totals=totals)
             self.set_status(function=function, status=status, trigger=trigger,
-                            duration_seconds=duration_seconds)
+                            duration_seconds=duration_seconds, values=values)
 
     def add_totals(self, *, function: str, totals: dict[str, float]) -> None:
         self._execute("add_totals", {"function": function, "totals": json.dumps(totals)})
 
     def set_status(self, *, function: str, status: str, trigger: str,
-                   duration_seconds: float) -> None:
+                   duration_seconds: float, values: dict[str, float] | None = None) -> None:
         self._execute("set_status", {"function": function, "status": status,
-                                     "trigger": trigger, "duration": duration_seconds})
+                                     "trigger": trigger, "duration": duration_seconds,
+                                     "values": json.dumps(values or {})})
 
     def function_status(self, function: str | None = None) -> list[FunctionStatus]:
         """Every function's last run (or one function's)."""

@@ -23,21 +23,29 @@ SELECT %(function)s, t.key, t.value::numeric FROM jsonb_each_text(%(totals)s::js
 ON CONFLICT (function, item) DO UPDATE SET total = function_totals.total + excluded.total;
 
 -- set_status --
--- The function's last run; the last success is kept across failed runs.
-INSERT INTO {schema}.function_status (function, last_run_at, last_status, last_trigger,
-    last_duration_seconds, last_success_at)
+-- The function's last run; the last success is kept across failed runs, and so are the
+-- values the last successful run saw. Failed runs since the last success are counted.
+INSERT INTO {schema}.function_status AS f (function, last_run_at, last_status, last_trigger,
+    last_duration_seconds, last_success_at, consecutive_failures, last_values)
 VALUES (%(function)s, now(), %(status)s, %(trigger)s, %(duration)s,
-        CASE WHEN %(status)s = 'succeeded' THEN now() END)
+        CASE WHEN %(status)s = 'succeeded' THEN now() END,
+        CASE WHEN %(status)s = 'failed' THEN 1 ELSE 0 END, %(values)s::jsonb)
 ON CONFLICT (function) DO UPDATE SET
     last_run_at = excluded.last_run_at, last_status = excluded.last_status,
     last_trigger = excluded.last_trigger,
     last_duration_seconds = excluded.last_duration_seconds,
-    last_success_at = coalesce(excluded.last_success_at, function_status.last_success_at);
+    last_success_at = coalesce(excluded.last_success_at, f.last_success_at),
+    consecutive_failures = CASE excluded.last_status
+        WHEN 'succeeded' THEN 0
+        WHEN 'failed' THEN f.consecutive_failures + 1
+        ELSE f.consecutive_failures END,
+    last_values = CASE WHEN excluded.last_status = 'succeeded' THEN excluded.last_values
+                       ELSE f.last_values END;
 
 -- function_status --
 -- Every function's last run (or one function's).
 SELECT function, last_run_at, last_status, last_trigger, last_duration_seconds,
-    last_success_at
+    last_success_at, consecutive_failures, last_values
 FROM {schema}.function_status
 WHERE %(function)s::text IS NULL OR function = %(function)s
 ORDER BY function;

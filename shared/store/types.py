@@ -290,6 +290,10 @@ class FunctionStatus(NamedTuple):
     last_trigger: str
     last_duration_seconds: float | None
     last_success_at: datetime | None
+    consecutive_failures: int = 0
+    """Failed runs since the last success."""
+    last_values: dict[str, float] | None = None
+    """What the last successful run saw (pods listed, orphan suspects...): current values."""
 
 
 class FunctionTotal(NamedTuple):

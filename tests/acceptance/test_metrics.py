@@ -148,3 +148,52 @@ def test_functions_push_to_a_real_pushgateway_and_keep_the_last_success(dsn: str
         # Queue gauges live in their own group, one series whichever function pushed.
         assert after[("jobfence_jobs", (("function", "queue"), ("queue", "default"),
                                         ("status", "pending")))] == 0
+
+
+def test_health_goes_to_zero_after_three_failed_runs_and_back_on_a_success(dsn: str) -> None:
+    def health() -> tuple[float, float]:
+        got = samples(run_cli(dsn, "metrics").stdout)
+        key = (("function", "reconciliation"),)
+        return (got[("jobfence_function_health", key)],
+                got[("jobfence_function_consecutive_failures", key)])
+
+    assert run_cli(dsn, "reconciliation", JOBFENCE_CLUSTER="local").returncode == 0
+    assert health() == (1, 0)
+    for n in (1, 2):
+        assert run_cli(dsn, "reconciliation", **BROKEN_CLUSTER).returncode == 1
+        assert health() == (1, n)
+    with connect(dsn) as holder:  # a skipped run is neither a failure nor a success
+        holder_id = run_in_progress(Store(holder), "reconciliation")
+        assert run_cli(dsn, "reconciliation", JOBFENCE_CLUSTER="local").returncode == 0
+        assert health() == (1, 2)
+        holder.execute("DELETE FROM function_leases WHERE holder = %s", (holder_id,))
+    assert run_cli(dsn, "reconciliation", **BROKEN_CLUSTER).returncode == 1
+    assert health() == (0, 3)
+    assert run_cli(dsn, "reconciliation", JOBFENCE_CLUSTER="local").returncode == 0
+    assert health() == (1, 0)
+
+
+def test_a_snapshot_reads_its_last_value_never_a_sum(dsn: str) -> None:
+    with connect(dsn) as conn:
+        runs = Store(conn).runs
+        for seen in (5, 3):
+            runs.run_finished(run_id=0, function="orphan-cleanup", trigger="scheduled",
+                              status="succeeded", counts={"orphan_suspects": seen,
+                                                          "orphaned_pods_cleaned": 1},
+                              duration_seconds=0.1, gauges={"orphan_suspects"})
+        runs.run_finished(run_id=0, function="orphan-cleanup", trigger="scheduled",
+                          status="failed", counts={}, duration_seconds=0.1)
+    got = samples(run_cli(dsn, "metrics").stdout)
+    fn = ("function", "orphan-cleanup")
+    assert got[("jobfence_function_snapshot", (fn, ("item", "orphan_suspects")))] == 3
+    assert got[("jobfence_function_items_total", (fn, ("item", "orphaned_pods_cleaned")))] == 2
+    assert ("jobfence_function_items_total", (fn, ("item", "orphan_suspects"))) not in got
+    # The functions' own reports say which of their counts are snapshots.
+    assert run_cli(dsn, "reconciliation", JOBFENCE_CLUSTER="local").returncode == 0
+    assert run_cli(dsn, "reconciliation", JOBFENCE_CLUSTER="local").returncode == 0
+    got = samples(run_cli(dsn, "metrics").stdout)
+    rec = ("function", "reconciliation")
+    assert ("jobfence_function_snapshot", (rec, ("item", "pods_listed"))) in got
+    assert ("jobfence_function_items_total", (rec, ("item", "pods_listed"))) not in got
+    assert got[("jobfence_metrics_collected_timestamp_seconds", ())] == pytest.approx(
+        time.time(), abs=120)
