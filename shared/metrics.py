@@ -178,6 +178,69 @@ class StoreCollector:
             yield family
 
 
+class ScrapeCollector:
+    """Every metric, read from the database on each scrape (``jobfence metrics --serve``):
+    a connection per scrape, so a restarted database or a pooler in between costs one
+    scrape. ``jobfence_database_up`` says whether the read worked; nothing here goes stale."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    def describe(self) -> Iterable[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        from jobfence.db import connect
+        from jobfence.errors import JobfenceError
+
+        up = GaugeMetricFamily("jobfence_database_up", "1 when this scrape read the "
+                               "database, 0 when it could not.")
+        try:
+            conn = connect(self.settings.database_url, pooler=self.settings.database_pooler,
+                           application_name="jobfence-metrics",
+                           connect_timeout=self.settings.connect_timeout_seconds)
+            try:
+                families = list(StoreCollector(Store(conn, self.settings.schema_name))
+                                .collect())
+            finally:
+                conn.close()
+        except JobfenceError as exc:
+            log.warning("scrape_failed", error=str(exc))
+            up.add_metric([], 0.0)
+            yield up
+            return
+        up.add_metric([], 1.0)
+        yield up
+        yield from families
+
+
+def serve(settings: Settings, host: str, port: int, ready: Any = None) -> None:
+    """Serve every metric at ``http://host:port/metrics`` until SIGTERM (``ready`` is
+    called with the bound port once it listens)."""
+    import threading
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    from prometheus_client import CollectorRegistry, make_wsgi_app
+
+    from jobfence.shutdown import on_termination
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # a scrape every few seconds is not news
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ScrapeCollector(settings))
+    server = make_server(host, port, make_wsgi_app(registry), WSGIServer, Quiet)
+    log.info("metrics_listening", host=host, port=server.server_port)
+    if ready is not None:
+        ready(server.server_port)
+    with on_termination(lambda _signum: threading.Thread(target=server.shutdown).start()):
+        server.serve_forever(poll_interval=0.2)
+    server.server_close()
+
+
 def _registry(collector: StoreCollector) -> Any:
     from prometheus_client import CollectorRegistry
 
