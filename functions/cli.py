@@ -33,7 +33,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pools": ("pools:main", "render the KEDA ScaledJobs of the worker pools"),
     "command-runner": ("command_runner:main",
                        "the worker pod's command sidecar: run jobs' commands away from the keys"),
-    "metrics": ("ops:metrics_main", "print metrics in the Prometheus text format"),
+    "metrics": ("ops:metrics_main", "print metrics in the Prometheus text format, or serve them"),
+    "runs": ("ops:runs_main", "recent runs of the periodic functions: trigger, status, counts"),
 }
 
 

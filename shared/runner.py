@@ -144,6 +144,8 @@ def detect_trigger(settings: Settings) -> str:
     """``scheduled`` or ``manual`` (see ``Settings.trigger``). Uncertain: scheduled."""
     if settings.trigger != "auto":
         return settings.trigger
+    if settings.triggered_by:
+        return "manual"
     return "manual" if not os.environ.get("POD_NAME") and sys.stdin.isatty() else "scheduled"
 
 
@@ -249,7 +251,9 @@ def run_pass(name: str, argv: list[str] | None, run_once: RunOnce, description: 
             trigger = detect_trigger(settings)
             run_id = store.runs.run_started(function=name, trigger=trigger,
                                             holder=deps.pass_id,
-                                            lease_seconds=settings.function_lease_seconds)
+                                            lease_seconds=settings.function_lease_seconds,
+                                            triggered_by=settings.triggered_by,
+                                            reason=settings.trigger_reason)
             if run_id is None:
                 log.info("pass_skipped", reason="another run holds the lease", trigger=trigger)
                 cli.emit({"function": name, "skipped": True})

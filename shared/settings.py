@@ -186,6 +186,13 @@ class Settings(BaseSettings):
     when run from a terminal. Read from the environment only: a function needs no access to
     the Kubernetes API to know it (least privilege)."""
 
+    triggered_by: str | None = Field(default=None, max_length=200)
+    """Who started a function run by hand (recorded with the run, shown by ``jobfence
+    runs``); setting it makes the run ``manual``."""
+
+    trigger_reason: str | None = Field(default=None, max_length=2000)
+    """Why a function run was started by hand (recorded with the run)."""
+
     log_format: Literal["json", "console"] = "json"
     """Log lines on stderr: JSON for machines, console for people."""
 

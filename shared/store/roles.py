@@ -40,6 +40,7 @@ ROLE_OF_COMMAND = {
     "enqueue": "operator", "cancel": "operator", "wait": "operator", "drain": "operator",
     "queue": "operator",
     "status": "reader", "list": "reader", "info": "reader", "metrics": "reader",
+    "runs": "reader",
     "pools": "reader",
 }
 """The role each command of the CLI runs as (``drain status`` and ``queue status`` need only

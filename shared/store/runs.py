@@ -12,14 +12,15 @@ from uuid import UUID
 
 from jobfence import db
 from jobfence.store.base import Noun
-from jobfence.store.types import FunctionStatus, FunctionTotal
+from jobfence.store.types import FunctionRun, FunctionStatus, FunctionTotal
 
 
 class Runs(Noun):
     sql_file = "runs.sql"
 
     def run_started(self, *, function: str, trigger: str, holder: UUID,
-                    lease_seconds: float) -> int | None:
+                    lease_seconds: float, triggered_by: str | None = None,
+                    reason: str | None = None) -> int | None:
         """Take the function's lease for ``holder`` and record the run (status running), in
         one transaction; its run id. When another run holds the lease, record a skipped run
         (it counts in the function's totals) and return None. A run found abandoned (its
@@ -29,7 +30,8 @@ class Runs(Noun):
                                    lease_seconds=lease_seconds)
             row = self._one("run_started", {
                 "function": function, "trigger": trigger,
-                "status": "running" if took else "skipped", "host": socket.gethostname()})
+                "status": "running" if took else "skipped", "host": socket.gethostname(),
+                "triggered_by": triggered_by, "reason": reason})
             assert row is not None
             if took is None:
                 self.add_totals(function=function, totals={"run:skipped": 1})
@@ -97,6 +99,12 @@ class Runs(Noun):
     def function_status(self, function: str | None = None) -> list[FunctionStatus]:
         """Every function's last run (or one function's)."""
         return self._rows("function_status", {"function": function}, FunctionStatus)
+
+    def recent(self, *, function: str | None = None, status: str | None = None,
+               limit: int = 20) -> list[FunctionRun]:
+        """The latest runs, newest first."""
+        return self._rows("recent", {"function": function, "status": status,
+                                     "limit": limit}, FunctionRun)
 
     def function_totals(self, function: str | None = None) -> list[FunctionTotal]:
         """Every function's totals (or one function's)."""

@@ -5,9 +5,10 @@
 -- run_started --
 -- A periodic function's run begins (status running, or skipped when another run holds its
 -- lease).
-INSERT INTO {schema}.function_runs (function, trigger, status, host, finished_at)
+INSERT INTO {schema}.function_runs (function, trigger, status, host, finished_at,
+    triggered_by, trigger_reason)
 VALUES (%(function)s, %(trigger)s, %(status)s, %(host)s,
-        CASE WHEN %(status)s = 'skipped' THEN now() END)
+        CASE WHEN %(status)s = 'skipped' THEN now() END, %(triggered_by)s, %(reason)s)
 RETURNING run_id;
 
 -- run_finished --
@@ -91,3 +92,14 @@ UPDATE {schema}.function_runs SET status = 'interrupted', finished_at = now(),
             'lease ran out'
 WHERE run_id = %(run_id)s AND status = 'running'
 RETURNING run_id;
+
+-- recent --
+-- The latest runs, newest first, optionally of one function and of one status.
+SELECT run_id, function, trigger, triggered_by, trigger_reason, status, host, started_at,
+    finished_at, extract(epoch FROM finished_at - started_at)::float8 AS duration_seconds,
+    counts, error
+FROM {schema}.function_runs
+WHERE (%(function)s::text IS NULL OR function = %(function)s)
+  AND (%(status)s::text IS NULL OR status = %(status)s)
+ORDER BY run_id DESC
+LIMIT %(limit)s;

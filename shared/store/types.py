@@ -302,6 +302,23 @@ class FunctionTotal(NamedTuple):
     total: float
 
 
+class FunctionRun(NamedTuple):
+    """One run of a periodic function, as ``jobfence runs`` shows it."""
+
+    run_id: int
+    function: str
+    trigger: str
+    triggered_by: str | None
+    trigger_reason: str | None
+    status: str
+    host: str | None
+    started_at: datetime
+    finished_at: datetime | None
+    duration_seconds: float | None
+    counts: dict[str, Any]
+    error: str | None
+
+
 class JobMetric(NamedTuple):
     """One total of the job metrics (``jobfence.store.job_metrics``)."""
 

@@ -6,6 +6,7 @@ failed run, queue gauges. Checked in the Prometheus text format with the client'
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import subprocess
 import time
@@ -22,6 +23,7 @@ from jobfence.settings import Settings
 from jobfence.store import Store
 from tests.conftest import run_cli
 from tests.factories import run_in_progress
+from tests.manifests.rendered import METRICS
 from tests.procs import enqueue, wait_for
 
 BROKEN_CLUSTER = {"JOBFENCE_CLUSTER": "kubernetes", "KUBECONFIG": "/nonexistent",
@@ -197,3 +199,38 @@ def test_a_snapshot_reads_its_last_value_never_a_sum(dsn: str) -> None:
     assert ("jobfence_function_items_total", (rec, ("item", "pods_listed"))) not in got
     assert got[("jobfence_metrics_collected_timestamp_seconds", ())] == pytest.approx(
         time.time(), abs=120)
+
+
+def test_runs_shows_recent_runs_with_who_and_why_for_a_manual_one(dsn: str) -> None:
+    assert run_cli(dsn, "sweeper").returncode == 0
+    assert run_cli(dsn, "reconciliation", **BROKEN_CLUSTER).returncode == 1
+    by_hand = run_cli(dsn, "lifecycle", JOBFENCE_TRIGGERED_BY="ana@example.com",
+                      JOBFENCE_TRIGGER_REASON="INC-42: retention backlog")
+    assert by_hand.returncode == 0, by_hand.stderr
+    r = run_cli(dsn, "runs", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    runs = json.loads(r.stdout)
+    assert [(x["function"], x["status"], x["trigger"]) for x in runs] == [
+        ("lifecycle", "succeeded", "manual"), ("reconciliation", "failed", "scheduled"),
+        ("sweeper", "succeeded", "scheduled")]
+    assert runs[0]["triggered_by"] == "ana@example.com"
+    assert runs[0]["trigger_reason"] == "INC-42: retention backlog"
+    assert runs[1]["error"] and runs[2]["counts"]["reclaimed"] == 0
+    assert runs[2]["duration_seconds"] >= 0
+    text = run_cli(dsn, "runs", "--function", "lifecycle").stdout
+    assert "manual by ana@example.com: INC-42: retention backlog" in text
+    failed = json.loads(run_cli(dsn, "runs", "--status", "failed", "-o", "json").stdout)
+    assert [x["function"] for x in failed] == ["reconciliation"]
+    assert run_cli(dsn, "runs", "--limit", "0").returncode == 2
+
+
+def test_metrics_exports_exactly_the_names_alerts_and_dashboards_may_use(dsn: str) -> None:
+    enqueue(dsn, 'command:{"argv": ["true"]}')
+    assert run_cli(dsn, "worker").returncode == 0
+    assert run_cli(dsn, "queue", "limit", "default", "5").returncode == 0
+    assert run_cli(dsn, "orphan-cleanup", JOBFENCE_CLUSTER="local").returncode == 0
+    assert run_cli(dsn, "sweeper").returncode == 0
+    names = {s.name for f in text_string_to_metric_families(run_cli(dsn, "metrics").stdout)
+             for s in f.samples}
+    # jobfence_database_up comes from the exporter's own scrape (test_prometheus.py).
+    assert names | {"jobfence_database_up"} == METRICS

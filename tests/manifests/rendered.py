@@ -32,8 +32,22 @@ PERIODIC: dict[str, str] = {
     "orphan-cleanup": "*/10 * * * *",
 }
 
-# The run metrics the functions push (the names the alerts may use).
+# Every metric jobfence exports (the names the alerts and dashboards may use); a test in
+# tests/acceptance/test_metrics.py checks that `jobfence metrics` shows exactly these.
 METRICS = {
+    "jobfence_function_health",
+    "jobfence_function_consecutive_failures",
+    "jobfence_function_snapshot",
+    "jobfence_metrics_collected_timestamp_seconds",
+    "jobfence_jobs_finished_total",
+    "jobfence_job_attempts_total",
+    "jobfence_job_wait_seconds_bucket",
+    "jobfence_job_wait_seconds_count",
+    "jobfence_job_wait_seconds_sum",
+    "jobfence_job_run_seconds_bucket",
+    "jobfence_job_run_seconds_count",
+    "jobfence_job_run_seconds_sum",
+    "jobfence_database_up",
     "jobfence_function_runs_total",
     "jobfence_function_last_success_timestamp_seconds",
     "jobfence_function_last_duration_seconds",

@@ -1,4 +1,4 @@
--- 0016: a function's health and what its last run saw.
+-- 0016: a function's health, what its last run saw, and who started a run by hand.
 --
 -- consecutive_failures counts the failed runs since the last success (skipped and
 -- interrupted runs leave it as it is): a function is unhealthy from the third. last_values
@@ -12,3 +12,7 @@ ALTER TABLE function_status
 DELETE FROM function_totals
 WHERE item IN ('pods_listed', 'unverifiable_claims', 'orphan_suspects', 'objects_scanned',
                'objects_unrecognized', 'longest_batch_seconds');
+
+-- A run started by hand records who and why, when given (JOBFENCE_TRIGGERED_BY,
+-- JOBFENCE_TRIGGER_REASON).
+ALTER TABLE function_runs ADD COLUMN triggered_by text, ADD COLUMN trigger_reason text;
