@@ -68,6 +68,9 @@ bench: $(BENCH_STAMP) ## run the benchmarks beside pgbench and the peers, write 
 chaos: $(STAMP) ## fault-injection run: thousands of jobs, SIGKILL/SIGTERM/SIGSTOP, DB restart; judged by the audit trail (CHAOS_ARGS="--jobs 300 --quick" for a short one)
 	$(PY) -m bench.chaos $(CHAOS_ARGS)
 
+dashboards: $(STAMP) ## write the Grafana dashboards (manifests/components/grafana-dashboards) from devtools/dashboards.py
+	$(PY) -m devtools.dashboards
+
 pools: $(STAMP) ## render manifests/pools.yaml into the pools' KEDA ScaledJobs (manifests/pools.generated.yaml)
 	$(VENV)/bin/jobfence pools render manifests/pools.yaml > manifests/pools.generated.yaml.tmp
 	mv manifests/pools.generated.yaml.tmp manifests/pools.generated.yaml
@@ -128,5 +131,5 @@ schema-snapshot: $(STAMP) ## regenerate tests/integration/expected_schema.txt af
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache build *.egg-info
 
-.PHONY: help venv postgres-check lint test demo bench chaos pools verify image overlay render \
+.PHONY: help venv postgres-check lint test demo bench chaos pools dashboards verify image overlay render \
 	deploy schema-snapshot clean
