@@ -16,7 +16,7 @@ import promql_parser
 import pytest
 
 from devtools.dashboards import OUT, render
-from tests.manifests.rendered import METRICS, MANIFESTS, kubectl_available
+from tests.manifests.rendered import MANIFESTS, METRICS, kubectl_available
 from tests.manifests.rendered import render as kustomize
 from tests.manifests.test_render_and_validate import metric_names
 
