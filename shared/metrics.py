@@ -269,9 +269,10 @@ def push(settings: Settings, store: Store, function: str) -> bool:
                            grouping_key={"function": function}, timeout=5,
                            registry=_registry(StoreCollector(store, function=function,
                                                              queue=False)))
-        pushadd_to_gateway(settings.pushgateway_url, job=JOB,
-                           grouping_key={"function": QUEUE_GROUP}, timeout=5,
-                           registry=_registry(StoreCollector(store, runs=False)))
+        if settings.push_queue_metrics:
+            pushadd_to_gateway(settings.pushgateway_url, job=JOB,
+                               grouping_key={"function": QUEUE_GROUP}, timeout=5,
+                               registry=_registry(StoreCollector(store, runs=False)))
     except Exception as exc:  # an unreachable gateway must not fail the pass
         log.warning("metrics_push_failed", gateway=settings.pushgateway_url, error=str(exc))
         return False

@@ -180,6 +180,11 @@ class Settings(BaseSettings):
     pushgateway_url: str | None = None
     """Prometheus Pushgateway for run metrics; unset: nothing is pushed."""
 
+    push_queue_metrics: bool = True
+    """Whether each pass also pushes the queue and job metrics (group ``function="queue"``).
+    The metrics exporter component turns it off: it serves them itself, read on each
+    scrape, and the same series from two sources would count twice."""
+
     trigger: Literal["auto", "scheduled", "manual"] = "auto"
     """How a function run records its trigger. ``auto``: ``scheduled`` in a pod (a run made
     by hand sets ``manual``: manifests/README.md shows how), and outside a pod ``manual``

@@ -9,6 +9,7 @@ import contextlib
 import json
 import shutil
 import subprocess
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -112,7 +113,11 @@ def pushgateway() -> Iterator[str]:
         pytest.skip("prometheus-pushgateway is not installed (the exposition format is "
                     "checked by the parser test above)")
     port = free_port()
-    proc = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}"],
+    # A persistence file of its own: Debian's build keeps one in /var/lib by default, so a
+    # fresh gateway would start with an earlier one's groups.
+    store = tempfile.mkdtemp(prefix="jobfence-pushgateway-")
+    proc = subprocess.Popen([binary, f"--web.listen-address=127.0.0.1:{port}",
+                             f"--persistence.file={store}/metrics"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -121,6 +126,7 @@ def pushgateway() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+        shutil.rmtree(store, ignore_errors=True)
 
 
 def _get(url: str) -> str | None:
@@ -150,6 +156,15 @@ def test_functions_push_to_a_real_pushgateway_and_keep_the_last_success(dsn: str
         # Queue gauges live in their own group, one series whichever function pushed.
         assert after[("jobfence_jobs", (("function", "queue"), ("queue", "default"),
                                         ("status", "pending")))] == 0
+    # Beside the metrics exporter, the functions push only their own run metrics.
+    with pushgateway() as url:
+        env = {"JOBFENCE_PUSHGATEWAY_URL": url, "JOBFENCE_PUSH_QUEUE_METRICS": "false"}
+        assert run_cli(dsn, "sweeper", **env).returncode == 0
+        pushed = {name for name, _ in samples(_get(url + "/metrics") or "")}
+        assert "jobfence_function_runs_total" in pushed
+        leaked = pushed & {"jobfence_jobs", "jobfence_jobs_finished_total",
+                           "jobfence_metrics_collected_timestamp_seconds"}
+        assert not leaked, leaked
 
 
 def test_health_goes_to_zero_after_three_failed_runs_and_back_on_a_success(dsn: str) -> None:

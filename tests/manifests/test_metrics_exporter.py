@@ -65,3 +65,10 @@ def test_the_exporter_reads_as_the_reader_and_is_as_restricted_as_any_pod(
     # Probes never read the database: a database that is down restarts nothing.
     for probe in ("readinessProbe", "livenessProbe"):
         assert set(c[probe]) - {"periodSeconds", "failureThreshold"} == {"tcpSocket"}
+
+
+def test_with_the_exporter_the_functions_stop_pushing_what_it_serves(
+        overlay: list[Obj]) -> None:
+    [config] = [o for o in overlay if o["kind"] == "ConfigMap"
+                and o["metadata"]["name"] == "jobfence-config"]
+    assert config["data"]["JOBFENCE_PUSH_QUEUE_METRICS"] == "false"
