@@ -332,6 +332,30 @@ def summary(d: Demo, platform: LocalPlatform, rows: list[tuple[str, str, str]]) 
                            if k in interesting and v)
         runs = sum(v for k, v in totals.get(name, {}).items() if k.startswith("run:"))
         print(f"   {name:<18}{runs:<7g}{s.last_status:<11}{counts or '—'}")
+    # The operator's view: what Prometheus reads, folded from the audit trail by the passes.
+    d.cli("sweeper", show=False)  # one more pass folds the last transitions
+    from prometheus_client.parser import text_string_to_metric_families
+
+    finished: dict[str, dict[str, float]] = {}
+    outcomes: dict[str, float] = {}
+    for family in text_string_to_metric_families(d.cli("metrics", show=False)):
+        for sample in family.samples:
+            if sample.name == "jobfence_jobs_finished_total":
+                finished.setdefault(sample.labels["queue"], {})[sample.labels["status"]] = \
+                    sample.value
+            elif sample.name == "jobfence_job_attempts_total":
+                outcome = sample.labels["outcome"]
+                outcomes[outcome] = outcomes.get(outcome, 0) + sample.value
+    terminal = d.conn.execute("SELECT count(*) AS n FROM job_events WHERE to_status IN "
+                              "('succeeded', 'failed', 'cancelled')").fetchone()
+    ok &= terminal is not None and sum(v for q in finished.values() for v in q.values()) \
+        == terminal["n"]
+    print("\n   from `jobfence metrics` (what Prometheus reads, folded from the audit trail):")
+    for queue, by_status in sorted(finished.items()):
+        print(f"   jobs finished in {queue}: " + ", ".join(
+            f"{k} {v:g}" for k, v in sorted(by_status.items())))
+    print("   attempts by outcome: " + ", ".join(f"{k} {v:g}" for k, v in sorted(
+        outcomes.items())))
     exits = ", ".join(f"{k}: {v}" for k, v in sorted(platform.exits.items()) if "worker" in k)
     started = ", ".join(f"{pool} {n}" for pool, n in sorted(platform.workers_started.items()))
     print(f"\n   workers started by the KEDA stand-in: {started} ({exits})")

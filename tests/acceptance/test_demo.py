@@ -24,6 +24,10 @@ def test_demo_runs_the_whole_story_and_prints_the_summary() -> None:
     back = next(line for line in out.splitlines() if "db.orders back to pending" in line)
     assert "disappeared" in back or " is Failed" in back, back
     assert "jobs still running: 0; jobs with two terminal writes: 0" in out
+    # The operator's view: job metrics folded from the audit trail, lost fences counted.
+    assert "jobs finished in datums: succeeded 13" in out  # 12 children and their parent
+    outcomes = next(line for line in out.splitlines() if "attempts by outcome:" in line)
+    assert "lost" in outcomes and "retried" in outcomes, outcomes
     # Two pools: the paused queue held its work while the other drained, then draining
     # workers ran it, fewer of them than jobs.
     held = next(line for line in out.splitlines() if "the default queue drained" in line)
