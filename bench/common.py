@@ -95,7 +95,10 @@ class Bench:
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("JOBFENCE_") and k != "PYTHONDONTWRITEBYTECODE"}
         env.pop("PYTHONPATH", None)
-        env.update({"JOBFENCE_DATABASE_URL": dsn,
+        # A command runs as the worker's own user, as in a pod (non-root: no switch); a root
+        # worker here would otherwise hand it to `nobody`, who cannot reach the benchmark's
+        # temporary files.
+        env.update({"JOBFENCE_DATABASE_URL": dsn, "JOBFENCE_COMMAND_USER": "worker",
                     "JOBFENCE_LOG_LEVEL": "warning", **extra})
         return env
 
