@@ -27,20 +27,31 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "list": ("ops:list_main", "list jobs"),
     "wait": ("ops:wait_main", "block until a job is terminal"),
     "cancel": ("ops:cancel_main", "cancel a job (and a parent's children)"),
+    "retry": ("ops:retry_main", "run a failed or cancelled job again (new attempts)"),
     "drain": ("ops:drain_main", "drain mode on|off|status"),
     "info": ("ops:info_main", "which installation this is (schema, identity, version)"),
     "queue": ("ops:queue_main", "a queue's state; pause, resume or limit it"),
     "pools": ("pools:main", "render the KEDA ScaledJobs of the worker pools"),
     "command-runner": ("command_runner:main",
                        "the worker pod's command sidecar: run jobs' commands away from the keys"),
-    "metrics": ("ops:metrics_main", "print metrics in the Prometheus text format, or serve them"),
-    "runs": ("ops:runs_main", "recent runs of the periodic functions: trigger, status, counts"),
+    "metrics": ("observe:metrics_main", "print the metrics (Prometheus text), or serve them"),
+    "runs": ("observe:runs_main", "recent runs of the periodic functions: trigger, status, counts"),
 }
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("jobfence")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def usage() -> str:
     width = max(len(n) for n in COMMANDS)
-    lines = ["usage: jobfence COMMAND [ARGS...]", "", "commands:"]
+    lines = ["usage: jobfence COMMAND [ARGS...] | --version", "", "commands:"]
     lines += [f"  {n.ljust(width)}  {h}" for n, (_, h) in COMMANDS.items()]
     lines += ["", "Run `jobfence COMMAND --help` for a command's options."]
     return "\n".join(lines)
@@ -65,6 +76,9 @@ def dispatch(argv: Sequence[str] | None = None) -> tuple[Command, list[str]] | i
         return 2
     if args[0] in ("-h", "--help", "help"):
         print(usage())
+        return 0
+    if args[0] in ("--version", "-V", "version"):
+        print(f"jobfence {version()}")
         return 0
     name, rest = args[0], args[1:]
     if name not in COMMANDS:

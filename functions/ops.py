@@ -9,7 +9,7 @@ import time
 from datetime import UTC, datetime
 from uuid import UUID
 
-from jobfence import cli, db, metrics
+from jobfence import cli, db
 from jobfence.db import connect
 from jobfence.errors import ExitCode, InvalidSpec, JobfenceError, JobNotFound, WaitTimeout
 from jobfence.ids import parse_job_id
@@ -108,18 +108,21 @@ def list_main(argv: list[str]) -> int:
         p.add_argument("--resource")
         p.add_argument("--parent", metavar="JOB_ID")
         p.add_argument("--queue", metavar="Q")
-        p.add_argument("--limit", type=int, default=50)
+        p.add_argument("--limit", type=int, default=50, help="jobs per page (at most 10000)")
+        p.add_argument("--after", metavar="JOB_ID", help="the next page: jobs older than "
+                       "this one (the last job id of the previous page)")
         p.add_argument("-o", "--output", choices=["text", "json"], default="text")
         args = p.parse_args(argv)
         if not 1 <= args.limit <= 10_000:
-            raise InvalidSpec("--limit must be between 1 and 10000")
+            raise InvalidSpec("--limit must be between 1 and 10000 (page on with --after)")
         parent = _job_id(args.parent) if args.parent else None
+        after = _job_id(args.after) if args.after else None
         queue = _queue(args.queue) if args.queue else None
         settings = cli.setup("list")
         with cli.open_store(settings, "list") as store:
             views = job_views(store, store.jobs.page(
                 status=args.status, resource=args.resource, parent_id=parent, queue=queue,
-                limit=args.limit))
+                limit=args.limit, after=after))
         if args.output == "json":
             cli.emit(views)
             return 0
@@ -134,6 +137,8 @@ def list_main(argv: list[str]) -> int:
             print(f"{v['job_id']!s:<36}  {status:<9}  "
                   f"{v['attempt_count']:>3}/{v['max_attempts']:<3}  {v['queue'][:12]:<12}  "
                   f"{(v['resource'] or '-')[:20]:<20}  {actions}")
+        if len(views) == args.limit:
+            print(f"(more: --after {views[-1]['job_id']})")
         return 0
 
     return cli.run_command("list", body)
@@ -154,6 +159,23 @@ def cancel_main(argv: list[str]) -> int:
         return 0
 
     return cli.run_command("cancel", body)
+
+
+def retry_main(argv: list[str]) -> int:
+    def body() -> int:
+        p = cli.Parser(prog="jobfence retry", description="Run a failed or cancelled job "
+                       "again: pending at once, with a new attempt budget (audited).")
+        p.add_argument("job_id")
+        p.add_argument("--reason", default="retried by operator")
+        args = p.parse_args(argv)
+        job_id = _job_id(args.job_id)
+        settings = cli.setup("retry")
+        with cli.open_store(settings, "retry") as store:
+            t = store.jobs.retry(job_id=job_id, reason=args.reason)
+        cli.emit({"job_id": job_id, "status": t.status})
+        return 0
+
+    return cli.run_command("retry", body)
 
 
 def _queue(text: str) -> str:
@@ -263,72 +285,6 @@ def drain_main(argv: list[str]) -> int:
         return 0
 
     return cli.run_command("drain", body)
-
-
-def metrics_main(argv: list[str]) -> int:
-    def body() -> int:
-        p = cli.Parser(prog="jobfence metrics", description="Print the functions', the "
-                       "queues' and the jobs' metrics in the Prometheus text format (what "
-                       "the functions push to the Pushgateway), or serve them, read from "
-                       "the database on each scrape.")
-        p.add_argument("--serve", action="store_true",
-                       help="serve them at http://HOST:PORT/metrics until SIGTERM")
-        p.add_argument("--host", default="0.0.0.0", help="with --serve (default 0.0.0.0)")  # noqa: S104
-        p.add_argument("--port", type=int, default=9464, help="with --serve (default 9464)")
-        args = p.parse_args(argv)
-        if not 0 <= args.port <= 65535:
-            raise InvalidSpec("--port must be between 0 and 65535")
-        settings = cli.setup("metrics")
-        if args.serve:
-            def ready(port: int) -> None:
-                cli.emit({"serving": f"http://{args.host}:{port}/metrics"})
-
-            metrics.serve(settings, args.host, args.port, ready)
-            return 0
-        with cli.open_store(settings, "metrics") as store:
-            text = metrics.exposition(store)
-        sys.stdout.write(text)
-        return 0
-
-    return cli.run_command("metrics", body)
-
-
-RUN_STATUSES = ("running", "succeeded", "failed", "interrupted", "skipped")
-
-
-def runs_main(argv: list[str]) -> int:
-    def body() -> int:
-        p = cli.Parser(prog="jobfence runs", description="Recent runs of the periodic "
-                       "functions, newest first: trigger (and who and why, for a run "
-                       "started by hand), status, duration, counts, error.")
-        p.add_argument("--function", metavar="NAME")
-        p.add_argument("--status", choices=RUN_STATUSES)
-        p.add_argument("--limit", type=int, default=20)
-        p.add_argument("-o", "--output", choices=["text", "json"], default="text")
-        args = p.parse_args(argv)
-        if not 1 <= args.limit <= 1000:
-            raise InvalidSpec("--limit must be between 1 and 1000")
-        settings = cli.setup("runs")
-        with cli.open_store(settings, "runs") as store:
-            runs = store.runs.recent(function=args.function, status=args.status,
-                                     limit=args.limit)
-        if args.output == "json":
-            cli.emit(runs)
-            return 0
-        print(f"{'RUN':>8}  {'FUNCTION':<16}  {'STARTED (UTC)':<19}  {'STATUS':<11}  "
-              f"{'TOOK':>7}  TRIGGER")
-        for r in runs:
-            took = f"{r.duration_seconds:.1f}s" if r.duration_seconds is not None else "-"
-            who = (f" by {r.triggered_by}" if r.triggered_by else "") + (
-                f": {r.trigger_reason}" if r.trigger_reason else "")
-            print(f"{r.run_id:>8}  {r.function[:16]:<16}  "
-                  f"{r.started_at.astimezone(UTC):%Y-%m-%d %H:%M:%S}  {r.status:<11}  "
-                  f"{took:>7}  {r.trigger}{who}")
-            if r.error:
-                print(f"{'':>10}error: {' '.join(r.error.split())[:200]}")
-        return 0
-
-    return cli.run_command("runs", body)
 
 
 def wait_main(argv: list[str]) -> int:

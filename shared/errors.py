@@ -54,6 +54,10 @@ class JobAlreadyTerminal(Conflict):
     """The job has already finished; terminal states never change."""
 
 
+class NotRetryable(Conflict):
+    """Only a failed or cancelled job (not a parent) can be retried."""
+
+
 class IdempotencyConflict(Conflict):
     """An idempotency key was reused with a different spec."""
 

@@ -41,6 +41,10 @@ def action_statuses(job: JobRow, results: Sequence[ActionResult]) -> list[dict[s
         entry: dict[str, Any] = {"name": action["name"], "status": status}
         if i in latest and latest[i].error and status != "succeeded":
             entry["error"] = latest[i].error
+            if latest[i].error_detail:
+                entry["error_detail"] = latest[i].error_detail
+        if i in latest and isinstance(latest[i].result, dict):
+            entry["result"] = latest[i].result  # exit code, output tails, outputs...
         out.append(entry)
     return out
 
@@ -83,5 +87,12 @@ def render_text(view: dict[str, Any]) -> str:
     lines.append("  actions:")
     for i, a in enumerate(view["actions"], 1):
         err = f"  - {a['error']}" if a.get("error") else ""
-        lines.append(f"    {i}. {a['name']:<12} {a['status']}{err}")
+        result = a.get("result") or {}
+        code = f" (exit {result['exit_code']})" if "exit_code" in result else ""
+        lines.append(f"    {i}. {a['name']:<12} {a['status']}{code}{err}")
+        for label, text in (("stdout", result.get("stdout_tail")),
+                            ("stderr", result.get("stderr_tail") or a.get("error_detail"))):
+            tail = (text or "").rstrip().splitlines()[-5:]
+            lines += [f"         {label} | {line}" for line in tail]
+        lines += [f"         output: {url}" for url in result.get("outputs") or []]
     return "\n".join(lines)

@@ -9,7 +9,13 @@ from typing import Any
 from uuid import UUID
 
 from jobfence import db
-from jobfence.errors import IdempotencyConflict, InvalidSpec, JobAlreadyTerminal, JobNotFound
+from jobfence.errors import (
+    IdempotencyConflict,
+    InvalidSpec,
+    JobAlreadyTerminal,
+    JobNotFound,
+    NotRetryable,
+)
 from jobfence.store.base import Noun
 from jobfence.store.types import (
     TERMINAL,
@@ -150,11 +156,30 @@ class Jobs(Noun):
 
     def page(self, *, status: str | None = None, resource: str | None = None,
              parent_id: UUID | None = None, queue: str | None = None,
-             limit: int = 100) -> list[JobRow]:
-        """Jobs newest first, optionally by status, resource, parent or queue."""
+             limit: int = 100, after: UUID | None = None) -> list[JobRow]:
+        """Jobs newest first, optionally by status, resource, parent or queue; ``after``
+        a job id, only older ones (the next page)."""
         return self._rows("page", {"status": status, "resource": resource,
-                                   "parent_id": parent_id, "queue": queue, "limit": limit},
-                          JobRow)
+                                   "parent_id": parent_id, "queue": queue, "limit": limit,
+                                   "after": after}, JobRow)
+
+    def retry(self, *, job_id: UUID, reason: str) -> Transition:
+        """Run a failed or cancelled job again with a new attempt budget (audited).
+        ``JobNotFound``; ``JobAlreadyTerminal``-like ``Conflict`` when it is not failed or
+        cancelled, or is a parent (retry its children); ``ResourceBusy`` when another active
+        job holds its resource; ``Drained`` while draining."""
+        with db.transaction(self.conn):
+            self.store.control.drain_lock()
+            row = self._one("retry", {"job_id": job_id, "reason": reason})
+            if row is None:
+                current = self.get(job_id)
+                if current is None:
+                    raise JobNotFound(job_id)
+                what = "a parent (retry its children)" if current.is_parent \
+                    else current.status
+                raise NotRetryable(f"job {job_id} is {what}: only a failed or cancelled job "
+                                   "can be retried")
+        return transitions([row])[0]
 
     def action_results(self, job_ids: Sequence[UUID]) -> list[ActionResult]:
         return self._rows("action_results", {"job_ids": list(job_ids)}, ActionResult)

@@ -75,7 +75,8 @@ SELECT job_id, status, actions, resource, priority, max_attempts, attempt_count,
 FROM {schema}.jobs WHERE job_id = %(job_id)s;
 
 -- page --
--- Newest first (job ids are time-ordered), optionally by status, resource, parent, queue.
+-- Newest first (job ids are time-ordered), optionally by status, resource, parent, queue;
+-- with `after`, only jobs older than that one (the next page: keyset, by the primary key).
 SELECT job_id, status, actions, resource, priority, max_attempts, attempt_count, visible_at,
     attempt_id, claimed_by, claimed_at, heartbeat_at, run_deadline_at, parent_id, is_parent,
     inputs, labels, ttl, timeout, expires_at, idempotency_key, reason, error, error_detail,
@@ -86,12 +87,14 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(resource)s::text IS NULL OR resource = %(resource)s)
   AND (%(parent_id)s::uuid IS NULL OR parent_id = %(parent_id)s)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(after)s::uuid IS NULL OR job_id < %(after)s)
 ORDER BY job_id DESC
 LIMIT %(limit)s;
 
 -- action_results --
 -- Every recorded action result of some jobs, oldest first.
-SELECT job_id, attempt_id, action_index, name, status, started_at, finished_at, result, error
+SELECT job_id, attempt_id, action_index, name, status, started_at, finished_at, result, error,
+    error_detail
 FROM {schema}.job_action_results
 WHERE job_id = ANY(%(job_ids)s::uuid[])
 ORDER BY job_id, finished_at, action_index;
@@ -114,3 +117,15 @@ ON CONFLICT (job_id) DO UPDATE SET since = now();
 -- unwatch --
 -- A waiter stops waiting.
 DELETE FROM {schema}.job_watchers WHERE job_id = %(job_id)s;
+
+-- retry --
+-- A failed or cancelled job (not a parent) runs again: pending now, a new attempt budget,
+-- no fence, its error kept in the audit trail only. Its resource must be free (the unique
+-- index decides). Nothing when the job is not failed or cancelled.
+UPDATE {schema}.jobs SET
+    status = 'pending', attempt_count = 0, interruptions = 0, attempt_id = NULL,
+    claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL, run_deadline_at = NULL,
+    visible_at = now(), expires_at = NULL, finished_at = NULL, retain_until = NULL,
+    error = NULL, error_detail = NULL, reason = %(reason)s
+WHERE job_id = %(job_id)s AND status IN ('failed', 'cancelled') AND NOT is_parent
+RETURNING job_id, status;

@@ -234,6 +234,7 @@ class ActionResult(NamedTuple):
     finished_at: datetime
     result: Any
     error: str | None
+    error_detail: str | None = None
 
 
 class JobEvent(NamedTuple):
