@@ -28,7 +28,12 @@ def claimable(dsn: str, job_id: str) -> bool:
 
 def one(bench: Bench, reconcile: bool) -> float:
     dsn = bench.database()
-    env = bench.env(dsn, JOBFENCE_LEASE_SECONDS=str(LEASE), JOBFENCE_HEARTBEAT_SECONDS="1",
+    # The local cluster vouches only for workers started with their installation in their
+    # environment, as a pool's pods carry its label: without it, a claim is unverifiable.
+    info = subprocess.run([*JOBFENCE, "info"], env=bench.env(dsn), cwd=REPO,
+                          capture_output=True, text=True, check=True)
+    env = bench.env(dsn, JOBFENCE_INSTALLATION=json.loads(info.stdout)["installation"],
+                    JOBFENCE_LEASE_SECONDS=str(LEASE), JOBFENCE_HEARTBEAT_SECONDS="1",
                     JOBFENCE_CLUSTER="local", JOBFENCE_RETRY_BASE_SECONDS="0",
                     JOBFENCE_RECONCILE_GRACE_SECONDS="0")
     r = subprocess.run([*JOBFENCE, "enqueue", 'sleep:{"seconds": 120}'], env=env, cwd=REPO,
