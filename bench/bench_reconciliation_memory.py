@@ -7,12 +7,13 @@ claims. Peak memory must stay flat as the pods grow (target < 150 MB); the basel
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench.common import JOBFENCE, Bench, Section, peak_rss_mb
-from devtools.kube_api import kube_api, pod_object
+from bench.common import JOBFENCE, REPO, Bench, Section, peak_rss_mb
+from devtools.kube_api import INSTALLATION, kube_api, pod_object
 from devtools.sqlconn import connect
 
 NAMESPACE = "jobs"
@@ -45,7 +46,12 @@ def run(bench: Bench) -> Section:
                 api.put("v1/pods", NAMESPACE, pod_object(f"worker-{i:06d}",
                                                          namespace=NAMESPACE, job=f"w-{i}"))
             listed = n
-            dsn = bench.database()
+            # The installation the fake pods are labelled with (reconciliation lists only
+            # its own installation's pods).
+            dsn = bench.database(migrated=False)
+            subprocess.run([*JOBFENCE, "migrate"], env=bench.env(
+                dsn, JOBFENCE_INSTALLATION=INSTALLATION), cwd=REPO, capture_output=True,
+                check=True)
             with connect(dsn) as conn:  # live claims by pods that exist, and dead ones
                 conn.execute("""
                     INSERT INTO jobs (job_id, status, actions, max_attempts, attempt_count,
