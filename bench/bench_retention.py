@@ -86,9 +86,9 @@ def fill(dsn: str, n: int) -> list[str]:
         for statement in FILL:
             conn.execute(statement, {k: v for k, v in params.items()
                                      if f"%({k})s" in statement} or None)
-        keys = [r[0].removeprefix(f"s3://{BUCKET}/") for r in conn.execute(
+        keys = [r["url"].removeprefix(f"s3://{BUCKET}/") for r in conn.execute(
             "SELECT url FROM job_outputs ORDER BY url")]
-        keys += [f"jobfence/{installation}/{r[0]}/manifest.json" for r in conn.execute(
+        keys += [f"jobfence/{installation}/{r['job_id']}/manifest.json" for r in conn.execute(
             "SELECT job_id FROM jobs WHERE is_parent")]
     return keys
 
@@ -118,9 +118,9 @@ def count_objects(endpoint: str) -> int:
 
 def count_jobs(dsn: str) -> int:
     with sqlconn.connect(dsn) as conn:
-        row = conn.execute("SELECT count(*) FROM jobs").fetchone()
+        row = conn.execute("SELECT count(*) AS n FROM jobs").fetchone()
     assert row is not None
-    return int(row[0])
+    return int(row["n"])
 
 
 class XactSampler:
@@ -144,11 +144,11 @@ class XactSampler:
         with sqlconn.connect(self.dsn) as conn:
             while not self._stop.wait(self.interval):
                 row = conn.execute(
-                    "SELECT max(extract(epoch FROM clock_timestamp() - xact_start)) "
+                    "SELECT max(extract(epoch FROM clock_timestamp() - xact_start)) AS age "
                     "FROM pg_stat_activity WHERE application_name = %s "
                     "AND xact_start IS NOT NULL", (self.application,)).fetchone()
-                if row and row[0] is not None:
-                    self.longest = max(self.longest, float(row[0]))
+                if row and row["age"] is not None:
+                    self.longest = max(self.longest, float(row["age"]))
 
 
 def bare_delete_loop(dsn: str) -> tuple[float, float]:
