@@ -160,18 +160,18 @@ class StoreCollector:
             elif t.name in ("wait_sum", "run_sum"):
                 sums[(t.name[:-4], t.queue)] = t.value
         yield from (finished, attempts)
+        bounds_of = self.store.job_metrics.buckets()
         for kind, help_text in (("wait", "How long jobs waited for a worker once ready "
                                          "(ready -> claimed), by queue."),
                                 ("run", "How long jobs ran, claim to terminal status (the "
                                         "attempt that finished them), by queue.")):
             family = HistogramMetricFamily(f"jobfence_job_{kind}_seconds", help_text,
                                            labels=["queue"])
-            bounds = self.store.job_metrics.buckets(kind)
             for (name, queue), counts in sorted(histograms.items()):
                 if name != kind:
                     continue
                 running, buckets = 0.0, []
-                for bound in bounds:
+                for bound in bounds_of[kind]:
                     running += counts.get(bound, 0.0)
                     buckets.append((floatToGoString(bound), running))  # type: ignore[no-untyped-call]
                 family.add_metric([queue], buckets, sums.get((kind, queue), 0.0))

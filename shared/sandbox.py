@@ -174,8 +174,14 @@ class Sandbox:
             from jobfence.sidecar import RemoteChild
 
             return RemoteChild.start(self.socket, argv, cwd, env)
+        return self.start_here(argv, cwd, env)
+
+    def start_here(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str],
+                   sink: Callable[[str, bytes], None] | None = None) -> LocalChild:
+        """Start the child as this process's own (the worker's, or the command sidecar's,
+        which streams its output to ``sink``)."""
         self.hand_over(cwd)
-        return LocalChild(argv, cwd, env, self.popen_args())
+        return LocalChild(argv, cwd, env, self.popen_args(), sink=sink)
 
     def environment(self, job: Mapping[str, str], spec: Mapping[str, str],
                     workdir: Path) -> dict[str, str]:

@@ -300,9 +300,7 @@ class CommandRunner:
                 channel.send(**{name: base64.b64encode(chunk).decode()})
 
         try:
-            self.sandbox.hand_over(start.cwd)
-            child = LocalChild(start.argv, start.cwd, start.env, self.sandbox.popen_args(),
-                               sink=stream)
+            child = self.sandbox.start_here(start.argv, start.cwd, start.env, sink=stream)
         except (ChildNotStarted, OSError) as exc:
             with contextlib.suppress(OSError):
                 channel.send(error=str(exc))

@@ -20,7 +20,7 @@ class JobMetrics(Noun):
     def totals(self) -> list[JobMetric]:
         return self._rows("totals", None, JobMetric)
 
-    def buckets(self, kind: str) -> list[float]:
-        """The upper bounds of the ``wait`` or ``run`` histogram's buckets, +Inf last."""
-        row = self._one("buckets", {"kind": kind})
-        return [float(b) for b in row["bounds"]] if row and row["bounds"] else []
+    def buckets(self) -> dict[str, list[float]]:
+        """The upper bounds of the ``wait`` and ``run`` histograms' buckets, +Inf last."""
+        row = self._one("buckets") or {}
+        return {kind: [float(b) for b in row.get(kind) or []] for kind in ("wait", "run")}

@@ -23,5 +23,5 @@ SELECT coalesce(sum(deltas), 0)::bigint AS folded FROM summed;
 SELECT queue, name, label, le, value FROM {schema}.job_metrics ORDER BY queue, name, label, le;
 
 -- buckets --
--- The upper bounds of a histogram's buckets (wait or run), +Inf last.
-SELECT {schema}.jobfence_buckets(%(kind)s) AS bounds;
+-- The upper bounds of each histogram's buckets, +Inf last.
+SELECT {schema}.jobfence_buckets('wait') AS wait, {schema}.jobfence_buckets('run') AS run;

@@ -165,9 +165,9 @@ class Jobs(Noun):
 
     def retry(self, *, job_id: UUID, reason: str) -> Transition:
         """Run a failed or cancelled job again with a new attempt budget (audited).
-        ``JobNotFound``; ``JobAlreadyTerminal``-like ``Conflict`` when it is not failed or
-        cancelled, or is a parent (retry its children); ``ResourceBusy`` when another active
-        job holds its resource; ``Drained`` while draining."""
+        ``JobNotFound``; ``NotRetryable`` when it is not failed or cancelled, or is a parent
+        (retry its children); ``ResourceBusy`` when another active job holds its resource;
+        ``Drained`` while draining."""
         with db.transaction(self.conn):
             self.store.control.drain_lock()
             row = self._one("retry", {"job_id": job_id, "reason": reason})
