@@ -14,6 +14,7 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
 
+import aiohttp.web
 import kmock
 from kmock import KubernetesEmulator, KubernetesError, Server
 from kubernetes import client
@@ -25,6 +26,22 @@ class PagingEmulator(KubernetesEmulator):  # type: ignore[misc]
         self.list_faults: list[int] = []
         self.expire_continue = False
         self.list_calls: list[dict[str, str]] = []
+        self.tokens: dict[str, dict[str, Any]] = {}
+        """TokenReviews: a token -> the user it belongs to (``username``, ``groups``)."""
+        self.token_reviews = 0
+
+    async def _handle(self, request: Any) -> Any:
+        resource = getattr(request.resource, "plural", None)
+        if resource == "tokenreviews" and request.action == kmock.action.CREATE:
+            self.token_reviews += 1
+            token = ((request.data or {}).get("spec") or {}).get("token", "")
+            user = self.tokens.get(token)
+            status: dict[str, Any] = ({"authenticated": True, "user": user} if user
+                                      else {"authenticated": False})
+            return aiohttp.web.json_response({
+                "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                "metadata": {}, "spec": {}, "status": status}, status=201)
+        return await super()._handle(request)
 
     async def _serve_list(self, request: Any) -> Any:
         params = dict(request.params)
@@ -106,6 +123,24 @@ class KubeAPI:
         async def put() -> None:
             self.emulator.objects[resource, namespace, obj["metadata"]["name"]] = obj
         self._run(put())
+
+    def objects(self, resource: str, namespace: str) -> list[dict[str, Any]]:
+        """Every object of a resource in a namespace, as stored."""
+        async def read() -> list[dict[str, Any]]:
+            return [dict(obj.raw) for (res, ns, _), obj in self.emulator._objects.items()
+                    if res == kmock.resource(resource) and ns == namespace
+                    and not obj.deleted]
+        return list(self._run(read()))
+
+    def kubeconfig(self, path: Any) -> None:
+        """Write a kubeconfig for this server (for a process of its own)."""
+        import yaml
+
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": str(self.server.url)}}],
+            "users": [{"name": "fake", "user": {"token": "serve-account"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}]}))
 
     def exists(self, resource: str, namespace: str, name: str) -> bool:
         async def check() -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from jobfence.cluster import POD_NAME_PATTERN, ClusterError, Pod
+from jobfence.cluster import POD_NAME_PATTERN, ClusterError, Identity, Pod
 
 
 class MemoryCluster:
@@ -20,6 +20,9 @@ class MemoryCluster:
         self.deleted_pods: list[str] = []
         self.deleted_jobs: list[str] = []
         self.pages_served = 0
+        self.triggered: list[dict[str, str]] = []
+        self.fail_triggers = False
+        self.tokens: dict[str, Identity] = {}
 
     def add(self, pod: Pod) -> None:
         self.pods[pod.name] = pod
@@ -52,3 +55,15 @@ class MemoryCluster:
         for pod in [p for p in self.pods.values() if p.job_name == name]:
             del self.pods[pod.name]
         return True
+
+    def trigger(self, function: str, *, requested_by: str, reason: str) -> str:
+        if self.fail_triggers:
+            raise ClusterError(f"creating a Job from jobfence-{function} failed: HTTP 403 "
+                               "(injected)")
+        name = f"jobfence-{function}-manual-{len(self.triggered)}"
+        self.triggered.append({"function": function, "requested_by": requested_by,
+                               "reason": reason, "job": name})
+        return name
+
+    def review_token(self, token: str) -> Identity | None:
+        return self.tokens.get(token)

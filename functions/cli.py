@@ -36,17 +36,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                        "the worker pod's command sidecar: run jobs' commands away from the keys"),
     "metrics": ("observe:metrics_main", "print the metrics (Prometheus text), or serve them"),
     "runs": ("observe:runs_main", "recent runs of the periodic functions: trigger, status, counts"),
+    "serve": ("serve:main", "the operators' web console and HTTP API"),
 }
-
-
-def version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
-    try:
-        return installed("jobfence")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def usage() -> str:
@@ -78,6 +69,8 @@ def dispatch(argv: Sequence[str] | None = None) -> tuple[Command, list[str]] | i
         print(usage())
         return 0
     if args[0] in ("--version", "-V", "version"):
+        from jobfence.cli import version
+
         print(f"jobfence {version()}")
         return 0
     name, rest = args[0], args[1:]

@@ -23,6 +23,17 @@ from jobfence.settings import Settings, load_settings
 from jobfence.store import Store
 
 
+def version() -> str:
+    """This release's version, as installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("jobfence")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def to_jsonable(value: Any) -> Any:
     if isinstance(value, UUID):
         return str(value)

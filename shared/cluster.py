@@ -1,4 +1,4 @@
-"""The cluster port: only what reconciliation and orphan-cleanup call, with three
+"""The cluster port: only what reconciliation, orphan-cleanup and the console call, with three
 implementations — the Kubernetes API (``jobfence.adapters.kube``), worker processes on this
 machine (``jobfence.adapters.local_cluster``, for the demo) and an in-memory fake
 (``devtools.memory_cluster``, for unit tests).
@@ -18,8 +18,7 @@ from typing import Protocol
 
 from jobfence.errors import ClusterError
 
-__all__ = ["Cluster", "ClusterError", "Pod"]
-
+__all__ = ["Cluster", "ClusterError", "Identity", "Pod"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +43,14 @@ class Pod:
                 "job_name": self.job_name, "deleting": self.deleting}
 
 
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who a bearer token belongs to, as the cluster's TokenReview says."""
+
+    user: str
+    groups: tuple[str, ...] = ()
+
+
 class Cluster(Protocol):
     claimer_pattern: str
     """A POSIX regular expression matching the worker ids this cluster can vouch for:
@@ -62,6 +69,17 @@ class Cluster(Protocol):
         """Delete a Job and its pods; False if it was already gone."""
         ...
 
+    def trigger(self, function: str, *, requested_by: str, reason: str) -> str:
+        """Run a periodic function now, as its schedule would (a Job from its CronJob's
+        template), telling the run who asked and why (``JOBFENCE_TRIGGERED_BY``,
+        ``JOBFENCE_TRIGGER_REASON``); the name of what was started. ``ClusterError`` when
+        it could not be started."""
+        ...
+
+    def review_token(self, token: str) -> Identity | None:
+        """Whom a bearer token belongs to (a TokenReview), or None when it is not valid.
+        ``ClusterError`` when the cluster cannot say."""
+        ...
 
 
 # Kubernetes object names are DNS subdomains: a claimer id with ':' or '/' is not a pod.
@@ -75,3 +93,8 @@ def local_claimer_pattern(installation: str, host: str) -> str:
 INSTALLATION_LABEL = "jobfence.io/installation"
 """The label every worker pod of an installation carries; the Kubernetes adapter adds
 ``INSTALLATION_LABEL=<installation>`` to every selector it lists pods with."""
+
+
+def cronjob_name(function: str) -> str:
+    """The CronJob that schedules a periodic function (manifests/cronjobs)."""
+    return f"jobfence-{function}"

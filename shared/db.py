@@ -105,6 +105,54 @@ def connect(
     return conn
 
 
+
+class Pool:
+    """Connections for a long-lived server (``jobfence serve``): at most ``size`` open at
+    once, each checked before it is lent and set up as ``connect`` sets one up (autocommit,
+    dict rows, keepalives; nothing prepared behind a transaction pooler). Waiting longer
+    than ``wait`` for one is ``StoreUnavailable``."""
+
+    def __init__(self, dsn: str, *, size: int, pooler: str = "none",
+                 application_name: str = "jobfence", connect_timeout: float = 5.0,
+                 wait: float = 10.0) -> None:
+        from psycopg_pool import ConnectionPool
+
+        def configure(conn: Connection) -> None:
+            if pooler == "transaction":
+                conn.prepare_threshold = None
+
+        self.wait = wait
+        self._pool: ConnectionPool[Connection] = ConnectionPool(
+            dsn, min_size=1, max_size=size, open=False, name=application_name,
+            timeout=wait, configure=configure, check=ConnectionPool.check_connection,
+            kwargs={"autocommit": True, "row_factory": dict_row,
+                    "application_name": application_name,
+                    "connect_timeout": max(1, round(connect_timeout)), "keepalives": 1,
+                    "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
+                    "tcp_user_timeout": max(1000, int(connect_timeout * 1000))})
+
+    def open(self) -> None:
+        """Start filling the pool (without waiting for the database: a server starts, and
+        says it is not ready, while the database is down)."""
+        self._pool.open(wait=False)
+
+    def close(self) -> None:
+        self._pool.close(timeout=5.0)
+
+    @contextmanager
+    def connection(self) -> Iterator[Connection]:
+        from psycopg_pool import PoolTimeout
+
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except PoolTimeout as exc:
+            raise StoreUnavailable(f"database unavailable: no connection within "
+                                   f"{self.wait:g} s") from exc
+        except psycopg.Error as exc:
+            raise translate(exc) from exc
+
+
 @contextmanager
 def deadline(conn: Connection, seconds: float) -> Iterator[None]:
     """Cancel whatever ``conn`` is running once ``seconds`` have passed inside the block

@@ -6,6 +6,7 @@ know what a ``UniqueViolation`` on a given index means.
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import IntEnum
 
 
@@ -74,6 +75,27 @@ class Drained(Unavailable):
 
 class StoreUnavailable(Unavailable):
     """The database cannot be reached."""
+
+
+class RateLimited(Conflict):
+    """Asked again too soon (a manual trigger of a periodic function); ``retry_at`` is when
+    it may be asked again, when known."""
+
+    def __init__(self, message: str, retry_at: datetime | None = None) -> None:
+        super().__init__(message)
+        self.retry_at = retry_at
+
+
+class Forbidden(JobfenceError):
+    """The caller is known but may not do this (a reader asking an operator's verb)."""
+
+    exit_code = ExitCode.INVALID
+
+
+class Unauthenticated(JobfenceError):
+    """The caller could not be identified (no token, a token the cluster does not know)."""
+
+    exit_code = ExitCode.INVALID
 
 
 class NotFound(JobfenceError):

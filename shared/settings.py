@@ -210,6 +210,35 @@ class Settings(BaseSettings):
     this many, a SIGTERM counts as a failed attempt, so that a job that is always
     interrupted still ends."""
 
+    auth: Literal["tokenreview", "proxy", "none"] = "tokenreview"
+    """How ``jobfence serve`` knows who calls it: ``tokenreview`` (a bearer token, checked by
+    the Kubernetes API's TokenReview), ``proxy`` (the identity headers an authenticating
+    proxy in front sets; only the proxy may reach the server) or ``none`` (everyone is an
+    operator: refused unless the server listens on a loopback address, for local use)."""
+
+    auth_readers: str = Field(default="*", max_length=4096)
+    """Who may read through ``jobfence serve``: comma-separated user names, ``group:NAME``
+    for a group's members, ``*`` for anyone authenticated. Operators may read too."""
+
+    auth_operators: str = Field(default="", max_length=4096)
+    """Who may act through ``jobfence serve`` (submit, cancel, retry, pause, drain,
+    trigger), in the form of ``JOBFENCE_AUTH_READERS``. Empty: nobody."""
+
+    auth_proxy_user_header: str = Field(default="X-Forwarded-User", min_length=1,
+                                        max_length=100)
+    """With ``JOBFENCE_AUTH=proxy``: the header holding the user's name."""
+
+    auth_proxy_groups_header: str = Field(default="X-Forwarded-Groups", min_length=1,
+                                          max_length=100)
+    """With ``JOBFENCE_AUTH=proxy``: the header holding the user's groups (comma-separated)."""
+
+    serve_connections: int = Field(default=4, ge=1, le=100)
+    """Database connections ``jobfence serve`` keeps at most (its share of the budget)."""
+
+    trigger_interval_seconds: float = Field(default=60.0, ge=0, le=86_400)
+    """The least time between two manual triggers of one periodic function (all console
+    replicas together)."""
+
     @field_validator("database_url")
     @classmethod
     def _dsn(cls, value: str) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 from uuid import UUID
 
 from jobfence.store import TERMINAL, Store
-from jobfence.store.types import ActionResult, JobRow
+from jobfence.store.types import ActionResult, JobEvent, JobRow
 
 _FIELDS = (
     "job_id", "status", "attempt_count", "max_attempts", "resource", "priority", "reason",
@@ -47,6 +47,24 @@ def action_statuses(job: JobRow, results: Sequence[ActionResult]) -> list[dict[s
             entry["result"] = latest[i].result  # exit code, output tails, outputs...
         out.append(entry)
     return out
+
+
+def attempts_of(events: Sequence[JobEvent]) -> list[dict[str, Any]]:
+    """A job's attempts read from its audit trail: each claim (who claimed it, when) and how
+    it ended (the state it left ``running`` for, and why) — or still running."""
+    attempts: list[dict[str, Any]] = []
+    for e in events:
+        if e.to_status == "running" and e.from_status != "running":
+            reason = e.reason or ""
+            attempts.append({"number": len(attempts) + 1, "attempt_id": None,
+                             "claimed_by": reason.removeprefix("claimed by ")
+                             if reason.startswith("claimed by ") else None,
+                             "started_at": e.at, "ended_at": None, "outcome": "running",
+                             "reason": None})
+        elif e.from_status == "running" and attempts and attempts[-1]["ended_at"] is None:
+            attempts[-1].update(attempt_id=e.attempt_id, ended_at=e.at, outcome=e.to_status,
+                                reason=e.reason)
+    return attempts
 
 
 def job_views(store: Store, rows: Sequence[JobRow]) -> list[dict[str, Any]]:

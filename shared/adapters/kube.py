@@ -12,11 +12,12 @@ changes nothing.
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from kubernetes import client, config
@@ -24,7 +25,14 @@ from kubernetes.client.rest import ApiException
 from urllib3.exceptions import HTTPError
 from urllib3.util.retry import Retry
 
-from jobfence.cluster import INSTALLATION_LABEL, POD_NAME_PATTERN, ClusterError, Pod
+from jobfence.cluster import (
+    INSTALLATION_LABEL,
+    POD_NAME_PATTERN,
+    ClusterError,
+    Identity,
+    Pod,
+    cronjob_name,
+)
 
 T = TypeVar("T")
 
@@ -101,6 +109,36 @@ def pod_from_json(obj: dict[str, Any]) -> Pod:
                deleting=meta.get("deletionTimestamp") is not None)
 
 
+def manual_job(cron: dict[str, Any], *, requested_by: str, reason: str,
+               now: datetime) -> dict[str, Any]:
+    """The Job a manual trigger creates from a CronJob: its template, owned by the CronJob
+    (its concurrency policy and history then cover it), named after it and the time (at
+    most one trigger a minute per function), every container told who asked and why."""
+    meta = cron["metadata"]
+    template = copy.deepcopy(cron["spec"]["jobTemplate"])
+    tmeta = template.get("metadata") or {}
+    spec = template["spec"]
+    told = [{"name": "JOBFENCE_TRIGGERED_BY", "value": requested_by},
+            {"name": "JOBFENCE_TRIGGER_REASON", "value": reason},
+            {"name": "JOBFENCE_TRIGGER", "value": "manual"}]
+    for container in spec["template"]["spec"]["containers"]:
+        keep = [e for e in container.get("env") or [] if e["name"] not in
+                {t["name"] for t in told}]
+        container["env"] = [*keep, *told]
+    annotations = {**(tmeta.get("annotations") or {}),
+                   "cronjob.kubernetes.io/instantiate": "manual",
+                   "jobfence.io/triggered-by": requested_by[:200],
+                   "jobfence.io/trigger-reason": reason[:2000]}
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": f"{meta['name'][:40]}-manual-{now:%Y%m%d%H%M%S}",
+                         "labels": dict(tmeta.get("labels") or {}),
+                         "annotations": annotations,
+                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "CronJob",
+                                              "name": meta["name"], "uid": meta.get("uid", ""),
+                                              "controller": True}]},
+            "spec": spec}
+
+
 class KubernetesCluster:
     claimer_pattern = POD_NAME_PATTERN
 
@@ -112,6 +150,7 @@ class KubernetesCluster:
         self.api_client = client.ApiClient(cfg or configuration())
         self.core = client.CoreV1Api(self.api_client)
         self.batch = client.BatchV1Api(self.api_client)
+        self.auth = client.AuthenticationV1Api(self.api_client)
         self.bucket = TokenBucket(qps, max(1, int(qps * 2)))
 
     # -- the port --------------------------------------------------------------------------
@@ -143,6 +182,39 @@ class KubernetesCluster:
         return self._delete(lambda: self.batch.delete_namespaced_job(
             name, self.namespace, grace_period_seconds=grace_seconds,
             propagation_policy="Background", _preload_content=False), f"job {name}")
+
+    def trigger(self, function: str, *, requested_by: str, reason: str) -> str:
+        """A Job from the function's CronJob, as ``kubectl create job --from=cronjob/...``
+        makes one (owned by the CronJob), its run told who asked and why."""
+        name = cronjob_name(function)
+        cron = self._read(lambda: self.batch.read_namespaced_cron_job(
+            name, self.namespace, _preload_content=False), f"cronjob {name}")
+        if cron is None:
+            raise ClusterError(f"no CronJob {name} in namespace {self.namespace}")
+        job = manual_job(cron, requested_by=requested_by, reason=reason,
+                         now=datetime.now(UTC))
+        try:
+            made = self._json(lambda: self.batch.create_namespaced_job(
+                self.namespace, job, _preload_content=False))
+        except ApiException as exc:
+            raise ClusterError(f"creating a Job from {name} failed: HTTP {exc.status} "
+                               f"{exc.reason}") from exc
+        return str(made["metadata"]["name"])
+
+    def review_token(self, token: str) -> Identity | None:
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                  "spec": {"token": token}}
+        try:
+            answer = self._json(lambda: self.auth.create_token_review(
+                review, _preload_content=False))
+        except ApiException as exc:
+            raise ClusterError(f"reviewing a token failed: HTTP {exc.status} "
+                               f"{exc.reason}") from exc
+        status = answer.get("status") or {}
+        user = status.get("user") or {}
+        if not status.get("authenticated") or not user.get("username"):
+            return None
+        return Identity(str(user["username"]), tuple(str(g) for g in user.get("groups") or ()))
 
     # -- calls with rate limit and retries -------------------------------------------------
 

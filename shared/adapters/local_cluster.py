@@ -17,12 +17,16 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
+import sys
+import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from jobfence.cluster import Pod, local_claimer_pattern
+from jobfence.cluster import ClusterError, Identity, Pod, local_claimer_pattern
 
 PAGE = 500
 
@@ -139,3 +143,31 @@ class LocalCluster:
 
     def delete_job(self, name: str, *, grace_seconds: int) -> bool:
         return False  # local workers have no Jobs
+
+    def trigger(self, function: str, *, requested_by: str, reason: str) -> str:
+        """Start ``jobfence FUNCTION`` as a process of its own on this machine, with this
+        process's environment (its installation, its settings), logging to
+        ``$TMPDIR/jobfence-triggers``. Its database login is
+        ``JOBFENCE_LOCAL_FUNCTIONS_DATABASE_URL`` when set (a periodic function needs the
+        maintainer's role, which the console's own login lacks), else this process's."""
+        logs = Path(tempfile.gettempdir()) / "jobfence-triggers"
+        logs.mkdir(exist_ok=True)
+        stamp = datetime.now(UTC).strftime("%Y%m%d%H%M%S")
+        env = {**os.environ, "JOBFENCE_TRIGGERED_BY": requested_by,
+               "JOBFENCE_TRIGGER_REASON": reason, "JOBFENCE_TRIGGER": "manual"}
+        functions_url = os.environ.get("JOBFENCE_LOCAL_FUNCTIONS_DATABASE_URL")
+        if functions_url:
+            env["JOBFENCE_DATABASE_URL"] = functions_url
+        try:
+            with open(logs / f"{function}-{stamp}.log", "ab") as log:
+                proc = subprocess.Popen([sys.executable, "-m", "jobfence.functions.cli",
+                                         function], env=env, stdin=subprocess.DEVNULL,
+                                        stdout=log, stderr=log, start_new_session=True)
+        except OSError as exc:
+            raise ClusterError(f"starting {function} failed: {exc}") from exc
+        threading.Thread(target=proc.wait, daemon=True).start()  # reaped when it ends
+        return f"local-{function}-{proc.pid}"
+
+    def review_token(self, token: str) -> Identity | None:
+        raise ClusterError("the local cluster has no tokens to review: use "
+                           "JOBFENCE_AUTH=none (on a loopback address) or proxy")

@@ -17,6 +17,7 @@ job_metrics   jobs finished, attempts ended, wait and run times: folded totals b
 pods          a pass's snapshot of the worker pods: dead claims, orphan suspects, objects
 control       drain mode
 queues        each pool's KEDA trigger count, each queue's state and settings
+triggers      manual triggers of the periodic functions: one per interval, who and why
 ============  ==========================================================================
 
 Callers never write SQL; they call these verbs with keyword arguments for ids and fences.
@@ -37,6 +38,7 @@ from jobfence.store.parents import Parents
 from jobfence.store.pods import Pods
 from jobfence.store.queues import Queues
 from jobfence.store.runs import Runs
+from jobfence.store.triggers import Triggers
 from jobfence.store.types import (
     ACTIVE,
     IMMEDIATE,
@@ -109,3 +111,7 @@ class Store:
     @cached_property
     def job_metrics(self) -> JobMetrics:
         return JobMetrics(self)
+
+    @cached_property
+    def triggers(self) -> Triggers:
+        return Triggers(self)

@@ -4,7 +4,7 @@ cancelling them (fences rotated)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -156,12 +156,14 @@ class Jobs(Noun):
 
     def page(self, *, status: str | None = None, resource: str | None = None,
              parent_id: UUID | None = None, queue: str | None = None,
+             labels: Mapping[str, str] | None = None,
              limit: int = 100, after: UUID | None = None) -> list[JobRow]:
-        """Jobs newest first, optionally by status, resource, parent or queue; ``after``
-        a job id, only older ones (the next page)."""
+        """Jobs newest first, optionally by status, resource, parent, queue or labels
+        (jobs carrying all of them); ``after`` a job id, only older ones (the next page)."""
         return self._rows("page", {"status": status, "resource": resource,
-                                   "parent_id": parent_id, "queue": queue, "limit": limit,
-                                   "after": after}, JobRow)
+                                   "parent_id": parent_id, "queue": queue,
+                                   "labels": json.dumps(dict(labels)) if labels else None,
+                                   "limit": limit, "after": after}, JobRow)
 
     def retry(self, *, job_id: UUID, reason: str) -> Transition:
         """Run a failed or cancelled job again with a new attempt budget (audited).

@@ -39,7 +39,7 @@ ROLE_OF_COMMAND = {
     "export-finalize": "maintainer", "orphan-cleanup": "maintainer",
     "enqueue": "operator", "cancel": "operator", "retry": "operator", "wait": "operator",
     "drain": "operator",
-    "queue": "operator",
+    "queue": "operator", "serve": "operator",
     "status": "reader", "list": "reader", "info": "reader", "metrics": "reader",
     "runs": "reader",
     "pools": "reader",

@@ -72,12 +72,14 @@ GRANT EXECUTE ON FUNCTION
 -- reader: status, list, queue status, drain status, KEDA's queries, metrics.
 GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {reader}, {maintainer}, {operator};
 
--- operator: enqueue (with `after`), cancel, wait, drain, queues.
+-- operator: enqueue (with `after`), cancel, retry, wait, drain, queues, manual triggers.
 GRANT INSERT, UPDATE ON {schema}.jobs TO {operator};
 GRANT INSERT ON {schema}.job_dependencies TO {operator};
 GRANT INSERT, UPDATE, DELETE ON {schema}.job_watchers TO {operator};
 GRANT UPDATE ON {schema}.jobfence_control TO {operator};
 GRANT INSERT, UPDATE ON {schema}.queues TO {operator};
+GRANT INSERT, UPDATE ON {schema}.function_trigger_slots, {schema}.function_triggers
+    TO {operator};
 GRANT EXECUTE ON FUNCTION {schema}.resolve_waiting(uuid[]),
     {schema}.settle_dependents(uuid[], integer) TO {operator};
 

@@ -320,6 +320,20 @@ class FunctionRun(NamedTuple):
     error: str | None
 
 
+class FunctionTrigger(NamedTuple):
+    """A manual trigger of a periodic function: who, why, and what the cluster made of it."""
+
+    trigger_id: int
+    function: str
+    requested_by: str
+    reason: str
+    requested_at: datetime
+    outcome: str
+    """requested (the cluster is being asked), created (its Job exists) or failed."""
+    job_name: str | None
+    error: str | None
+
+
 class JobMetric(NamedTuple):
     """One total of the job metrics (``jobfence.store.job_metrics``)."""
 

@@ -33,7 +33,7 @@ Rule = tuple[str, str, str]
 def api_rules(method: str) -> set[Rule]:
     """(apiGroup, resource, verb) of each API call a method of the adapter makes."""
     source = inspect.getsource(getattr(KubernetesCluster, method))
-    return {(GROUP[api], f"{kind}s", VERB.get(op, op))
+    return {(GROUP[api], f"{kind.replace('_', '')}s", VERB.get(op, op))
             for api, op, kind in API_CALL.findall(source)}
 
 

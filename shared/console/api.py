@@ -1,0 +1,394 @@
+"""The JSON API under ``/api/v1/`` and the console's static files, as one ASGI application.
+
+Every route is a plain function of (store, call) run on a worker thread with a connection
+lent by the pool; errors are the CLI's typed errors, answered with the HTTP status of their
+exit code (invalid 400, not found 404, conflict 409, unavailable 503), as
+``{"error": message}``. Each answer says how long the server took (``Server-Timing``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any
+from urllib.parse import urlencode
+from uuid import UUID
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from jobfence import db, logs
+from jobfence.cli import to_jsonable
+from jobfence.cluster import Cluster
+from jobfence.console.auth import Authenticator, Caller, check_write
+from jobfence.console.openapi import document
+from jobfence.errors import (
+    ClusterError,
+    ExitCode,
+    Forbidden,
+    InvalidSpec,
+    JobfenceError,
+    JobNotFound,
+    NotFound,
+    RateLimited,
+    Unauthenticated,
+)
+from jobfence.ids import parse_job_id
+from jobfence.limits import MAX_SPEC_BYTES
+from jobfence.settings import Settings
+from jobfence.spec import parse_specs, queue_name
+from jobfence.store import ACTIVE, TERMINAL, Store
+from jobfence.submit import cancelled_object, enqueued_object, submit
+from jobfence.views import attempts_of, job_views
+
+PAGE_MAX = 500
+"""The most jobs one page holds; page on with ``after`` (the ``next`` link)."""
+
+PERIODIC = ("sweeper", "reconciliation", "lifecycle", "export-finalize", "orphan-cleanup")
+"""The functions a CronJob schedules (a manual trigger may start them)."""
+
+STATUS = {ExitCode.INVALID: 400, ExitCode.NOT_FOUND: 404, ExitCode.CONFLICT: 409,
+          ExitCode.UNAVAILABLE: 503, ExitCode.TIMEOUT: 504}
+
+SECURITY_HEADERS = {
+    "content-security-policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
+                               "img-src 'self' data:; connect-src 'self'; base-uri 'none'; "
+                               "form-action 'none'; frame-ancestors 'none'",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "x-frame-options": "DENY",
+}
+
+
+@dataclass
+class Call:
+    """One API request as a route sees it."""
+
+    caller: Caller
+    params: dict[str, str]
+    path: dict[str, str]
+    body: Any
+    url: str
+
+
+@dataclass
+class Answer:
+    body: Any
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Server:
+    settings: Settings
+    pool: db.Pool
+    auth: Authenticator
+    cluster: Cluster | None
+    log: Any = field(default_factory=lambda: logs.get_logger("serve"))
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    def route(self, path: str, handler: Callable[[Store, Call], Answer], *,
+              method: str = "GET", operate: bool = False) -> Route:
+        async def endpoint(request: Request) -> Response:
+            started = time.perf_counter()
+            try:
+                headers = {k.lower(): v for k, v in request.headers.items()}
+                check_write(method, headers, request.url.scheme)
+                caller = await run_in_threadpool(self.auth.caller, headers)
+                caller.require(operate=operate)
+                body = await self._body(request) if method == "POST" else None
+                call = Call(caller, dict(request.query_params), dict(request.path_params),
+                            body, str(request.url))
+                answer = await run_in_threadpool(self._run, handler, call)
+            except JobfenceError as exc:
+                answer = self._refusal(exc)
+            except Exception:
+                self.log.exception("request_failed", path=request.url.path)
+                answer = Answer({"error": "internal error (see the server's log)"}, 500)
+            took = (time.perf_counter() - started) * 1000
+            answer.headers.update({"server-timing": f"app;dur={took:.2f}",
+                                   "cache-control": "no-store", **SECURITY_HEADERS})
+            return JSONResponse(to_jsonable(answer.body), answer.status, answer.headers)
+
+        return Route(path, endpoint, methods=[method])
+
+    def _run(self, handler: Callable[[Store, Call], Answer], call: Call) -> Answer:
+        with self.pool.connection() as conn:
+            return handler(Store(conn, self.settings.schema_name), call)
+
+    async def _body(self, request: Request) -> Any:
+        raw = await request.body()
+        if len(raw) > MAX_SPEC_BYTES:
+            raise InvalidSpec(f"the body is larger than {MAX_SPEC_BYTES} bytes")
+        if not raw.strip():
+            return {}
+        try:
+            return json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise InvalidSpec(f"the body is not JSON: {exc}") from None
+
+    def _refusal(self, exc: JobfenceError) -> Answer:
+        headers: dict[str, str] = {}
+        if isinstance(exc, Unauthenticated):
+            status = 401
+            if self.settings.auth == "tokenreview":
+                headers["www-authenticate"] = 'Bearer realm="jobfence"'
+        elif isinstance(exc, Forbidden):
+            status = 403
+        elif isinstance(exc, RateLimited):
+            status = 429
+            if exc.retry_at is not None:
+                wait = (exc.retry_at - datetime.now(UTC)).total_seconds()
+                headers["retry-after"] = str(max(1, int(wait + 0.999)))
+        else:
+            status = STATUS.get(exc.exit_code, 500)
+        return Answer({"error": str(exc)}, status, headers)
+
+    # -- jobs ---------------------------------------------------------------------------
+
+    def list_jobs(self, store: Store, call: Call) -> Answer:
+        p = call.params
+        unknown = set(p) - {"status", "queue", "resource", "label", "parent", "after", "limit"}
+        if unknown:
+            raise InvalidSpec(f"unknown parameter {sorted(unknown)[0]!r}")
+        limit = _int(p.get("limit", "50"), "limit", 1, PAGE_MAX)
+        status = p.get("status") or None
+        if status is not None and status not in (*ACTIVE, *TERMINAL):
+            raise InvalidSpec(f"status must be one of {', '.join((*ACTIVE, *TERMINAL))}")
+        rows = store.jobs.page(
+            status=status, resource=p.get("resource") or None,
+            parent_id=_job_id(p["parent"]) if p.get("parent") else None,
+            queue=_queue(p["queue"]) if p.get("queue") else None,
+            labels=_labels(p.get("label", "")), limit=limit,
+            after=_job_id(p["after"]) if p.get("after") else None)
+        jobs = job_views(store, rows)
+        headers: dict[str, str] = {}
+        following = None
+        if len(rows) == limit:
+            query = {k: v for k, v in p.items() if k != "after"}
+            following = f"/api/v1/jobs?{urlencode({**query, 'after': str(rows[-1].job_id)})}"
+            headers["link"] = f'<{following}>; rel="next"'
+        return Answer({"jobs": jobs, "next": following}, headers=headers)
+
+    def get_job(self, store: Store, call: Call) -> Answer:
+        job_id = _job_id(call.path["job_id"])
+        row = store.jobs.get(job_id)
+        if row is None:
+            raise JobNotFound(job_id)
+        view = job_views(store, [row])[0]
+        events = store.jobs.events(job_id)
+        view["events"] = events
+        view["attempts"] = attempts_of(events)
+        return Answer(view)
+
+    def submit_jobs(self, store: Store, call: Call) -> Answer:
+        specs = parse_specs(call.body)
+        made = [enqueued_object(j) for j in submit(self.settings, store, specs)]
+        self.log.info("jobs_submitted", by=call.caller.user, jobs=len(made))
+        first = made[0]["job_id"] if made else None
+        headers = {"location": f"/api/v1/jobs/{first}"} if first else {}
+        return Answer(made if isinstance(call.body, list) else made[0], 202, headers)
+
+    def cancel_job(self, store: Store, call: Call) -> Answer:
+        job_id = _job_id(call.path["job_id"])
+        done = store.jobs.cancel(job_id=job_id, reason=_reason(call, "cancelled"))
+        return Answer(cancelled_object(job_id, done))
+
+    def retry_job(self, store: Store, call: Call) -> Answer:
+        job_id = _job_id(call.path["job_id"])
+        t = store.jobs.retry(job_id=job_id, reason=_reason(call, "retried"))
+        return Answer({"job_id": job_id, "status": t.status})
+
+    # -- queues and drain ---------------------------------------------------------------
+
+    def list_queues(self, store: Store, call: Call) -> Answer:
+        return Answer({"queues": [r._asdict() for r in store.queues.status()]})
+
+    def queue_verb(self, verb: str) -> Callable[[Store, Call], Answer]:
+        def handler(store: Store, call: Call) -> Answer:
+            queue = _queue(call.path["queue"])
+            if verb == "pause":
+                store.queues.configure(queue, paused=True, reason=_reason(call, "paused"))
+            elif verb == "resume":
+                store.queues.configure(queue, paused=False)
+            else:
+                limit = _body(call).get("limit")
+                if limit is not None and not (isinstance(limit, int) and not isinstance(
+                        limit, bool) and 0 <= limit <= 1_000_000):
+                    raise InvalidSpec("limit must be a number from 0 to 1000000, or null")
+                store.queues.configure(queue, limit=limit, set_limit=True)
+            rows = store.queues.status(queue)
+            return Answer(rows[0]._asdict() if rows else {
+                "queue": queue, "paused": False, "limit": None, "pending": 0, "scheduled": 0,
+                "running": 0, "waiting": 0, "oldest_ready_age_seconds": 0.0})
+        return handler
+
+    def drain(self, store: Store, call: Call) -> Answer:
+        if call.body is not None:
+            on = _body(call).get("on")
+            if not isinstance(on, bool):
+                raise InvalidSpec('give {"on": true} or {"on": false} (and a "reason")')
+            store.control.set_drain(on=on, reason=_reason(call, "drain " + (
+                "on" if on else "off")))
+        state = store.control.drain_status()
+        return Answer({"installation": store.control.identity(
+                           self.settings.installation).installation,
+                       "draining": state.draining, "since": state.drain_changed_at,
+                       "reason": state.drain_reason, "running": store.control.running_count(),
+                       "scaler_value": store.queues.pending_total()})
+
+    # -- functions ----------------------------------------------------------------------
+
+    def list_functions(self, store: Store, call: Call) -> Answer:
+        status = {s.function: s._asdict() for s in store.runs.function_status()}
+        runs = store.runs.recent(limit=_int(call.params.get("runs", "20"), "runs", 0, 200))
+        triggers = store.triggers.recent(limit=20)
+        functions = [{"function": name, **{k: v for k, v in status.get(name, {}).items()
+                                           if k != "function"},
+                      "healthy": status.get(name, {}).get("consecutive_failures", 0) < 3}
+                     for name in PERIODIC]
+        return Answer({"functions": functions, "runs": runs, "triggers": triggers,
+                       "trigger_interval_seconds": self.settings.trigger_interval_seconds})
+
+    def trigger(self, store: Store, call: Call) -> Answer:
+        function = call.path["name"]
+        if function not in PERIODIC:
+            raise NotFound(f"no periodic function {function[:80]!r} (one of "
+                           f"{', '.join(PERIODIC)})")
+        reason = _reason(call, "")
+        if not reason.strip():
+            raise InvalidSpec('say why: {"reason": "..."} (it is recorded with the run)')
+        if self.cluster is None:
+            raise ClusterError("this server has no cluster to start a function in "
+                               "(JOBFENCE_CLUSTER is none)")
+        t = store.triggers.request(function=function, requested_by=call.caller.user,
+                                   reason=reason,
+                                   interval=self.settings.trigger_interval_seconds)
+        try:
+            name = self.cluster.trigger(function, requested_by=call.caller.user,
+                                        reason=reason)
+        except ClusterError as exc:
+            store.triggers.failed(trigger_id=t.trigger_id, error=str(exc))
+            self.log.warning("trigger_failed", function=function, by=call.caller.user,
+                             error=str(exc))
+            return Answer({"error": str(exc), "trigger_id": t.trigger_id}, 502)
+        done = store.triggers.created(trigger_id=t.trigger_id, job_name=name)
+        self.log.info("function_triggered", function=function, by=call.caller.user,
+                      reason=reason, job=name)
+        return Answer(done._asdict() if done else t._asdict(), 202)
+
+    # -- the rest -----------------------------------------------------------------------
+
+    def me(self, store: Store, call: Call) -> Answer:
+        c = call.caller
+        return Answer({"user": c.user, "groups": list(c.groups), "may_read": c.may_read,
+                       "may_operate": c.may_operate, "auth": self.settings.auth})
+
+    def app(self) -> Starlette:
+        async def healthz(request: Request) -> Response:
+            return JSONResponse({"ok": True})
+
+        async def readyz(request: Request) -> Response:
+            def ping() -> None:
+                with self.pool.connection() as conn:
+                    Store(conn, self.settings.schema_name).control.schema_version()
+            try:
+                await run_in_threadpool(ping)
+            except JobfenceError as exc:
+                return JSONResponse({"ready": False, "error": str(exc)}, 503)
+            return JSONResponse({"ready": True})
+
+        async def openapi(request: Request) -> Response:
+            return JSONResponse(document(), headers=SECURITY_HEADERS)
+
+        async def index(request: Request) -> Response:
+            page = resources.files("jobfence.console").joinpath("static/index.html")
+            return Response(page.read_bytes(), media_type="text/html; charset=utf-8",
+                            headers={**SECURITY_HEADERS, "cache-control": "no-cache"})
+
+        v1 = "/api/v1"
+        static = str(resources.files("jobfence.console").joinpath("static"))
+        routes = [
+            Route("/", index), Route("/healthz", healthz), Route("/readyz", readyz),
+            Route(f"{v1}/openapi.json", openapi),
+            self.route(f"{v1}/me", self.me),
+            self.route(f"{v1}/jobs", self.list_jobs),
+            self.route(f"{v1}/jobs", self.submit_jobs, method="POST", operate=True),
+            self.route(f"{v1}/jobs/{{job_id}}", self.get_job),
+            self.route(f"{v1}/jobs/{{job_id}}/cancel", self.cancel_job, method="POST",
+                       operate=True),
+            self.route(f"{v1}/jobs/{{job_id}}/retry", self.retry_job, method="POST",
+                       operate=True),
+            self.route(f"{v1}/queues", self.list_queues),
+            *[self.route(f"{v1}/queues/{{queue}}/{verb}", self.queue_verb(verb),
+                         method="POST", operate=True) for verb in ("pause", "resume", "limit")],
+            self.route(f"{v1}/drain", self.drain),
+            self.route(f"{v1}/drain", self.drain, method="POST", operate=True),
+            self.route(f"{v1}/functions", self.list_functions),
+            self.route(f"{v1}/functions/{{name}}/trigger", self.trigger, method="POST",
+                       operate=True),
+            Mount("/static", StaticFiles(directory=static), name="static"),
+        ]
+        return Starlette(routes=routes)
+
+
+# -- input ---------------------------------------------------------------------------------
+
+
+def _body(call: Call) -> dict[str, Any]:
+    if not isinstance(call.body, dict):
+        raise InvalidSpec("the body must be a JSON object")
+    return call.body
+
+
+def _reason(call: Call, verb: str) -> str:
+    """The reason a write gives (the body's ``reason``), with who asked."""
+    given = _body(call).get("reason") if call.body is not None else None
+    if given is not None and not isinstance(given, str):
+        raise InvalidSpec("reason must be text")
+    if not verb:
+        return (given or "")[:2000]
+    said = f": {given[:2000]}" if given else ""
+    return f"{verb} by {call.caller.user}{said}"
+
+
+def _int(text: str, name: str, low: int, high: int) -> int:
+    if not text.isdigit() or not low <= int(text) <= high:
+        raise InvalidSpec(f"{name} must be a whole number from {low} to {high}")
+    return int(text)
+
+
+def _job_id(text: str) -> UUID:
+    try:
+        return parse_job_id(text)
+    except ValueError as exc:
+        raise InvalidSpec(str(exc)) from None
+
+
+def _queue(text: str) -> str:
+    try:
+        return queue_name(text)
+    except ValueError as exc:
+        raise InvalidSpec(str(exc)) from None
+
+
+def _labels(text: str) -> dict[str, str] | None:
+    """``key=value[,key=value...]``: jobs carrying all of these labels."""
+    if not text:
+        return None
+    out = {}
+    for term in text.split(","):
+        key, eq, value = term.partition("=")
+        if not eq or not key.strip():
+            raise InvalidSpec(f"label {term[:80]!r}: give key=value")
+        out[key.strip()] = value.strip()
+    return out

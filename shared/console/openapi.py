@@ -1,0 +1,180 @@
+"""The OpenAPI 3.1 document of the API under ``/api/v1/`` (served at
+``/api/v1/openapi.json``). A test checks that it names every route the server has, and only
+those."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from jobfence.cli import version
+
+_ERROR = {"$ref": "#/components/responses/Error"}
+
+
+def _ok(description: str, schema: dict[str, Any], status: str = "200") -> dict[str, Any]:
+    return {status: {"description": description,
+                     "content": {"application/json": {"schema": schema}}}}
+
+
+def _errors(*codes: str) -> dict[str, Any]:
+    return {code: _ERROR for code in ("401", "403", *codes)}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _op(summary: str, responses: dict[str, Any], *, operate: bool = False,
+        params: list[dict[str, Any]] | None = None,
+        body: dict[str, Any] | None = None) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary + (" (operator)" if operate else ""),
+                          "responses": responses}
+    if params:
+        op["parameters"] = params
+    if body:
+        op["requestBody"] = {"required": False,
+                             "content": {"application/json": {"schema": body}}}
+    return op
+
+
+def _query(name: str, description: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "description": description,
+            "schema": schema or {"type": "string"}}
+
+
+def _path(name: str, description: str) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "description": description,
+            "schema": {"type": "string"}}
+
+
+REASON = {"type": "object", "properties": {"reason": {"type": "string"}}}
+JOB_ID = _path("job_id", "a job id (UUID)")
+QUEUE = _path("queue", "a queue name (a DNS label)")
+
+
+@cache
+def document() -> dict[str, Any]:
+    jobs_page = {"type": "object", "required": ["jobs", "next"],
+                 "properties": {"jobs": {"type": "array", "items": _ref("Job")},
+                                "next": {"type": ["string", "null"],
+                                         "description": "the next page's URL, or null"}}}
+    queue_out = _ok("the queue", _ref("Queue"))
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "jobfence", "version": version(),
+                 "description": "Fenced background jobs: jobs, queues, drain mode and the "
+                                "periodic functions of one installation. Every request is "
+                                "authenticated (JOBFENCE_AUTH); writes need an operator and "
+                                "Content-Type: application/json."},
+        "servers": [{"url": "/"}],
+        "security": [{"bearer": []}],
+        "paths": {
+            "/api/v1/me": {"get": _op("who the caller is and what they may do",
+                                      {**_ok("the caller", _ref("Caller")), **_errors()})},
+            "/api/v1/jobs": {
+                "get": _op("jobs, newest first, a page at a time", {
+                    **_ok("a page of jobs", jobs_page), **_errors("400")}, params=[
+                    _query("status", "waiting, pending, running, succeeded, failed or "
+                                     "cancelled"),
+                    _query("queue", "a queue"), _query("resource", "a resource key"),
+                    _query("label", "key=value[,key=value]: jobs carrying all of them"),
+                    _query("parent", "a parent's job id: its children"),
+                    _query("after", "a job id: the page after it (see next)"),
+                    _query("limit", "jobs per page, 1-500 (50)", {"type": "integer"})]),
+                "post": _op("submit one job spec or a list of them (all or nothing)", {
+                    **_ok("what enqueue prints, per spec; Location names the first job",
+                          {"oneOf": [_ref("Enqueued"),
+                                     {"type": "array", "items": _ref("Enqueued")}]}, "202"),
+                    **_errors("400", "404", "409", "503")}, operate=True,
+                    body={"oneOf": [_ref("JobSpec"),
+                                    {"type": "array", "items": _ref("JobSpec")}]}),
+            },
+            "/api/v1/jobs/{job_id}": {"get": _op(
+                "one job with its actions' results, attempts and audit trail",
+                {**_ok("the job", _ref("Job")), **_errors("400", "404")}, params=[JOB_ID])},
+            "/api/v1/jobs/{job_id}/cancel": {"post": _op(
+                "cancel a job (a parent's unfinished children with it)",
+                {**_ok("cancelled", {"type": "object"}), **_errors("400", "404", "409")},
+                operate=True, params=[JOB_ID], body=REASON)},
+            "/api/v1/jobs/{job_id}/retry": {"post": _op(
+                "run a failed or cancelled job again, with a new attempt budget",
+                {**_ok("pending again", {"type": "object"}),
+                 **_errors("400", "404", "409", "503")},
+                operate=True, params=[JOB_ID], body=REASON)},
+            "/api/v1/queues": {"get": _op("every queue with jobs or settings", {
+                **_ok("the queues", {"type": "object", "properties": {
+                    "queues": {"type": "array", "items": _ref("Queue")}}}), **_errors()})},
+            "/api/v1/queues/{queue}/pause": {"post": _op(
+                "claim nothing from the queue", {**queue_out, **_errors("400")},
+                operate=True, params=[QUEUE], body=REASON)},
+            "/api/v1/queues/{queue}/resume": {"post": _op(
+                "claim from the queue again", {**queue_out, **_errors("400")},
+                operate=True, params=[QUEUE])},
+            "/api/v1/queues/{queue}/limit": {"post": _op(
+                "at most N running jobs of the queue (null: no limit)",
+                {**queue_out, **_errors("400")}, operate=True, params=[QUEUE],
+                body={"type": "object", "properties": {
+                    "limit": {"type": ["integer", "null"], "minimum": 0}}})},
+            "/api/v1/drain": {
+                "get": _op("drain mode", {**_ok("drain mode", _ref("Drain")), **_errors()}),
+                "post": _op("drain mode on or off", {
+                    **_ok("drain mode", _ref("Drain")), **_errors("400")}, operate=True,
+                    body={"type": "object", "required": ["on"], "properties": {
+                        "on": {"type": "boolean"}, "reason": {"type": "string"}}}),
+            },
+            "/api/v1/functions": {"get": _op(
+                "the periodic functions: last run, last success, health; recent runs and "
+                "manual triggers", {**_ok("the functions", {"type": "object"}),
+                                    **_errors("400")},
+                params=[_query("runs", "recent runs to include, 0-200 (20)",
+                               {"type": "integer"})])},
+            "/api/v1/functions/{name}/trigger": {"post": _op(
+                "run a periodic function now (a Job from its CronJob), recorded with who "
+                "and why; at most once per interval per function",
+                {**_ok("the trigger", _ref("Trigger"), "202"),
+                 "429": {"description": "triggered too recently (Retry-After says when)",
+                         "content": {"application/json": {"schema": _ref("Error")}}},
+                 "502": {"description": "the cluster refused to start it (recorded)",
+                         "content": {"application/json": {"schema": _ref("Error")}}},
+                 **_errors("400", "404")},
+                operate=True, params=[_path("name", "sweeper, reconciliation, lifecycle, "
+                                                    "export-finalize or orphan-cleanup")],
+                body={"type": "object", "required": ["reason"],
+                      "properties": {"reason": {"type": "string"}}})},
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                           "description": "JOBFENCE_AUTH=tokenreview: a "
+                                           "Kubernetes token (TokenReview)"}},
+            "responses": {"Error": {"description": "refused; the error says why",
+                                    "content": {"application/json": {
+                                        "schema": _ref("Error")}}}},
+            "schemas": {
+                "Error": {"type": "object", "required": ["error"],
+                          "properties": {"error": {"type": "string"}}},
+                "Caller": {"type": "object", "properties": {
+                    "user": {"type": "string"}, "groups": {"type": "array"},
+                    "may_read": {"type": "boolean"}, "may_operate": {"type": "boolean"}}},
+                "JobSpec": {"type": "object", "required": ["actions"],
+                            "description": "docs/REFERENCE.md: a job spec, as `jobfence "
+                                           "enqueue --spec` reads it"},
+                "Enqueued": {"type": "object", "required": ["job_id", "status"],
+                             "properties": {"job_id": {"type": "string", "format": "uuid"},
+                                            "status": {"type": "string"},
+                                            "children": {"type": "integer"},
+                                            "created": {"type": "boolean"}}},
+                "Job": {"type": "object", "description": "the `jobfence status -o json` "
+                        "object; one job's page adds events and attempts",
+                        "required": ["job_id", "status", "attempt_count", "max_attempts",
+                                     "resource", "error", "created_at", "started_at",
+                                     "finished_at", "queue", "run_at", "actions"]},
+                "Queue": {"type": "object", "required": [
+                    "queue", "paused", "limit", "pending", "scheduled", "running"]},
+                "Drain": {"type": "object", "required": ["draining", "running"]},
+                "Trigger": {"type": "object", "required": [
+                    "trigger_id", "function", "requested_by", "reason", "requested_at",
+                    "outcome", "job_name"]},
+            },
+        },
+    }

@@ -1,0 +1,377 @@
+"""`jobfence serve` over real HTTP: a server started by the test on 127.0.0.1 against a real
+PostgreSQL, called the way a client calls it. Every status code the API promises, who may
+do what (no token, a reader, an operator), CSRF refusals, the manual trigger's rate limit
+and its audit row (raced), a trigger through a Kubernetes API (a Job from the CronJob),
+and paging through 25,000 jobs with the server's memory bounded."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from starlette.routing import Route
+
+from devtools.kube_api import KubeAPI, kube_api
+from devtools.sqlconn import connect
+from tests.acceptance.serving import Served, free_port, serve
+from tests.conftest import role_dsn, run_cli
+from tests.procs import FAST, enqueue
+
+PROXY = {"JOBFENCE_AUTH": "proxy", "JOBFENCE_AUTH_READERS": "*",
+         "JOBFENCE_AUTH_OPERATORS": "alice,group:oncall", "JOBFENCE_CLUSTER": "local"}
+ALICE = {"X-Forwarded-User": "alice"}
+BOB = {"X-Forwarded-User": "bob", "X-Forwarded-Groups": "dev"}
+CAROL = {"X-Forwarded-User": "carol", "X-Forwarded-Groups": "dev, oncall"}
+
+
+@pytest.fixture
+def server(dsn: str, tmp_path: Path) -> Iterator[Served]:
+    with serve(dsn, **PROXY, TMPDIR=str(tmp_path),
+               JOBFENCE_LOCAL_FUNCTIONS_DATABASE_URL=role_dsn(dsn, "sweeper")) as s:
+        yield s
+
+
+def spec(**kw: object) -> dict[str, object]:
+    return {"actions": [{"name": "sleep", "params": {"seconds": 0}}], **kw}
+
+
+def test_submit_get_list_cancel_and_retry(server: Served, dsn: str) -> None:
+    r = server.post("/api/v1/jobs", spec(resource="db.a", labels={"team": "x"}),
+                    headers=ALICE)
+    assert r.status == 202, r.body
+    job_id = r.body["job_id"]
+    assert r.headers["location"] == f"/api/v1/jobs/{job_id}"
+    assert r.body["status"] == "pending"
+    assert re.fullmatch(r"app;dur=[0-9.]+", r.headers["server-timing"])
+
+    got = server.get(f"/api/v1/jobs/{job_id}", headers=BOB)
+    assert got.status == 200
+    cli = json.loads(run_cli(dsn, "status", job_id, "-o", "json").stdout)
+    assert {k: got.body[k] for k in cli} == cli  # the `status -o json` object, and more
+    assert got.body["events"][0]["to_status"] == "pending" and got.body["attempts"] == []
+
+    listed = server.get("/api/v1/jobs?label=team=x&status=pending", headers=BOB)
+    assert [j["job_id"] for j in listed.body["jobs"]] == [job_id]
+    assert server.get("/api/v1/jobs?label=team=y", headers=BOB).body["jobs"] == []
+
+    busy = server.post("/api/v1/jobs", spec(resource="db.a"), headers=ALICE)
+    assert busy.status == 409 and "db.a" in busy.body["error"]
+
+    cancelled = server.post(f"/api/v1/jobs/{job_id}/cancel", {"reason": "wrong table"},
+                            headers=CAROL)
+    assert cancelled.status == 200 and cancelled.body["status"] == "cancelled"
+    trail = server.get(f"/api/v1/jobs/{job_id}", headers=BOB).body["events"]
+    assert trail[-1]["reason"] == "cancelled by carol: wrong table"
+    assert server.post(f"/api/v1/jobs/{job_id}/cancel", headers=ALICE).status == 409
+
+    retried = server.post(f"/api/v1/jobs/{job_id}/retry", headers=ALICE)
+    assert retried.body == {"job_id": job_id, "status": "pending"}
+    assert server.post(f"/api/v1/jobs/{job_id}/retry", headers=ALICE).status == 409
+    assert run_cli(dsn, "worker", **FAST).returncode == 0
+    done = server.get(f"/api/v1/jobs/{job_id}", headers=BOB).body
+    assert done["status"] == "succeeded"
+    [attempt] = done["attempts"]
+    assert attempt["outcome"] == "succeeded" and attempt["claimed_by"]
+
+
+def test_a_list_of_specs_is_all_or_nothing(server: Served, dsn: str) -> None:
+    r = server.post("/api/v1/jobs", [spec(), spec(resource="db.b")], headers=ALICE)
+    assert r.status == 202 and len(r.body) == 2
+    bad = server.post("/api/v1/jobs", [spec(), spec(max_attempts=0)], headers=ALICE)
+    assert bad.status == 400
+    cli = run_cli(dsn, "enqueue", "--spec", "-",
+                  input=json.dumps([spec(), spec(max_attempts=0)]))
+    assert cli.returncode == 2 and bad.body["error"] in cli.stderr  # the CLI's message
+    assert len(server.get("/api/v1/jobs", headers=BOB).body["jobs"]) == 2
+
+
+@pytest.mark.parametrize(("method", "path", "body", "status"), [
+    ("GET", "/api/v1/jobs/not-a-uuid", None, 400),
+    ("GET", "/api/v1/jobs/0190a000-0000-7000-8000-000000000000", None, 404),
+    ("POST", "/api/v1/jobs/0190a000-0000-7000-8000-000000000000/cancel", None, 404),
+    ("POST", "/api/v1/jobs/0190a000-0000-7000-8000-000000000000/retry", None, 404),
+    ("GET", "/api/v1/jobs?limit=501", None, 400),
+    ("GET", "/api/v1/jobs?limit=0", None, 400),
+    ("GET", "/api/v1/jobs?status=done", None, 400),
+    ("GET", "/api/v1/jobs?queue=Not_A_Queue", None, 400),
+    ("GET", "/api/v1/jobs?label=novalue", None, 400),
+    ("GET", "/api/v1/jobs?sort=x", None, 400),
+    ("POST", "/api/v1/jobs", {"actions": []}, 400),
+    ("POST", "/api/v1/jobs", {"actions": [{"name": "sleep"}], "ttl": "P999999Y"}, 400),
+    ("POST", "/api/v1/queues/UPPER/pause", None, 400),
+    ("POST", "/api/v1/queues/q/limit", {"limit": -1}, 400),
+    ("POST", "/api/v1/drain", {"on": "yes"}, 400),
+    ("POST", "/api/v1/functions/nope/trigger", {"reason": "x"}, 404),
+    ("POST", "/api/v1/functions/sweeper/trigger", {}, 400),
+])
+def test_bad_requests_say_what_is_wrong_and_write_nothing(
+        server: Served, dsn: str, method: str, path: str, body: object, status: int) -> None:
+    r = server.call(method, path, body, headers=ALICE)
+    assert r.status == status, r.body
+    assert r.body["error"]
+    with connect(dsn) as conn:
+        counts = conn.execute("SELECT (SELECT count(*) FROM jobfence.jobs) AS jobs, "
+                              "(SELECT count(*) FROM jobfence.queues) AS queues, "
+                              "(SELECT count(*) FROM jobfence.function_triggers) AS t"
+                              ).fetchone()
+    assert counts == {"jobs": 0, "queues": 0, "t": 0}
+
+
+def test_a_body_that_is_not_json_is_refused(server: Served) -> None:
+    r = server.call("POST", "/api/v1/jobs", raw=b"{not json", headers=ALICE)
+    assert r.status == 400 and "not JSON" in r.body["error"]
+    r = server.call("POST", "/api/v1/jobs", raw=b"\xff\xfe", headers=ALICE)
+    assert r.status == 400
+
+
+def test_queues_and_drain(server: Served, dsn: str) -> None:
+    enqueue(dsn, 'sleep:{"seconds": 0}', "--queue", "etl")
+    paused = server.post("/api/v1/queues/etl/pause", {"reason": "backfill"}, headers=ALICE)
+    assert paused.status == 200 and paused.body["paused"] is True
+    assert paused.body["pending"] == 1
+    assert server.post("/api/v1/queues/etl/limit", {"limit": 2}, headers=ALICE).body[
+        "limit"] == 2
+    queues = server.get("/api/v1/queues", headers=BOB).body["queues"]
+    [etl] = [q for q in queues if q["queue"] == "etl"]
+    assert (etl["paused"], etl["limit"], etl["pending"]) == (True, 2, 1)
+    cli = json.loads(run_cli(dsn, "queue", "status", "etl", "-o", "json").stdout)
+    assert {k: etl[k] for k in cli} == cli
+    assert server.post("/api/v1/queues/etl/resume", headers=ALICE).body["paused"] is False
+
+    assert server.get("/api/v1/drain", headers=BOB).body["draining"] is False
+    on = server.post("/api/v1/drain", {"on": True, "reason": "upgrade"}, headers=ALICE)
+    assert on.status == 200 and on.body["draining"] is True
+    assert on.body["reason"] == "drain on by alice: upgrade"
+    refused = server.post("/api/v1/jobs", spec(), headers=ALICE)
+    assert refused.status == 503 and "drain" in refused.body["error"]
+    assert server.post("/api/v1/drain", {"on": False}, headers=ALICE).body["draining"] is False
+    assert server.post("/api/v1/jobs", spec(), headers=ALICE).status == 202
+
+
+def test_who_may_do_what(server: Served) -> None:
+    assert server.get("/api/v1/jobs").status == 401  # no identity: the proxy was bypassed
+    assert server.get("/api/v1/me", headers=BOB).body == {
+        "user": "bob", "groups": ["dev"], "may_read": True, "may_operate": False,
+        "auth": "proxy"}
+    assert server.get("/api/v1/me", headers=CAROL).body["may_operate"] is True  # her group
+    for path in ("/api/v1/jobs", "/api/v1/queues/q/pause", "/api/v1/queues/q/resume",
+                 "/api/v1/queues/q/limit", "/api/v1/drain",
+                 "/api/v1/functions/sweeper/trigger",
+                 "/api/v1/jobs/0190a000-0000-7000-8000-000000000000/cancel",
+                 "/api/v1/jobs/0190a000-0000-7000-8000-000000000000/retry"):
+        r = server.post(path, {"reason": "x", **spec()}, headers=BOB)
+        assert r.status == 403, (path, r.body)
+    for path in ("/api/v1/jobs", "/api/v1/queues", "/api/v1/drain", "/api/v1/functions"):
+        assert server.get(path, headers=BOB).status == 200
+    # Health, readiness and the page itself hold no data and need no identity.
+    assert server.get("/healthz").status == 200
+    assert server.get("/readyz").body == {"ready": True}
+
+
+def test_writes_a_browser_may_be_tricked_into_are_refused(server: Served) -> None:
+    form = server.call("POST", "/api/v1/drain", raw=b"on=true", headers={
+        **ALICE, "Content-Type": "application/x-www-form-urlencoded"})
+    assert form.status == 403 and "application/json" in form.body["error"]
+    plain = server.call("POST", "/api/v1/drain", raw=b'{"on": true}', headers={
+        **ALICE, "Content-Type": "text/plain"})
+    assert plain.status == 403
+    elsewhere = server.post("/api/v1/drain", {"on": True},
+                            headers={**ALICE, "Origin": "https://evil.example"})
+    assert elsewhere.status == 403
+    cross = server.post("/api/v1/drain", {"on": True},
+                        headers={**ALICE, "Sec-Fetch-Site": "cross-site"})
+    assert cross.status == 403
+    same = server.post("/api/v1/drain", {"on": False}, headers={
+        **ALICE, "Origin": server.url, "Sec-Fetch-Site": "same-origin"})
+    assert same.status == 200 and same.body["draining"] is False
+    page = server.get("/")
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+
+
+def test_the_openapi_document_names_every_route(server: Served) -> None:
+    doc = server.get("/api/v1/openapi.json").body
+    assert doc["openapi"].startswith("3.1")
+    documented = {(path, method.upper()) for path, ops in doc["paths"].items()
+                  for method in ops}
+    served = set()
+    for route in _routes():
+        if route.path.startswith("/api/v1/") and route.path != "/api/v1/openapi.json":
+            served |= {(route.path, m) for m in route.methods or () if m != "HEAD"}
+    assert documented == served
+
+
+def _routes() -> list[Route]:
+    from jobfence.console.api import Server
+    from jobfence.settings import load_settings
+
+    settings = load_settings(database_url="dbname=x", auth="none")
+    server = Server(settings, pool=None, auth=None, cluster=None)  # type: ignore[arg-type]
+    return [r for r in server.app().routes if isinstance(r, Route)]
+
+
+def test_manual_trigger_is_rate_limited_raced_and_audited(server: Served, dsn: str) -> None:
+    results: list[int] = []
+    start = threading.Barrier(12)
+
+    def trigger(i: int) -> None:
+        start.wait()
+        r = server.post("/api/v1/functions/sweeper/trigger", {"reason": f"INC-{i}"},
+                        headers=ALICE)
+        results.append(r.status)
+        if r.status == 429:
+            assert 1 <= int(r.headers["retry-after"]) <= 60
+
+    threads = [threading.Thread(target=trigger, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [202] + [429] * 11
+    with connect(dsn) as conn:
+        rows = conn.execute("SELECT function, requested_by, reason, outcome, job_name "
+                            "FROM jobfence.function_triggers").fetchall()
+    [(function, by, reason, outcome, name)] = [tuple(r.values()) for r in rows]
+    assert (function, by, outcome) == ("sweeper", "alice", "created")
+    assert reason.startswith("INC-") and name.startswith("local-sweeper-")
+    # Another function has its own slot; the run records who started it and why.
+    assert server.post("/api/v1/functions/lifecycle/trigger", {"reason": "check"},
+                       headers=ALICE).status == 202
+    functions = server.get("/api/v1/functions", headers=BOB).body
+    assert [t["function"] for t in functions["triggers"]] == ["lifecycle", "sweeper"]
+
+    def ran() -> list[tuple[str, str, str]]:
+        with connect(dsn) as conn:
+            return [tuple(r.values()) for r in conn.execute(
+                "SELECT function, trigger, triggered_by FROM jobfence.function_runs "
+                "ORDER BY run_id").fetchall()]
+    from tests.procs import wait_for
+    runs = wait_for(lambda: len(ran()) == 2 and ran(), timeout=60)
+    assert sorted(runs) == [("lifecycle", "manual", "alice"), ("sweeper", "manual", "alice")]
+
+
+def test_a_trigger_the_cluster_refuses_is_recorded_and_frees_its_slot(
+        dsn: str, tmp_path: Path) -> None:
+    with kube_api() as api, serve(dsn, **{**PROXY, "JOBFENCE_CLUSTER": "kubernetes",
+                                          "JOBFENCE_NAMESPACE": "jobs",
+                                          "KUBECONFIG": _kubeconfig(api, tmp_path)}) as s:
+        missing = s.post("/api/v1/functions/sweeper/trigger", {"reason": "try"},
+                         headers=ALICE)
+        assert missing.status == 502 and "jobfence-sweeper" in missing.body["error"]
+        api.put("batch/v1/cronjobs", "jobs", _cronjob("sweeper"))
+        made = s.post("/api/v1/functions/sweeper/trigger", {"reason": "INC-7 leases"},
+                      headers=ALICE)
+        assert made.status == 202, made.body  # the refused one did not hold the slot
+        [job] = api.objects("batch/v1/jobs", "jobs")
+        assert job["metadata"]["name"] == made.body["job_name"]
+        assert job["metadata"]["name"].startswith("jobfence-sweeper-manual-")
+        assert job["metadata"]["ownerReferences"][0]["kind"] == "CronJob"
+        assert job["metadata"]["annotations"]["jobfence.io/triggered-by"] == "alice"
+        env = {e["name"]: e.get("value") for e in
+               job["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["JOBFENCE_TRIGGERED_BY"] == "alice"
+        assert env["JOBFENCE_TRIGGER_REASON"] == "INC-7 leases"
+        assert env["JOBFENCE_DATABASE_URL"] is None  # the template's own env is kept
+    with connect(dsn) as conn:
+        rows = conn.execute("SELECT outcome, error IS NOT NULL AS e FROM "
+                            "jobfence.function_triggers ORDER BY trigger_id").fetchall()
+    assert [(r["outcome"], r["e"]) for r in rows] == [("failed", True), ("created", False)]
+
+
+def test_bearer_tokens_are_checked_by_token_review(dsn: str, tmp_path: Path) -> None:
+    with kube_api() as api:
+        api.emulator.tokens.update({
+            "op-token": {"username": "system:serviceaccount:ops:oncall",
+                         "groups": ["system:serviceaccounts", "ops"]},
+            "dev-token": {"username": "dev@example.com", "groups": ["dev"]}})
+        env = {"JOBFENCE_AUTH": "tokenreview", "JOBFENCE_CLUSTER": "kubernetes",
+               "JOBFENCE_NAMESPACE": "jobs", "JOBFENCE_AUTH_OPERATORS": "group:ops",
+               "KUBECONFIG": _kubeconfig(api, tmp_path)}
+        with serve(dsn, **env) as s:
+            none = s.get("/api/v1/jobs")
+            assert none.status == 401 and none.headers["www-authenticate"].startswith("Bearer")
+            assert s.get("/api/v1/jobs", headers={"Authorization": "Bearer nope"}).status == 401
+            dev = {"Authorization": "Bearer dev-token"}
+            op = {"Authorization": "Bearer op-token"}
+            assert s.get("/api/v1/me", headers=dev).body["may_operate"] is False
+            assert s.post("/api/v1/drain", {"on": True}, headers=dev).status == 403
+            assert s.post("/api/v1/drain", {"on": True}, headers=op).body["draining"] is True
+            reviews = api.emulator.token_reviews
+            for _ in range(5):  # remembered for a while: a live console does not flood it
+                assert s.get("/api/v1/queues", headers=op).status == 200
+            assert api.emulator.token_reviews == reviews
+
+
+def test_no_auth_only_on_loopback_and_only_for_loopback_hosts(dsn: str) -> None:
+    r = run_cli(dsn, "serve", "--host", "0.0.0.0", "--port", str(free_port()),
+                JOBFENCE_AUTH="none")
+    assert r.returncode == 4 and "loopback" in r.stderr
+    with serve(dsn, JOBFENCE_AUTH="none") as s:
+        assert s.get("/api/v1/me").body["may_operate"] is True
+        rebound = s.get("/api/v1/me", headers={"Host": "attacker.example:8080"})
+        assert rebound.status == 403
+
+
+def test_sigterm_stops_it_cleanly(dsn: str) -> None:
+    with serve(dsn, JOBFENCE_AUTH="none") as s:
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(timeout=30) == 0
+
+
+def test_paging_through_25000_jobs_keeps_the_server_small(server: Served, dsn: str) -> None:
+    with connect(dsn) as conn:
+        conn.execute("""
+            INSERT INTO jobfence.jobs (job_id, status, actions, max_attempts, attempt_count,
+                                       finished_at, labels)
+            SELECT gen_random_uuid(), 'succeeded', '[{"name": "sleep", "params": {}}]', 3, 1,
+                   now(), jsonb_build_object('n', i::text)
+            FROM generate_series(1, 25000) i""")
+    rss = []
+    seen: set[str] = set()
+    path: str | None = "/api/v1/jobs?limit=500&status=succeeded"
+    pages = 0
+    while path:
+        r = server.get(path, headers=BOB)
+        assert r.status == 200
+        seen.update(j["job_id"] for j in r.body["jobs"])
+        path = r.body["next"]
+        pages += 1
+        rss.append(_rss_kib(server.proc.pid))
+    assert len(seen) == 25_000 and pages == 51  # the last page is empty
+    # Memory after the first pages is what it stays: nothing accumulates per page.
+    assert max(rss[10:]) - rss[9] < 20 * 1024, rss
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def _kubeconfig(api: KubeAPI, tmp_path: Path) -> str:
+    path = tmp_path / "kubeconfig"
+    api.kubeconfig(path)
+    return str(path)
+
+
+def _cronjob(function: str) -> dict[str, object]:
+    return {"apiVersion": "batch/v1", "kind": "CronJob",
+            "metadata": {"name": f"jobfence-{function}", "namespace": "jobs", "uid": "u-1"},
+            "spec": {"schedule": "* * * * *", "jobTemplate": {
+                "metadata": {"labels": {"app.kubernetes.io/component": function}},
+                "spec": {"backoffLimit": 0, "template": {"spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "jobfence", "image": "jobfence", "args": [function],
+                                    "env": [{"name": "JOBFENCE_DATABASE_URL", "valueFrom": {
+                                        "secretKeyRef": {"name": "db", "key": "url"}}}]}]}}}}}}
+
+
+def test_the_cli_knows_serve(dsn: str) -> None:
+    r = run_cli(dsn, "serve", "--help")
+    assert r.returncode == 0 and "--port" in r.stdout
+    assert run_cli(dsn, "serve", "--port", "99999").returncode == 2
