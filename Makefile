@@ -75,6 +75,9 @@ pools: $(STAMP) ## render manifests/pools.yaml into the pools' KEDA ScaledJobs (
 	$(VENV)/bin/jobfence pools render manifests/pools.yaml > manifests/pools.generated.yaml.tmp
 	mv manifests/pools.generated.yaml.tmp manifests/pools.generated.yaml
 
+screenshots: $(STAMP) ## run the console's browser test (headless Chromium) and keep its screenshots in docs/console/
+	JOBFENCE_SCREENSHOTS=$(CURDIR)/docs/console $(PY) -m pytest -q tests/acceptance/test_console_browser.py
+
 verify: $(STAMP) ## render the manifests and validate them, check migrations give the expected schema, test the wheel
 	$(KUBECTL) kustomize manifests/ >/dev/null
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) tests/manifests tests/integration/test_migrations.py

@@ -179,8 +179,10 @@ class AttemptRunner:
             except Exception as exc:
                 if guard.stop.is_set():  # the child died because we killed it
                     return self._stopped(claim, guard, index, spec["name"], started)
-                detail = exc.detail if isinstance(exc, ActionFailed) else traceback.format_exc()
+                failed = exc if isinstance(exc, ActionFailed) else None
+                detail = failed.detail if failed else traceback.format_exc()
                 outcome = ActionOutcome(index, spec["name"], False, started,
+                                        result=failed.result if failed else None,
                                         error=str(exc) or type(exc).__name__,
                                         error_detail=detail)
                 return self._fail(claim, guard, outcome)

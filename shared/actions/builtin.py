@@ -22,11 +22,15 @@ from jobfence.sandbox import Child, ChildLost, ChildNotStarted
 
 
 class ActionFailed(Exception):
-    """The action ran and failed; ``detail`` carries what helps a person (stderr tail)."""
+    """The action ran and failed; ``detail`` carries what helps a person (stderr tail), and
+    ``result`` what it left, as a success's result says it (a command's exit code and
+    output tails)."""
 
-    def __init__(self, message: str, detail: str | None = None) -> None:
+    def __init__(self, message: str, detail: str | None = None,
+                 result: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.detail = detail
+        self.result = result
 
 
 def _validated(model: type[BaseModel], name: str, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -142,7 +146,7 @@ class CommandAction:
         if code != 0:
             last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
             raise ActionFailed(f"command exited with {code}" + (f": {last}" if last else ""),
-                               detail=stderr)
+                               detail=stderr, result=result)
         ctx.check_stop()
         if ctx.files is not None:
             result["outputs"] = ctx.files.publish_outputs(outputs)

@@ -254,7 +254,8 @@ class Server:
         triggers = store.triggers.recent(limit=20)
         functions = [{"function": name, **{k: v for k, v in status.get(name, {}).items()
                                            if k != "function"},
-                      "healthy": status.get(name, {}).get("consecutive_failures", 0) < 3}
+                      "healthy": (status[name]["consecutive_failures"] < 3
+                                  if name in status else None)}
                      for name in PERIODIC]
         return Answer({"functions": functions, "runs": runs, "triggers": triggers,
                        "trigger_interval_seconds": self.settings.trigger_interval_seconds})

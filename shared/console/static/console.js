@@ -244,7 +244,8 @@ async function functionsPage() {
     el("td", {}, fn.function),
     el("td", {}, fn.last_status ? badge(fn.last_status) : "never run"),
     el("td", {}, when(fn.last_run_at)), el("td", {}, when(fn.last_success_at)),
-    el("td", {}, fn.healthy ? badge("healthy") : badge("unhealthy")),
+    el("td", {}, fn.healthy === null ? badge("unknown")
+                                     : badge(fn.healthy ? "healthy" : "unhealthy")),
     el("td", { class: "num" }, fn.consecutive_failures || 0),
     el("td", {}, button("Run now", async () => {
       const reason = prompt(`Why run ${fn.function} now? (recorded with the run)`);
@@ -301,7 +302,10 @@ document.getElementById("login-form").addEventListener("submit", (ev) => {
 
 document.getElementById("search").addEventListener("submit", (ev) => {
   ev.preventDefault();
-  const q = document.getElementById("search-input").value.trim();
+  const input = document.getElementById("search-input");
+  const q = input.value.trim();
+  input.value = "";
+  input.blur();
   if (/^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i.test(q)) {
     location.hash = "#/jobs/" + q.toLowerCase();
   } else if (q) {
