@@ -78,6 +78,8 @@ class Demo:
         self.conn = connect(dsn)
         self.store = Store(self.conn)
         self.role_urls: dict[str, str] = {}
+        self.console: subprocess.Popen[bytes] | None = None
+        self.console_url = ""
         """Each role's login URL once the roles exist: every command connects as its
         function's role (jobfence.store.roles), as a deployment's pods do."""
         self.t0 = time.monotonic()
@@ -159,6 +161,46 @@ def worker_of(platform: LocalPlatform, claimed_by: str) -> Proc:
     return proc
 
 
+def free_port(preferred: int = 8080) -> int:
+    import socket
+
+    for port in (preferred, 0):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise OSError("no free port on 127.0.0.1")
+
+
+def start_console(d: Demo) -> subprocess.Popen[bytes]:
+    """`jobfence serve` on 127.0.0.1 as the operator's login; its manual triggers start the
+    periodic functions as processes with the maintainer's."""
+    port = int(os.environ.get("DEMO_CONSOLE_PORT") or free_port())
+    env = {**d.env, "JOBFENCE_DATABASE_URL": url_of(d.role_urls, "serve", d.dsn),
+           "JOBFENCE_AUTH": "none", "JOBFENCE_CLUSTER": "local",
+           "JOBFENCE_LOCAL_FUNCTIONS_DATABASE_URL": url_of(d.role_urls, "sweeper", d.dsn),
+           "JOBFENCE_TRIGGER": "auto"}
+    log = open(d.work / "console.log", "ab")  # noqa: SIM115 - the process keeps it
+    proc = subprocess.Popen([*JOBFENCE, "serve", "--host", "127.0.0.1", "--port", str(port)],
+                            env=env, cwd=REPO, stdout=log, stderr=log)
+    d.console_url = f"http://127.0.0.1:{port}/"
+    d.wait_until("the console answers", lambda: console_get(d, "/healthz"), timeout=30)
+    return proc
+
+
+def console_get(d: Demo, path: str) -> Any:
+    import urllib.request
+
+    try:
+        url = d.console_url.rstrip("/") + path  # always http://127.0.0.1
+        with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310
+            return json.loads(resp.read())
+    except OSError:
+        return None
+
+
 def story(d: Demo, platform: LocalPlatform) -> int:
     d.step("1. schema and roles: migrations under an advisory lock (twice is harmless)")
     d.cli("migrate")
@@ -168,6 +210,10 @@ def story(d: Demo, platform: LocalPlatform) -> int:
           "workers as jobfence_worker (fenced functions only, no table), periodic "
           "functions as jobfence_maintainer, enqueue/cancel/queue as jobfence_operator, "
           "list/status and KEDA's query as jobfence_reader")
+
+    d.console = start_console(d)
+    d.say(f"the console: {BOLD}{d.console_url}{RESET}  (open it to watch the story; "
+          "JOBFENCE_AUTH=none, on 127.0.0.1 only)")
 
     d.step(f"2. {DATUMS} input files on S3 (moto, 127.0.0.1), then enqueue a realistic mix")
     from jobfence.adapters.s3 import S3ObjectStore
@@ -363,8 +409,23 @@ def summary(d: Demo, platform: LocalPlatform, rows: list[tuple[str, str, str]]) 
           f"jobs with two terminal writes: {twice['n'] if twice else '?'}")
     verdict = (f"{GREEN}every job finished exactly once; nothing lost, nothing stuck{RESET}"
                if ok else f"{RED}SOMETHING WENT WRONG{RESET}")
+    if d.console is not None:
+        queues = (console_get(d, "/api/v1/queues") or {}).get("queues", [])
+        page = (console_get(d, "/api/v1/jobs?limit=500") or {}).get("jobs", [])
+        print(f"\n   the console at {d.console_url} served {len(queues)} queues and "
+              f"{len(page)} jobs through its API (docs/CONSOLE.md)")
     print(f"\n{BOLD}{verdict}.{RESET} Next: `make test`, `jobfence --help`, manifests/.")
     return 0 if ok else 1
+
+
+def stop_console(d: Demo) -> None:
+    if d.console is not None and d.console.poll() is None:
+        d.console.send_signal(signal.SIGTERM)
+        try:
+            d.console.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            d.console.kill()
+            d.console.wait()
 
 
 def main() -> int:
@@ -386,7 +447,11 @@ def main() -> int:
         platform = LocalPlatform(dsn, demo.env, work / "logs", schedules=schedule,
                                  pools=shipped_pools())
         stack.callback(platform.stop)
+        stack.callback(stop_console, demo)
         code = story(demo, platform)
+        if demo.console is not None and sys.stdin.isatty() and TTY:
+            input(f"\n   the console stays up at {demo.console_url} — press Enter to end "
+                  "the demo ")
     print(f"{DIM}demo took {time.monotonic() - started:.0f}s{RESET}")
     return code
 

@@ -24,6 +24,10 @@ def test_demo_runs_the_whole_story_and_prints_the_summary() -> None:
     back = next(line for line in out.splitlines() if "db.orders back to pending" in line)
     assert "disappeared" in back or " is Failed" in back, back
     assert "jobs still running: 0; jobs with two terminal writes: 0" in out
+    # The console was up on 127.0.0.1 and served the story through its API.
+    assert "the console: http://127.0.0.1:" in out
+    served = next(line for line in out.splitlines() if "served" in line and "console" in line)
+    assert "served 2 queues" in served and " 0 jobs" not in served, served
     # The operator's view: job metrics folded from the audit trail, lost fences counted.
     assert "jobs finished in datums: succeeded 13" in out  # 12 children and their parent
     outcomes = next(line for line in out.splitlines() if "attempts by outcome:" in line)
