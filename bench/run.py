@@ -36,6 +36,7 @@ BENCHMARKS = {
     "pools": "bench.bench_pools",
     "pooler": "bench.bench_pooler",
     "sidecar": "bench.bench_sidecar",
+    "console": "bench.bench_console",
 }
 
 OUT = REPO / "docs" / "BENCHMARKS.md"
