@@ -117,7 +117,7 @@ def test_writes(client: TestClient, counts: Any, path: str, target: str, body: A
             "application/json"):
         return
     check(resp, before, counts())
-    if content_type.split(";")[0] != "application/json":
+    if content_type.split(";", maxsplit=1)[0] != "application/json":
         assert resp.status_code == 403
 
 
