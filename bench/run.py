@@ -63,6 +63,18 @@ def machine() -> str:
             f"{platform.release()}; Python {platform.python_version()}; {pg}")
 
 
+def merge(old: str, new: dict[str, str]) -> list[str]:
+    """The sections of ``old`` (a BENCHMARKS.md) with those whose command line is a key of
+    ``new`` replaced by its value, and the rest of ``new`` appended, in order."""
+    kept: list[str] = []
+    for part in old.split("\n## ")[1:]:
+        text = "## " + part.rstrip("\n") + "\n"
+        command = next((ln.split("`")[1] for ln in text.splitlines()
+                        if ln.startswith("`python -m bench.run")), None)
+        kept.append(new.pop(command) if command in new else text)
+    return kept + list(new.values())
+
+
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -98,10 +110,15 @@ def main() -> int:
             "are shared and noisy. Reproduce with "
             f"`make bench` (`python -m bench.run{' --quick' if args.quick else ''}`); "
             f"this run took {time.monotonic() - started:.0f} s.", ""]
-    if args.only:
-        head.append(f"This file holds only: {', '.join(names)} "
-                    f"(`python -m bench.run --only {' '.join(names)}`).\n")
-    args.out.write_text("\n".join(head) + "\n" + "\n".join(s.markdown() for s in sections))
+    body = [s.markdown() for s in sections]
+    if args.only and args.out.exists():
+        # A partial run replaces its own sections and keeps the others' figures.
+        stamp = f"(measured {datetime.now(UTC):%Y-%m-%d}{', --quick' if args.quick else ''})"
+        body = merge(args.out.read_text(), {s.command: s.markdown().replace(
+            f"`{s.command}`", f"`{s.command}` {stamp}", 1) for s in sections})
+        head[2] = (f"Sections measured on {machine()}; a section rerun on its own says "
+                   "when.")
+    args.out.write_text("\n".join(head) + "\n" + "\n".join(body))
     print(f"bench: wrote {args.out}", file=sys.stderr)
     return 0
 
