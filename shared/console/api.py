@@ -187,7 +187,7 @@ class Server:
         view = job_views(store, [row])[0]
         events = store.jobs.events(job_id)
         view["events"] = events
-        view["attempts"] = attempts_of(events)
+        view["attempts"] = [] if row.is_parent else attempts_of(events)  # children run it
         return Answer(view)
 
     def submit_jobs(self, store: Store, call: Call) -> Answer:

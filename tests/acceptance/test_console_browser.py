@@ -149,6 +149,13 @@ def test_operating_through_the_console(browser: Any, console: Served, dsn: str,
     assert run_cli(dsn, "worker", "--queue", "reports", **FAST).returncode == 0
     assert json.loads(run_cli(dsn, "queue", "status", "reports", "-o", "json").stdout)[
         "pending"] == 3  # nothing claimed from a paused queue
+    click(browser, "#queues tr[data-queue=reports] button[data-action=limit]")
+    limit = wait_for(lambda: _alert(browser), timeout=10)
+    limit.send_keys("2")
+    limit.accept()
+    until(browser, "#queues tr[data-queue=reports] td.num", "2")
+    assert json.loads(run_cli(dsn, "queue", "status", "reports", "-o", "json").stdout)[
+        "limit"] == 2
 
     # Cancel a running job: its worker stops it, and the child is gone.
     pidfile = tmp_path / "child.pid"
@@ -193,3 +200,39 @@ def _alert(browser: Any) -> Any:
         return browser.switch_to.alert
     except NoAlertPresentException:
         return None
+
+
+def test_a_parent_and_its_children(browser: Any, console: Served, dsn: str,
+                                   s3_env: dict[str, str], shots: Path) -> None:
+    from jobfence.adapters.s3 import S3ObjectStore
+
+    store, bucket = S3ObjectStore(endpoint_url=s3_env["JOBFENCE_S3_ENDPOINT_URL"]), \
+        s3_env["JOBFENCE_S3_BUCKET"]
+    for i in range(6):
+        store.put_bytes(bucket, f"in/part-{i}.txt", f"row {i}\n".encode())
+    upper = ('for f in "$JOBFENCE_INPUT_DIR"/*; do tr a-z A-Z < "$f" > '
+             '"$JOBFENCE_OUTPUT_DIR/$(basename "$f" .txt).out"; done')
+    spec = {"actions": [{"name": "command", "params": {"argv": ["sh", "-c", upper]}}],
+            "inputs": f"s3://{bucket}/in/", "labels": {"export": "daily"}}
+    r = run_cli(dsn, "enqueue", "--spec", "-", input=json.dumps(spec), **s3_env)
+    parent = json.loads(r.stdout)["job_id"]
+    assert run_cli(dsn, "worker", "--max-jobs", "2", **{**FAST, **s3_env}).returncode == 0
+
+    browser.get(console.url + f"/#/jobs/{parent}")
+    until(browser, "#children p", "2 of 6 done")
+    browser.save_screenshot(str(shots / "parent.png"))
+    assert run_cli(dsn, "worker", "--max-jobs", "10", **{**FAST, **s3_env}).returncode == 0
+    try:
+        until(browser, "#children p", "6 of 6 done", timeout=30)  # refreshed by itself
+    except AssertionError:
+        raise AssertionError(browser.find_element("css selector", "#view").text) from None
+    assert run_cli(dsn, "export-finalize", **s3_env).returncode == 0
+    until(browser, "#job-facts dd[data-fact=status]", "succeeded")
+    assert "s3://" in until(browser, "#job-facts dd[data-fact=manifest]").text
+
+    # Its children: listed by the link, each with its outputs.
+    click(browser, "#children a")
+    until(browser, "#jobs tbody tr")
+    assert len(browser.find_elements("css selector", "#jobs tbody tr")) == 6
+    click(browser, "#jobs tbody tr a")
+    assert ".out" in until(browser, "#actions .outputs").text

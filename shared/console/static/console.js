@@ -102,12 +102,22 @@ async function queuesPage() {
     el("td", { class: "num running" }, q.running),
     el("td", { class: "num" }, q.waiting),
     el("td", { class: "num" }, human(Math.round(q.oldest_ready_age_seconds))),
-    el("td", {}, q.paused
+    el("td", { class: "verbs" }, q.paused
       ? button("Resume", () => post(`/queues/${encodeURIComponent(q.queue)}/resume`),
                { "data-action": "resume" })
       : button("Pause", () => post(`/queues/${encodeURIComponent(q.queue)}/pause`,
                                    { reason: "from the console" }),
-               { "data-action": "pause" }))));
+               { "data-action": "pause" }),
+      button("Limit", async () => {
+        const given = prompt(`At most how many running jobs of ${q.queue}, across every pod? ` +
+                             "(empty: no limit)", q.limit === null ? "" : String(q.limit));
+        if (given === null) throw new Error("unchanged");
+        const limit = given.trim() === "" ? null : Number(given);
+        if (limit !== null && !(Number.isInteger(limit) && limit >= 0)) {
+          throw new Error("give a whole number, or nothing");
+        }
+        await post(`/queues/${encodeURIComponent(q.queue)}/limit`, { limit });
+      }, { "data-action": "limit" }))));
   return [el("h1", {}, "Queues"),
           queues.length ? table(["queue", "state", "limit", "pending", "scheduled", "running",
                                  "waiting", "oldest ready", ""], rows, { id: "queues" })
@@ -234,7 +244,9 @@ async function jobPage(id) {
           el("h2", {}, "Attempts"),
           attempts.length ? table(["#", "claimed by", "started", "ended as", "why", "ended"],
                                   attempts, { id: "attempts" })
-                          : el("p", { class: "empty" }, "Not claimed yet."),
+                          : el("p", { class: "empty" }, j.children
+                               ? "A parent runs nothing itself: its children do."
+                               : "Not claimed yet."),
           el("h2", {}, "Audit trail"), el("ol", { class: "timeline", id: "events" }, events)];
 }
 
