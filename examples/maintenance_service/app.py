@@ -13,7 +13,7 @@ transaction as the service's own audit row.
 An ``Idempotency-Key`` header makes a retried POST answer with the job it already made.
 Run it with ``DATABASE_URL`` (a login with the jobfence operator role and this service's
 table) and ``python examples/maintenance_service/app.py --create-table --port 8080``; its
-one dependency beyond jobfence is ``psycopg-pool`` (``pip install 'jobfence[example]'``).
+connection pool is ``psycopg-pool``, which jobfence itself depends on (for ``jobfence serve``).
 """
 
 from __future__ import annotations

@@ -100,6 +100,7 @@ class Server:
               method: str = "GET", operate: bool = False) -> Route:
         async def endpoint(request: Request) -> Response:
             started = time.perf_counter()
+            caller: Caller | None = None
             try:
                 headers = {k.lower(): v for k, v in request.headers.items()}
                 check_write(method, headers, request.url.scheme)
@@ -115,6 +116,9 @@ class Server:
                 self.log.exception("request_failed", path=request.url.path)
                 answer = Answer({"error": "internal error (see the server's log)"}, 500)
             took = (time.perf_counter() - started) * 1000
+            if method == "POST":  # who changed what: every write, at info
+                self.log.info("api_write", path=request.url.path, status=answer.status,
+                              user=caller.user if caller else None, ms=round(took, 1))
             answer.headers.update({"server-timing": f"app;dur={took:.2f}",
                                    "cache-control": "no-store", **SECURITY_HEADERS})
             return JSONResponse(to_jsonable(answer.body), answer.status, answer.headers)
@@ -126,6 +130,9 @@ class Server:
             return handler(Store(conn, self.settings.schema_name), call)
 
     async def _body(self, request: Request) -> Any:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_SPEC_BYTES:
+            raise InvalidSpec(f"the body is larger than {MAX_SPEC_BYTES} bytes")
         raw = await request.body()
         if len(raw) > MAX_SPEC_BYTES:
             raise InvalidSpec(f"the body is larger than {MAX_SPEC_BYTES} bytes")
