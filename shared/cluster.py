@@ -95,6 +95,11 @@ INSTALLATION_LABEL = "jobfence.io/installation"
 ``INSTALLATION_LABEL=<installation>`` to every selector it lists pods with."""
 
 
+PERIODIC_FUNCTIONS = ("sweeper", "reconciliation", "lifecycle", "export-finalize",
+                      "orphan-cleanup")
+"""The functions a CronJob schedules (manifests/cronjobs): those a manual trigger may start."""
+
+
 def cronjob_name(function: str) -> str:
     """The CronJob that schedules a periodic function (manifests/cronjobs)."""
     return f"jobfence-{function}"

@@ -27,7 +27,7 @@ from starlette.staticfiles import StaticFiles
 
 from jobfence import db, logs
 from jobfence.cli import to_jsonable
-from jobfence.cluster import Cluster
+from jobfence.cluster import PERIODIC_FUNCTIONS, Cluster
 from jobfence.console.auth import Authenticator, Caller, check_write
 from jobfence.console.openapi import document
 from jobfence.errors import (
@@ -51,9 +51,6 @@ from jobfence.views import attempts_of, job_views
 
 PAGE_MAX = 500
 """The most jobs one page holds; page on with ``after`` (the ``next`` link)."""
-
-PERIODIC = ("sweeper", "reconciliation", "lifecycle", "export-finalize", "orphan-cleanup")
-"""The functions a CronJob schedules (a manual trigger may start them)."""
 
 STATUS = {ExitCode.INVALID: 400, ExitCode.NOT_FOUND: 404, ExitCode.CONFLICT: 409,
           ExitCode.UNAVAILABLE: 503, ExitCode.TIMEOUT: 504}
@@ -263,15 +260,15 @@ class Server:
                                            if k != "function"},
                       "healthy": (status[name]["consecutive_failures"] < 3
                                   if name in status else None)}
-                     for name in PERIODIC]
+                     for name in PERIODIC_FUNCTIONS]
         return Answer({"functions": functions, "runs": runs, "triggers": triggers,
                        "trigger_interval_seconds": self.settings.trigger_interval_seconds})
 
     def trigger(self, store: Store, call: Call) -> Answer:
         function = call.path["name"]
-        if function not in PERIODIC:
+        if function not in PERIODIC_FUNCTIONS:
             raise NotFound(f"no periodic function {function[:80]!r} (one of "
-                           f"{', '.join(PERIODIC)})")
+                           f"{', '.join(PERIODIC_FUNCTIONS)})")
         reason = _reason(call, "")
         if not reason.strip():
             raise InvalidSpec('say why: {"reason": "..."} (it is recorded with the run)')
