@@ -194,8 +194,11 @@ def test_writes_a_browser_may_be_tricked_into_are_refused(server: Served) -> Non
 
 
 def test_the_openapi_document_names_every_route(server: Served) -> None:
+    from openapi_spec_validator import validate
+
     doc = server.get("/api/v1/openapi.json").body
     assert doc["openapi"].startswith("3.1")
+    validate(doc)  # a valid OpenAPI 3.1 document
     documented = {(path, method.upper()) for path, ops in doc["paths"].items()
                   for method in ops}
     served = set()
