@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from jobfence.cluster import Identity
-from jobfence.errors import ClusterError, Forbidden, Unauthenticated, Unavailable
+from jobfence.errors import ClusterError, ConfigError, Forbidden, Unauthenticated, Unavailable
 from jobfence.settings import Settings
 
 REVIEW_TTL_SECONDS = 60.0
@@ -85,11 +85,11 @@ class Authenticator:
                  review: Callable[[str], Identity | None] | None) -> None:
         self.mode = settings.auth
         if self.mode == "none" and not is_loopback_host(bind_host):
-            raise Unavailable(f"JOBFENCE_AUTH=none serves everyone as an operator: it is "
+            raise ConfigError(f"JOBFENCE_AUTH=none serves everyone as an operator: it is "
                               f"refused on {bind_host} (only on a loopback address, such as "
                               "127.0.0.1)")
         if self.mode == "tokenreview" and review is None:
-            raise Unavailable("JOBFENCE_AUTH=tokenreview needs the Kubernetes API "
+            raise ConfigError("JOBFENCE_AUTH=tokenreview needs the Kubernetes API "
                               "(JOBFENCE_CLUSTER=kubernetes)")
         self.review = review
         self.readers = members(settings.auth_readers)

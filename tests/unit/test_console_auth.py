@@ -19,6 +19,7 @@ from jobfence.console.auth import (
 )
 from jobfence.errors import (
     ClusterError,
+    ConfigError,
     Forbidden,
     JobfenceError,
     Unauthenticated,
@@ -49,7 +50,7 @@ def test_host_of_a_host_header() -> None:
 
 
 def test_none_only_on_loopback_and_only_for_loopback_hosts() -> None:
-    with pytest.raises(Unavailable, match="loopback"):
+    with pytest.raises(ConfigError, match="loopback"):
         authenticator("none", bind="0.0.0.0")
     auth = authenticator("none", bind="127.0.0.1")
     assert auth.caller({"host": "127.0.0.1:8080"}).may_operate
@@ -105,7 +106,7 @@ def test_a_cluster_that_cannot_review_is_unavailable() -> None:
 
     with pytest.raises(Unavailable):
         authenticator("tokenreview", review).caller({"authorization": "Bearer x"})
-    with pytest.raises(Unavailable, match="JOBFENCE_CLUSTER"):
+    with pytest.raises(ConfigError, match="JOBFENCE_CLUSTER"):
         authenticator("tokenreview", None)
 
 
