@@ -175,10 +175,12 @@ def free_port(preferred: int = 8080) -> int:
 
 
 def start_console(d: Demo) -> subprocess.Popen[bytes]:
-    """`jobfence serve` on 127.0.0.1 as the operator's login; its manual triggers start the
-    periodic functions as processes with the maintainer's."""
+    """`jobfence serve` on 127.0.0.1, writing as the operator's login and reading as the
+    reader's; its manual triggers start the periodic functions as processes with the
+    maintainer's."""
     port = int(os.environ.get("DEMO_CONSOLE_PORT") or free_port())
     env = {**d.env, "JOBFENCE_DATABASE_URL": url_of(d.role_urls, "serve", d.dsn),
+           "JOBFENCE_READER_DATABASE_URL": url_of(d.role_urls, "status", d.dsn),
            "JOBFENCE_AUTH": "none", "JOBFENCE_CLUSTER": "local",
            "JOBFENCE_LOCAL_FUNCTIONS_DATABASE_URL": url_of(d.role_urls, "sweeper", d.dsn),
            "JOBFENCE_TRIGGER": "auto"}

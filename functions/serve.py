@@ -1,7 +1,8 @@
 """``jobfence serve``: the operators' console at ``/`` and the JSON API under ``/api/v1/``
-(docs/CONSOLE.md), from one stateless process. It reads and writes only through the store,
-as its login's role (the operator's, in the shipped component), with a few pooled
-connections; it starts periodic functions through the cluster port; SIGTERM lets the
+(docs/CONSOLE.md), from one stateless process. It reads and writes only through the store:
+writes as its login's role (the operator's), reads as the reader's when
+``JOBFENCE_READER_DATABASE_URL`` is set (as the shipped component sets it), each with a few
+pooled connections; it starts periodic functions through the cluster port; SIGTERM lets the
 requests in flight finish, then it exits 0."""
 
 from __future__ import annotations
@@ -50,17 +51,20 @@ def main(argv: list[str]) -> int:
         auth = Authenticator(settings, bind_host=args.host,
                              review=cluster.review_token if cluster is not None
                              and settings.auth == "tokenreview" else None)
-        pool = Pool(settings.database_url, size=settings.serve_connections,
-                    pooler=settings.database_pooler, application_name="jobfence-serve",
-                    connect_timeout=settings.connect_timeout_seconds)
+        pools = [Pool(url, size=settings.serve_connections, pooler=settings.database_pooler,
+                      application_name=name, connect_timeout=settings.connect_timeout_seconds)
+                 for url, name in ((settings.database_url, "jobfence-serve"),
+                                   (settings.reader_database_url, "jobfence-serve-reader"))
+                 if url]
         import uvicorn
 
         from jobfence.console.api import Server
 
         Quiet = _server_class()
 
-        app = Server(settings, pool, auth, cluster).app()
-        pool.open()
+        app = Server(settings, pools[0], auth, cluster, reader=pools[-1]).app()
+        for pool in pools:
+            pool.open()
         try:
             config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                                     access_log=False, lifespan="off", server_header=False,
@@ -69,7 +73,8 @@ def main(argv: list[str]) -> int:
             log.info("serving", url=f"http://{host}:{args.port}/", auth=settings.auth)
             Quiet(config).run()
         finally:
-            pool.close()
+            for pool in pools:
+                pool.close()
         return 0
 
     return cli.run_command("serve", body)

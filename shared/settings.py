@@ -232,6 +232,11 @@ class Settings(BaseSettings):
                                           max_length=100)
     """With ``JOBFENCE_AUTH=proxy``: the header holding the user's groups (comma-separated)."""
 
+    reader_database_url: str | None = Field(default=None, repr=False)
+    """``jobfence serve``: a login of the reader role, for every request that only reads
+    (then the database itself refuses a write on a reader's behalf). Unset: the server's own
+    login (``JOBFENCE_DATABASE_URL``, the operator's) reads too."""
+
     serve_connections: int = Field(default=4, ge=1, le=100)
     """Database connections ``jobfence serve`` keeps at most (its share of the budget)."""
 
@@ -239,9 +244,11 @@ class Settings(BaseSettings):
     """The least time between two manual triggers of one periodic function (all console
     replicas together)."""
 
-    @field_validator("database_url")
+    @field_validator("database_url", "reader_database_url")
     @classmethod
-    def _dsn(cls, value: str) -> str:
+    def _dsn(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         from jobfence.db import check_dsn
 
         try:
@@ -257,7 +264,7 @@ class Settings(BaseSettings):
         """Settings come from the environment, which may hold bytes that are not UTF-8."""
         if isinstance(data, dict):
             for key, value in data.items():
-                if isinstance(value, str) and key != "database_url":
+                if isinstance(value, str) and not key.endswith("database_url"):
                     check_text(value, f"JOBFENCE_{key.upper()}")
         return data
 

@@ -89,6 +89,8 @@ class Server:
     pool: db.Pool
     auth: Authenticator
     cluster: Cluster | None
+    reader: db.Pool | None = None
+    """Connections of the reader's login, for the routes that only read (else ``pool``)."""
     log: Any = field(default_factory=lambda: logs.get_logger("serve"))
 
     # -- plumbing -----------------------------------------------------------------------
@@ -106,7 +108,7 @@ class Server:
                 body = await self._body(request) if method == "POST" else None
                 call = Call(caller, dict(request.query_params), dict(request.path_params),
                             body, str(request.url))
-                answer = await run_in_threadpool(self._run, handler, call)
+                answer = await run_in_threadpool(self._run, handler, call, operate)
             except JobfenceError as exc:
                 answer = self._refusal(exc)
             except Exception:
@@ -122,8 +124,10 @@ class Server:
 
         return Route(path, endpoint, methods=[method])
 
-    def _run(self, handler: Callable[[Store, Call], Answer], call: Call) -> Answer:
-        with self.pool.connection() as conn:
+    def _run(self, handler: Callable[[Store, Call], Answer], call: Call,
+             operate: bool) -> Answer:
+        pool = self.pool if operate or self.reader is None else self.reader
+        with pool.connection() as conn:
             return handler(Store(conn, self.settings.schema_name), call)
 
     async def _body(self, request: Request) -> Any:
@@ -304,8 +308,9 @@ class Server:
 
         async def readyz(request: Request) -> Response:
             def ping() -> None:
-                with self.pool.connection() as conn:
-                    Store(conn, self.settings.schema_name).control.schema_version()
+                for pool in {id(p): p for p in (self.pool, self.reader) if p}.values():
+                    with pool.connection() as conn:
+                        Store(conn, self.settings.schema_name).control.schema_version()
             try:
                 await run_in_threadpool(ping)
             except JobfenceError as exc:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 from starlette.routing import Route
 
 from devtools.kube_api import KubeAPI, kube_api
@@ -378,3 +379,18 @@ def test_the_cli_knows_serve(dsn: str) -> None:
     r = run_cli(dsn, "serve", "--help")
     assert r.returncode == 0 and "--port" in r.stdout
     assert run_cli(dsn, "serve", "--port", "99999").returncode == 2
+
+
+def test_reads_go_through_the_readers_login(dsn: str, tmp_path: Path) -> None:
+    reader = role_dsn(dsn, "status")
+    with serve(dsn, **PROXY, JOBFENCE_READER_DATABASE_URL=reader) as s:
+        made = s.post("/api/v1/jobs", spec(), headers=ALICE)
+        assert made.status == 202  # a write: the operator's login
+        got = s.get(f"/api/v1/jobs/{made.body['job_id']}", headers=BOB)
+        assert got.status == 200 and s.get("/readyz").body == {"ready": True}
+        with connect(dsn) as conn:
+            logins = {r["application_name"]: r["usename"] for r in conn.execute(
+                "SELECT application_name, usename FROM pg_stat_activity "
+                "WHERE application_name LIKE 'jobfence-serve%%'").fetchall()}
+    assert logins["jobfence-serve-reader"] == conninfo_to_dict(reader)["user"]
+    assert logins["jobfence-serve"] == conninfo_to_dict(role_dsn(dsn, "serve"))["user"]

@@ -135,6 +135,8 @@ def test_it_serves_as_the_operator_with_tokenreview_and_nobody_may_act(
     variables = env(overlay)
     assert variables["JOBFENCE_DATABASE_URL"] == {
         "name": "JOBFENCE_DATABASE_URL", "valueFrom": {"secretKeyRef": SECRET_OF_OPERATOR}}
+    assert variables["JOBFENCE_READER_DATABASE_URL"]["valueFrom"] == {
+        "secretKeyRef": {"name": "jobfence-database-reader", "key": "url"}}
     assert variables["JOBFENCE_NAMESPACE"]["valueFrom"] == {
         "fieldRef": {"fieldPath": "metadata.namespace"}}
     assert {"configMapRef": {"name": "jobfence-config"}} in c["envFrom"]
