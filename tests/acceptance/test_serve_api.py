@@ -41,6 +41,7 @@ def spec(**kw: object) -> dict[str, object]:
     return {"actions": [{"name": "sleep", "params": {"seconds": 0}}], **kw}
 
 
+@pytest.mark.pooled  # directly and through PgBouncer in transaction mode
 def test_submit_get_list_cancel_and_retry(server: Served, dsn: str) -> None:
     r = server.post("/api/v1/jobs", spec(resource="db.a", labels={"team": "x"}),
                     headers=ALICE)
@@ -130,6 +131,7 @@ def test_a_body_that_is_not_json_is_refused(server: Served) -> None:
     assert r.status == 400
 
 
+@pytest.mark.pooled
 def test_queues_and_drain(server: Served, dsn: str) -> None:
     enqueue(dsn, 'sleep:{"seconds": 0}', "--queue", "etl")
     paused = server.post("/api/v1/queues/etl/pause", {"reason": "backfill"}, headers=ALICE)
