@@ -108,6 +108,8 @@ def list_main(argv: list[str]) -> int:
         p.add_argument("--resource")
         p.add_argument("--parent", metavar="JOB_ID")
         p.add_argument("--queue", metavar="Q")
+        p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
+                       help="only jobs carrying this label (repeat: all of them)")
         p.add_argument("--limit", type=int, default=50, help="jobs per page (at most 10000)")
         p.add_argument("--after", metavar="JOB_ID", help="the next page: jobs older than "
                        "this one (the last job id of the previous page)")
@@ -118,11 +120,17 @@ def list_main(argv: list[str]) -> int:
         parent = _job_id(args.parent) if args.parent else None
         after = _job_id(args.after) if args.after else None
         queue = _queue(args.queue) if args.queue else None
+        labels = {}
+        for item in args.label:
+            key, eq, value = item.partition("=")
+            if not eq or not key:
+                raise InvalidSpec(f"--label {item[:80]!r}: expected KEY=VALUE")
+            labels[key] = value
         settings = cli.setup("list")
         with cli.open_store(settings, "list") as store:
             views = job_views(store, store.jobs.page(
                 status=args.status, resource=args.resource, parent_id=parent, queue=queue,
-                limit=args.limit, after=after))
+                labels=labels or None, limit=args.limit, after=after))
         if args.output == "json":
             cli.emit(views)
             return 0

@@ -73,6 +73,23 @@ def test_list_pages_through_every_job_once(dsn: str) -> None:
     assert run_cli(dsn, "list", "--after", "nope").returncode == 2
 
 
+def test_list_by_label(dsn: str) -> None:
+    mine = enqueue(dsn, 'sleep:{"seconds": 0}', "--label", "team=data", "--label", "day=mon")
+    enqueue(dsn, 'sleep:{"seconds": 0}', "--label", "team=data")
+    enqueue(dsn, 'sleep:{"seconds": 0}', "--label", "team=web")
+
+    def listed(*labels: str) -> list[str]:
+        args = [a for label in labels for a in ("--label", label)]
+        r = run_cli(dsn, "list", "-o", "json", *args)
+        assert r.returncode == 0, r.stderr
+        return [v["job_id"] for v in json.loads(r.stdout)]
+
+    assert len(listed("team=data")) == 2
+    assert listed("team=data", "day=mon") == [mine]
+    assert listed("team=nobody") == []
+    assert run_cli(dsn, "list", "--label", "novalue").returncode == 2
+
+
 def test_status_shows_each_actions_result(dsn: str) -> None:
     ok = json.dumps({"argv": ["sh", "-c", "echo hello; echo warn >&2"]})
     bad = json.dumps({"argv": ["sh", "-c", "echo broken input >&2; exit 3"]})

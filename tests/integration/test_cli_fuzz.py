@@ -131,6 +131,7 @@ def test_status(cli: Any, job_id: str, extra: list[str], events: bool) -> None:
 @FUZZ
 @given(flags(("--status", st.sampled_from(["pending", "running", "done"]) | TEXT),
              ("--resource", TEXT), ("--parent", UUIDISH), ("--limit", NUMBERISH),
+             ("--label", st.sampled_from(["team=data", "a=", "=b", "novalue"]) | TEXT),
              ("-o", st.sampled_from(["json", "text"]) | TEXT)))
 def test_list(cli: Any, extra: list[str]) -> None:
     cli(["list", *extra])
