@@ -133,10 +133,12 @@ class Expiry:
 class HistoryReport:
     events_deleted: int
     function_runs_deleted: int
+    function_triggers_deleted: int
 
 
 class History:
-    """The audit trail and the function-run records, each on its own retention."""
+    """The audit trail, and the function-run records with their manual triggers, each on
+    its own retention."""
 
     @staticmethod
     def run_once(settings: Settings, deps: Deps, budget: Budget) -> HistoryReport:
@@ -146,7 +148,10 @@ class History:
                                                settings, deps, budget),
             function_runs_deleted=History._delete_old(
                 m.delete_old_function_runs, settings.function_runs_retention, settings, deps,
-                budget))
+                budget),
+            function_triggers_deleted=History._delete_old(
+                m.delete_old_function_triggers, settings.function_runs_retention, settings,
+                deps, budget))
 
     @staticmethod
     def _delete_old(verb: Callable[..., int], older_than: timedelta, settings: Settings,
@@ -179,6 +184,7 @@ class Report:
     retention_failures: int
     events_deleted: int
     function_runs_deleted: int
+    function_triggers_deleted: int
     batches: int
     longest_batch_seconds: float = snapshot()
     """Wall time of the longest single database batch: an upper bound on the longest

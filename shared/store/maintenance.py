@@ -108,3 +108,9 @@ class Maintenance(Noun):
         """Delete up to ``limit`` function-run records started before ``older_than``."""
         return self._count("delete_old_function_runs", {
             "now": now, "retention_seconds": older_than.total_seconds(), "limit": limit})
+
+    def delete_old_function_triggers(self, *, older_than: timedelta, limit: int,
+                                     now: datetime | None = None) -> int:
+        """Delete up to ``limit`` manual-trigger records made before ``older_than``."""
+        return self._count("delete_old_function_triggers", {
+            "now": now, "retention_seconds": older_than.total_seconds(), "limit": limit})

@@ -160,3 +160,14 @@ WHERE run_id IN (
     ORDER BY started_at
     LIMIT %(limit)s
 );
+
+-- delete_old_function_triggers --
+-- Delete one bounded batch of manual-trigger records older than the function runs' retention.
+DELETE FROM {schema}.function_triggers
+WHERE trigger_id IN (
+    SELECT trigger_id FROM {schema}.function_triggers
+    WHERE requested_at < coalesce(%(now)s::timestamptz, now())
+                         - make_interval(secs => %(retention_seconds)s)
+    ORDER BY trigger_id
+    LIMIT %(limit)s
+);

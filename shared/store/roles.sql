@@ -89,6 +89,7 @@ GRANT EXECUTE ON FUNCTION {schema}.resolve_waiting(uuid[]),
 GRANT UPDATE, DELETE ON {schema}.jobs, {schema}.job_outputs TO {maintainer};
 GRANT DELETE ON {schema}.job_events, {schema}.job_action_results,
     {schema}.job_dependencies, {schema}.job_watchers TO {maintainer};
+GRANT DELETE ON {schema}.function_triggers TO {maintainer};
 GRANT INSERT, UPDATE, DELETE ON {schema}.function_runs, {schema}.function_totals,
     {schema}.function_status, {schema}.function_leases, {schema}.pod_snapshots,
     {schema}.orphan_pod_suspects TO {maintainer};

@@ -397,11 +397,16 @@ def test_audit_events_and_function_runs_have_their_own_retention(
         SELECT 'sweeper', 'succeeded', now() - make_interval(days => d),
                now() - make_interval(days => d)
         FROM generate_series(1, 5) d""")
+    store.conn.execute("""
+        INSERT INTO function_triggers (function, requested_by, reason, requested_at)
+        SELECT 'sweeper', 'alice', 'check', now() - make_interval(days => d)
+        FROM generate_series(1, 4) d""")
     report = run(store, dsn, batch_size=1, audit_retention="P7D",
                  function_runs_retention="PT60H")
     assert report.events_deleted == 2  # enqueued and claimed, ten days ago
     assert [e.to_status for e in store.jobs.events(job_id)] == ["succeeded"]
     assert report.function_runs_deleted == 3  # 3, 4 and 5 days old
+    assert report.function_triggers_deleted == 2  # 3 and 4 days old
     row = store.conn.execute("SELECT count(*) AS n FROM function_runs").fetchone()
     assert row is not None and row["n"] == 2
     assert store.jobs.get(job_id) is not None  # job retention is a separate setting
