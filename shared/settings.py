@@ -101,8 +101,9 @@ class Settings(BaseSettings):
 
     function_runs_retention: Duration = timedelta(days=30)
     """How long records of periodic function runs (``function_runs``) and of their manual
-    triggers (``function_triggers``) are kept, as an ISO 8601 duration. A run every minute is ~43k rows a month per function: enough
-    history to see when a pass last succeeded, bounded."""
+    triggers (``function_triggers``) are kept, as an ISO 8601 duration. A run every minute
+    is ~43k rows a month per function: enough history to see when a pass last succeeded,
+    bounded."""
 
     queue: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
     """The queue a worker serves when it is not given ``--queue`` (a pool's pods are)."""
