@@ -59,7 +59,9 @@ def fill(conn: Connection, finished: int) -> None:
 class Console:
     def __init__(self, bench: Bench, dsn: str, port: int) -> None:
         env = bench.deployed_env(dsn)
-        env.update({"JOBFENCE_AUTH": "proxy", "JOBFENCE_AUTH_OPERATORS": "bench"})
+        # As the component ships it: a reader's pool for the reads, an operator's for writes.
+        env.update({"JOBFENCE_AUTH": "proxy", "JOBFENCE_AUTH_OPERATORS": "bench",
+                    "JOBFENCE_READER_DATABASE_URL": dsn})
         self.url = f"http://127.0.0.1:{port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jobfence.functions.cli", "serve", "--port", str(port)],
@@ -145,7 +147,8 @@ def run(bench: Bench) -> Section:
         a, b = median(server[small][name]), median(server[big][name])
         s.rows.append([name, f"{a:.1f}", f"{b:.1f} ({p95(server[big][name]):.1f})",
                        f"{b / a:.2f}×", f"{median(trip[big][name]):.1f}", "< 100 ms"])
-    s.notes.append(f"`jobfence serve` as shipped (JSON logs at info, 4 pooled connections), "
+    s.notes.append(f"`jobfence serve` as shipped (JSON logs at info, a pool of 4 connections "
+                   "for reads and one for writes), "
                    f"one request at a time, {repeat} samples of each request on each table, "
                    "alternating; server time is the answer's own `Server-Timing` (from the "
                    "request's arrival to its JSON), round trip is the client's. 1% of the "

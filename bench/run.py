@@ -118,6 +118,9 @@ def main() -> int:
             f"`{s.command}`", f"`{s.command}` {stamp}", 1) for s in sections})
         head[2] = (f"Sections measured on {machine()}; a section rerun on its own says "
                    "when.")
+        head[4] = head[4].split(" Reproduce with")[0] + (
+            " Reproduce everything with `make bench` (`python -m bench.run`), or one section "
+            "with the command under its title.")
     args.out.write_text("\n".join(head) + "\n" + "\n".join(body))
     print(f"bench: wrote {args.out}", file=sys.stderr)
     return 0
