@@ -253,12 +253,18 @@ class CommandRunner:
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()  # a socket left by a runner before this one
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # Bound and listening under another name first, then renamed into place: the path
+        # appears only once a connection to it is accepted (no refused first connect).
+        pending = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        with contextlib.suppress(FileNotFoundError):
+            pending.unlink()
         old = os.umask(0o177)
         try:
-            listener.bind(str(self.path))
+            listener.bind(str(pending))
         finally:
             os.umask(old)
         listener.listen(4)
+        os.replace(pending, self.path)
         listener.settimeout(0.2)
         log.info("command_runner_listening", socket=str(self.path))
         try:

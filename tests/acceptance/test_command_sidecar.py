@@ -216,7 +216,11 @@ def _raw(runner: CommandRunner, data: bytes) -> dict[str, object] | None:
     import socket
 
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(str(runner.path))
+    try:
+        sock.connect(str(runner.path))
+    except OSError:
+        sock.close()
+        raise
     sock.sendall(data)
     sock.shutdown(socket.SHUT_WR)
     channel = Channel(sock)
