@@ -102,7 +102,7 @@ async function queuesPage() {
     el("td", { class: "num running" }, q.running),
     el("td", { class: "num" }, q.waiting),
     el("td", { class: "num" }, human(Math.round(q.oldest_ready_age_seconds))),
-    el("td", { class: "verbs" }, q.paused
+    el("td", { class: "row-verbs" }, q.paused
       ? button("Resume", () => post(`/queues/${encodeURIComponent(q.queue)}/resume`),
                { "data-action": "resume" })
       : button("Pause", () => post(`/queues/${encodeURIComponent(q.queue)}/pause`,
