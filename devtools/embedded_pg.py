@@ -13,6 +13,7 @@ import contextlib
 import glob
 import os
 import pwd
+import random
 import shutil
 import socket
 import subprocess
@@ -51,11 +52,31 @@ def find_bindir() -> Path:
         "(Debian: apt-get install -y postgresql) or set JOBFENCE_PG_BINDIR")
 
 
+_PORTS = random.SystemRandom()  # not the seeded generator a chaos run replays
+
+
 def free_port() -> int:
+    """A free port below the kernel's ephemeral range. A server that is restarted gives its
+    port up while it is down; every ``bind(("", 0))`` of another process (an HTTP server,
+    moto, a fake API) draws from the ephemeral range and could take it meanwhile — then the
+    restarted server's clients would reach another one. Below the range, only another
+    server chosen the same way could, one chance in some ten thousand."""
+    low = 32768
+    with contextlib.suppress(OSError, ValueError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    first = max(1024, min(low, 32768) - 12_000)
+    for _ in range(200):
+        port = _PORTS.randrange(first, min(low, 32768))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        found: int = s.getsockname()[1]
+        return found
 
 
 class ThrowawayServer:
