@@ -66,12 +66,7 @@ def specs_from_args(argv: list[str]) -> list[JobSpec]:
         return parse_spec_text(decode_spec_bytes(data, source), source)
     if not args.actions:
         raise InvalidSpec("nothing to enqueue: give ACTION arguments or --spec FILE")
-    labels = {}
-    for item in args.label:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise InvalidSpec(f"--label {item[:80]!r}: expected KEY=VALUE")
-        labels[key] = value
+    labels = cli.labels_of(args.label)
     spec = {k: v for k, v in flags.items() if v is not None}
     spec["actions"] = [parse_action_arg(a) for a in args.actions]
     if labels:

@@ -120,12 +120,7 @@ def list_main(argv: list[str]) -> int:
         parent = _job_id(args.parent) if args.parent else None
         after = _job_id(args.after) if args.after else None
         queue = _queue(args.queue) if args.queue else None
-        labels = {}
-        for item in args.label:
-            key, eq, value = item.partition("=")
-            if not eq or not key:
-                raise InvalidSpec(f"--label {item[:80]!r}: expected KEY=VALUE")
-            labels[key] = value
+        labels = cli.labels_of(args.label)
         settings = cli.setup("list")
         with cli.open_store(settings, "list") as store:
             views = job_views(store, store.jobs.page(

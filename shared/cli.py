@@ -89,6 +89,17 @@ class Parser(argparse.ArgumentParser):
         return super().parse_args(args, namespace)
 
 
+def labels_of(items: Sequence[str]) -> dict[str, str]:
+    """``--label KEY=VALUE`` arguments as a mapping (InvalidSpec naming a malformed one)."""
+    labels = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidSpec(f"--label {item[:80]!r}: expected KEY=VALUE")
+        labels[key] = value
+    return labels
+
+
 def warn(message: str) -> None:
     """One warning line on stderr (the command goes on)."""
     sys.stderr.write(f"jobfence: warning: {message}\n")
