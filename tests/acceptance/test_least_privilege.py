@@ -7,6 +7,12 @@ the worker may read) — then tries, with every connection string it found, to m
 running job succeeded, read its fence, claim a job, update and delete tables, enqueue and
 drop a table. Nothing is found, nothing is tried, every other job is as it was, and its own
 job ends as its worker decides.
+
+The search is aimed at the test's own server only: a connection string to any other server
+(another test's, a chaos run's, on the same machine) is counted but never used — an attack
+that works is an attack, and it must not land on a neighbour. (It once did: run as root,
+this search read a concurrent chaos run's superuser URL from its processes' environments and
+dropped that run's audit table.)
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from jobfence.store import Store
 from tests.conftest import JOBFENCE, Dsn, cli_env
@@ -29,14 +36,30 @@ from tests.procs import FAST, events, job
 
 SEARCH = r'''
 import json, os, re, sys
-report, cwd, home = sys.argv[1], sys.argv[2], sys.argv[3]
+from urllib.parse import urlsplit
+report, cwd, home, aimed = sys.argv[1], sys.argv[2], sys.argv[3], set(sys.argv[4].split(","))
 DSN = re.compile(rb"postgres(?:ql)?://[^\s\x00'\"]+|(?:host|dbname|user)=[^\x00]*?(?=\x00|$)")
-found, seen = set(), []
+found, seen, elsewhere = set(), [], set()
+
+def server(dsn):
+    """host:port a connection string points at ('' when it names neither)."""
+    if "://" in dsn:
+        try:
+            u = urlsplit(dsn)
+            return f"{u.hostname}:{u.port or 5432}"
+        except ValueError:
+            return ""
+    kv = dict(re.findall(r"(host|port)=(\S+)", dsn))
+    return f"{kv.get('host', '')}:{kv.get('port', '5432')}"
 
 def scan(data, where):
     for m in DSN.findall(data):
-        found.add(m.decode(errors="replace"))
-        seen.append(where)
+        dsn = m.decode(errors="replace")
+        if server(dsn) in aimed:
+            found.add(dsn)
+            seen.append(where)
+        else:
+            elsewhere.add(server(dsn))
 
 scan("\0".join(f"{k}={v}" for k, v in os.environ.items()).encode(), "own environment")
 for pid in os.listdir("/proc"):
@@ -80,8 +103,17 @@ for dsn in sorted(found):
         tried.append(["connect", type(exc).__name__])
 with open(report, "w") as f:
     json.dump({"found": sorted(found), "where": seen, "tried": tried, "files": files,
+               "elsewhere": sorted(elsewhere),
                "uid": os.getuid(), "env": sorted(os.environ)}, f)
 '''
+
+
+def servers(dsn: Dsn) -> str:
+    """The ``host:port``s the test's database is reached at (directly, and through its
+    pooler): the only servers the hostile search may try what it finds on."""
+    urls = [dsn, getattr(dsn, "direct", "") or dsn]
+    return ",".join(sorted({f"{d.get('host')}:{d.get('port') or 5432}"
+                            for d in map(conninfo_to_dict, urls)}))
 
 
 @pytest.fixture
@@ -117,7 +149,7 @@ def test_a_jobs_command_finds_no_key_and_changes_nothing(dsn: Dsn, store: Store,
     # imported only when a connection string was found.)
     python = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable
     hostile = enqueue_one(store, actions=[{"name": "command", "params": {"argv": [
-        python, "-c", SEARCH, str(report), str(home), str(home)]}}])
+        python, "-c", SEARCH, str(report), str(home), str(home), servers(dsn)]}}])
     r = subprocess.run([*JOBFENCE, "worker"], env={**env, "HOME": str(home)}, cwd=home,
                        capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
@@ -144,15 +176,23 @@ def test_the_worker_role_bounds_a_command_that_is_handed_the_keys(
     drop.mkdir()
     report = drop / "report.json"
     enqueue_one(store, actions=[{"name": "command", "params": {"argv": [
-        sys.executable, "-c", SEARCH, str(report), str(drop), str(drop)]}}])
+        sys.executable, "-c", SEARCH, str(report), str(drop), str(drop), servers(dsn)]}}])
     env = cli_env(dsn, "worker", **FAST, JOBFENCE_COMMAND_ENV="JOBFENCE_DATABASE_URL")
-    r = subprocess.run([*JOBFENCE, "worker"], env=env, capture_output=True, text=True,
-                       timeout=120, check=False)
+    # A neighbour on the same machine whose superuser URL the search (run as root) can read:
+    # found, never tried (nothing listens there; a try would be reported as "connect").
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env={
+            **os.environ, "NEIGHBOUR_URL": "postgresql://postgres@127.0.0.1:9/postgres"}) as n:
+        try:
+            r = subprocess.run([*JOBFENCE, "worker"], env=env, capture_output=True, text=True,
+                               timeout=120, check=False)
+        finally:
+            n.kill()
     assert r.returncode == 0, r.stderr
     found = json.loads(report.read_text())
+    assert "127.0.0.1:9" in found["elsewhere"], found
     assert found["found"], found  # handed the worker's URL...
-    tried = dict(map(tuple, found["tried"]))
-    assert tried.pop("claim a job") == "done"  # ...it may claim (nothing is ready)
-    assert set(tried.values()) == {"InsufficientPrivilege"}, found["tried"]
+    outcomes = {what: {o for w, o in found["tried"] if w == what} for what, _ in found["tried"]}
+    assert outcomes.pop("claim a job") == {"done"}  # ...it may claim (nothing is ready)
+    assert outcomes and all(o == {"InsufficientPrivilege"} for o in outcomes.values()), found
     assert (job(dsn, str(other)), events(dsn, str(other))) == before
     assert claim.job_id == other
