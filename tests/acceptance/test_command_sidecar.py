@@ -27,7 +27,7 @@ from jobfence.proctree import Tail
 from jobfence.sandbox import ChildNotStarted, Sandbox
 from jobfence.sidecar import Channel, CommandRunner, ProtocolError, RemoteChild, parse_start
 from jobfence.store import Store
-from tests.acceptance.test_least_privilege import SEARCH
+from tests.acceptance.test_least_privilege import SEARCH, servers
 from tests.conftest import JOBFENCE, Dsn, cli_env, run_cli
 from tests.factories import enqueue_one
 from tests.procs import FAST, action_results, events, job, kill_quietly, wait_for
@@ -112,7 +112,7 @@ def test_a_command_in_the_sidecar_finds_no_key_and_its_results_come_back(
     (home / ".pgpass").chmod(0o600)
     hostile = enqueue_one(store, actions=[
         {"name": "command", "params": {"argv": [PYTHON, "-c", SEARCH, str(report),
-                                                str(home), str(home)]}},
+                                                str(home), str(home), servers(dsn)]}},
         {"name": "command", "params": {"argv": [
             "sh", "-c", "echo out-line; echo err-line >&2; ls /proc | grep -c '^[0-9]'"]}}])
     r = subprocess.run([*JOBFENCE, "worker"], env={**env, "HOME": str(home)}, cwd=home,
