@@ -76,8 +76,9 @@ FROM {schema}.jobs WHERE job_id = %(job_id)s;
 
 -- page --
 -- Newest first (job ids are time-ordered), optionally by status, resource, parent, queue,
--- labels (the job's labels include these); with `after`, only jobs older than that one
--- (the next page: keyset, by the primary key).
+-- labels (the job's labels include these, never none: `labels <> '{}'` is jobs_labels'
+-- predicate, for the planner); with `after`, only jobs older than that one (the next page:
+-- keyset, by the primary key).
 SELECT job_id, status, actions, resource, priority, max_attempts, attempt_count, visible_at,
     attempt_id, claimed_by, claimed_at, heartbeat_at, run_deadline_at, parent_id, is_parent,
     inputs, labels, ttl, timeout, expires_at, idempotency_key, reason, error, error_detail,
@@ -88,7 +89,7 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(resource)s::text IS NULL OR resource = %(resource)s)
   AND (%(parent_id)s::uuid IS NULL OR parent_id = %(parent_id)s)
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-  AND (%(labels)s::jsonb IS NULL OR labels @> %(labels)s::jsonb)
+  AND (%(labels)s::jsonb IS NULL OR (labels @> %(labels)s::jsonb AND labels <> '{{}}'::jsonb))
   AND (%(after)s::uuid IS NULL OR job_id < %(after)s)
 ORDER BY job_id DESC
 LIMIT %(limit)s;
