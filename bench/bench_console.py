@@ -158,7 +158,7 @@ def run(bench: Bench) -> Section:
         s.rows.append([name, f"{a:.1f}", f"{b:.1f} ({p95(server[big][name]):.1f})",
                        f"{b / a:.2f}×", f"{median(trip[big][name]):.1f}", "< 100 ms"])
     s.notes.append(f"`jobfence serve` as shipped (JSON logs at info, a pool of 4 connections "
-                   "for reads and one for writes), "
+                   "for reads and another of 4 for writes), "
                    f"one request at a time, {repeat} samples of each request on each table, "
                    "alternating; server time is the answer's own `Server-Timing` (from the "
                    "request's arrival to its JSON), round trip is the client's. 1% of the "
