@@ -34,7 +34,12 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP) ## create the virtualenv and install jobfence with its test extras
 
-postgres-check: $(STAMP) ## make sure a PostgreSQL server (and PgBouncer) can be had for the tests
+# The system programs each command uses (PostgreSQL, PgBouncer, promtool, the Pushgateway,
+# Chromium): installed from Debian's packages when missing and run as root, else named.
+system-test system-demo system-bench: system-%:
+	@devtools/system-packages.sh $*
+
+postgres-check: $(STAMP) system-test ## make sure a PostgreSQL server (and PgBouncer) can be had for the tests
 	@if [ -z "$$JOBFENCE_TEST_DATABASE_URL" ]; then \
 	  $(PY) -c 'from devtools.embedded_pg import find_bindir; print("PostgreSQL binaries:", find_bindir())'; \
 	fi
@@ -49,7 +54,7 @@ lint: $(STAMP) ## ruff, mypy and the import-linter contracts (the layers in docs
 test: lint postgres-check ## lint, type-check, and run every test on a real PostgreSQL
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-demo: $(STAMP) ## run the main story end to end on embedded defaults
+demo: $(STAMP) system-demo ## run the main story end to end on embedded defaults
 	$(PY) -m demo.run
 
 # The benchmarks' own virtualenv: jobfence plus the peers it is measured against.
@@ -62,10 +67,10 @@ $(BENCH_STAMP): pyproject.toml bench/requirements.txt
 	$(BENCH_VENV)/bin/python -m pip install --quiet -e ".[test]" -r bench/requirements.txt
 	@touch $@
 
-bench: $(BENCH_STAMP) ## run the benchmarks beside pgbench and the peers, write docs/BENCHMARKS.md (BENCH_ARGS="--quick" for a smoke run)
+bench: $(BENCH_STAMP) system-bench ## run the benchmarks beside pgbench and the peers, write docs/BENCHMARKS.md (BENCH_ARGS="--quick" for a smoke run)
 	$(BENCH_VENV)/bin/python -m bench.run $(BENCH_ARGS)
 
-chaos: $(STAMP) ## fault-injection run: thousands of jobs, SIGKILL/SIGTERM/SIGSTOP, DB restart; judged by the audit trail (CHAOS_ARGS="--jobs 300 --quick" for a short one)
+chaos: $(STAMP) system-test ## fault-injection run: thousands of jobs, SIGKILL/SIGTERM/SIGSTOP, DB restart; judged by the audit trail (CHAOS_ARGS="--jobs 300 --quick" for a short one)
 	$(PY) -m bench.chaos $(CHAOS_ARGS)
 
 dashboards: $(STAMP) ## write the Grafana dashboards (manifests/components/grafana-dashboards) from devtools/dashboards.py
@@ -75,7 +80,7 @@ pools: $(STAMP) ## render manifests/pools.yaml into the pools' KEDA ScaledJobs (
 	$(VENV)/bin/jobfence pools render manifests/pools.yaml > manifests/pools.generated.yaml.tmp
 	mv manifests/pools.generated.yaml.tmp manifests/pools.generated.yaml
 
-screenshots: $(STAMP) ## run the console's browser test (headless Chromium) and keep its screenshots in docs/console/
+screenshots: $(STAMP) system-test ## run the console's browser test (headless Chromium) and keep its screenshots in docs/console/
 	JOBFENCE_SCREENSHOTS=$(CURDIR)/docs/console $(PY) -m pytest -q tests/acceptance/test_console_browser.py
 
 verify: $(STAMP) ## render the manifests and validate them, check migrations give the expected schema, test the wheel
@@ -134,5 +139,5 @@ schema-snapshot: $(STAMP) ## regenerate tests/integration/expected_schema.txt af
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache build *.egg-info
 
-.PHONY: help venv postgres-check lint test demo bench chaos pools dashboards verify image overlay render \
+.PHONY: help venv system-test system-demo system-bench postgres-check lint test demo bench chaos pools dashboards verify image overlay render \
 	deploy schema-snapshot clean
