@@ -150,7 +150,9 @@ def list_main(argv: list[str]) -> int:
 def cancel_main(argv: list[str]) -> int:
     def body() -> int:
         p = cli.Parser(prog="jobfence cancel",
-                       description="Cancel a job; a running worker stops within a heartbeat.")
+                       description="Cancel a job; a running job's command is stopped within "
+                                   "a second, and until its worker confirms it gone the job "
+                                   "keeps its resource.")
         p.add_argument("job_id")
         p.add_argument("--reason", default="cancelled by operator")
         args = p.parse_args(argv)
@@ -220,11 +222,13 @@ def queue_main(argv: list[str]) -> int:
         settings = cli.setup("queue")
         with cli.open_store(settings, "queue") as store:
             if args.verb == "pause":
-                store.queues.configure(str(queue), paused=True, reason=args.reason)
+                store.queues.configure(str(queue), paused=True, reason=args.reason,
+                                       actor=cli.actor())
             elif args.verb == "resume":
-                store.queues.configure(str(queue), paused=False)
+                store.queues.configure(str(queue), paused=False, actor=cli.actor())
             elif args.verb == "limit":
-                store.queues.configure(str(queue), limit=n, set_limit=True)
+                store.queues.configure(str(queue), limit=n, set_limit=True,
+                                       actor=cli.actor())
             rows = store.queues.status(queue)
         views = [r._asdict() for r in rows] or [
             {"queue": queue, "paused": False, "limit": None, "pending": 0, "scheduled": 0,
@@ -277,7 +281,8 @@ def drain_main(argv: list[str]) -> int:
         settings = cli.setup("drain")
         with cli.open_store(settings, "drain") as store:
             if args.mode != "status":
-                store.control.set_drain(on=args.mode == "on", reason=args.reason)
+                store.control.set_drain(on=args.mode == "on", reason=args.reason,
+                                        actor=cli.actor())
             state = store.control.drain_status()
             running = store.control.running_count()
             scaler = store.queues.pending_total()

@@ -1,5 +1,7 @@
 """sweeper: expired leases → rotate the fence → back to pending with backoff, or failed
 once attempts are exhausted. A job whose worker died is claimable again after one pass.
+Stopping attempts (cancelled or timed out while their command ran) whose worker never
+confirmed the command gone are let go once their lease has run out.
 
 Bounded: batches of ``JOBFENCE_BATCH_SIZE`` rows, each its own transaction, and at most
 ``MAX_BATCHES`` per pass (the next scheduled run carries on). Whatever the dead claim held
@@ -25,12 +27,13 @@ class Report:
     reclaimed: int
     retried: int
     failed: int
+    stopping_released: int
     batches: int
 
 
 def run_once(settings: Settings, deps: Deps) -> Report:
     retry = RetryPolicy(settings.retry_base_seconds, settings.retry_max_seconds)
-    retried = failed = batches = 0
+    retried = failed = released = batches = 0
     while batches < MAX_BATCHES:
         deps.checkpoint()
         done = deps.store.maintenance.reclaim_expired(retry=retry, batch_size=settings.batch_size)
@@ -39,7 +42,14 @@ def run_once(settings: Settings, deps: Deps) -> Report:
         failed += sum(1 for t in done if t.status == "failed")
         if len(done) < settings.batch_size:
             break
-    return Report("sweeper", retried + failed, retried, failed, batches)
+    while batches < MAX_BATCHES:
+        deps.checkpoint()
+        let_go = deps.store.maintenance.release_stopped(batch_size=settings.batch_size)
+        batches += 1
+        released += len(let_go)
+        if len(let_go) < settings.batch_size:
+            break
+    return Report("sweeper", retried + failed, retried, failed, released, batches)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -106,9 +106,8 @@ def cancel(conn: Any, job_id: UUID | str, reason: str | None = None, *,
 
 
 def _open(conn: Any, schema: str | None) -> tuple[Store, Settings]:
-    if schema is not None and not (isinstance(schema, str) and db.SCHEMA_NAME.match(schema)):
-        raise ConfigError(f"schema {str(schema)[:80]!r} is not an installation's schema "
-                          "(a plain lower-case identifier, at most 48 characters)")
+    if schema is not None and (why := db.schema_refusal(schema)) is not None:
+        raise ConfigError(f"schema {why}")
     checked = db.callers(conn)
     settings = load_settings(database_url=db.conninfo(checked) or "dbname=jobfence",
                              schema_name=schema)

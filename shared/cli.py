@@ -34,6 +34,16 @@ def version() -> str:
         return "unknown"
 
 
+def actor() -> str:
+    """Who runs this command, as recorded with what it changes (``control_events``): the
+    operating system's user at this host."""
+    import os
+    import socket
+
+    user = os.environ.get("USER") or os.environ.get("LOGNAME") or f"uid {os.getuid()}"
+    return f"{user}@{socket.gethostname()}"[:200]
+
+
 def to_jsonable(value: Any) -> Any:
     if isinstance(value, UUID):
         return str(value)

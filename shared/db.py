@@ -30,9 +30,13 @@ from psycopg.rows import class_row, dict_row
 from jobfence.errors import (
     ConfigError,
     Conflict,
+    Drained,
     InvalidSpec,
+    JobAlreadyTerminal,
     JobfenceError,
+    JobNotFound,
     NotMigrated,
+    NotRetryable,
     ResourceBusy,
     StoreError,
     StoreUnavailable,
@@ -51,6 +55,19 @@ _HEADER = re.compile(r"^-- ([a-z][a-z0-9_]*) --$", re.MULTILINE)
 SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")
 """A schema jobfence may use: a plain lower-case identifier, short enough that the role
 names derived from it (``<schema>_maintainer``) stay within PostgreSQL's 63 bytes."""
+
+
+def schema_refusal(schema: object) -> str | None:
+    """Why ``schema`` may not hold an installation, or None. Never a schema PostgreSQL or
+    every application shares (``public``, ``information_schema``, ``pg_*``): migrate would
+    take over its objects and privileges (invariant 13)."""
+    if not isinstance(schema, str) or not SCHEMA_NAME.match(schema):
+        return (f"{str(schema)[:80]!r} is not a plain lower-case identifier of at most 48 "
+                "characters")
+    if schema in ("public", "information_schema") or schema.startswith("pg_"):
+        return (f"{schema!r} belongs to PostgreSQL or to every application of the database: "
+                "jobfence needs a schema of its own (the default is jobfence)")
+    return None
 
 
 # -- connections ---------------------------------------------------------------------------
@@ -213,10 +230,20 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+REFUSALS: dict[str, type[JobfenceError]] = {
+    "JF409": JobAlreadyTerminal, "JF410": NotRetryable, "JF503": Drained}
+"""The SQLSTATEs jobfence's own functions refuse with (class JF), and the typed error each
+one is (JF404, a job not found, carries the job id as its detail)."""
+
+
 def translate(exc: BaseException) -> BaseException:
     """Map a psycopg error to the jobfence error a caller can act on."""
     if isinstance(exc, JobfenceError):
         return exc
+    if isinstance(exc, psycopg.Error) and exc.sqlstate == "JF404":
+        return JobNotFound(exc.diag.message_detail)
+    if isinstance(exc, psycopg.Error) and exc.sqlstate in REFUSALS:
+        return REFUSALS[exc.sqlstate](exc.diag.message_primary or _first_line(exc))
     if isinstance(exc, pg_errors.UniqueViolation):
         diag = exc.diag
         if diag.constraint_name == "jobs_resource_active":
@@ -261,8 +288,8 @@ class Queries(Mapping[str, LiteralString]):
 
     def __init__(self, text: str, *, schema: str = "jobfence", source: str = "sql",
                  names: Mapping[str, str] | None = None) -> None:
-        if not SCHEMA_NAME.match(schema):
-            raise ConfigError(f"schema {schema!r} is not a plain lower-case identifier")
+        if (why := schema_refusal(schema)) is not None:
+            raise ConfigError(f"schema {why}")
         self.source = source
         self._queries: dict[str, LiteralString] = {}
         parts = _HEADER.split(text)

@@ -38,7 +38,9 @@ class Settings(BaseSettings):
     """The PostgreSQL schema holding every jobfence object (tables, functions, types),
     created by ``jobfence migrate``; nothing goes to ``public``. Two installations can share
     a database with two schemas. A plain lower-case identifier of at most 48 characters, so
-    that the role names made from it (``<schema>_maintainer``) fit PostgreSQL's limit."""
+    that the role names made from it (``<schema>_maintainer``) fit PostgreSQL's limit; never
+    ``public``, ``information_schema``, ``pg_*``, or an existing schema jobfence did not
+    create (``migrate`` refuses it: exit 2, nothing written)."""
 
     installation: str | None = Field(default=None,
                                      pattern=r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
@@ -116,6 +118,12 @@ class Settings(BaseSettings):
     command_env: str = Field(default="", max_length=4096)
     """Comma-separated names of the worker's own environment variables that a ``command``
     child also gets. Nothing else of the worker's environment reaches it."""
+
+    stop_check_seconds: float = Field(default=0.5, ge=0.05, le=60)
+    """How often a running job's worker asks the database whether its attempt still holds
+    the fence (a cheap read of one row): a cancel, or a timeout enforced by lifecycle,
+    reaches the command within this. Where the connection can LISTEN (no transaction
+    pooler) the worker is also told at once, and asks only every 10th of these."""
 
     command_socket: Path | None = None
     """The command sidecar's socket (``jobfence command-runner``, a second container of the
@@ -244,6 +252,15 @@ class Settings(BaseSettings):
     trigger_interval_seconds: float = Field(default=60.0, ge=0, le=86_400)
     """The least time between two manual triggers of one periodic function (all console
     replicas together)."""
+
+    @field_validator("schema_name")
+    @classmethod
+    def _schema(cls, value: str) -> str:
+        from jobfence.db import schema_refusal
+
+        if (why := schema_refusal(value)) is not None:
+            raise ValueError(why)
+        return value
 
     @field_validator("database_url", "reader_database_url")
     @classmethod

@@ -14,7 +14,7 @@ _FIELDS = (
     "job_id", "status", "attempt_count", "max_attempts", "resource", "priority", "reason",
     "error", "created_at", "started_at", "finished_at", "claimed_by", "attempt_id",
     "parent_id", "labels", "idempotency_key", "ttl", "timeout", "expires_at", "manifest",
-    "interruptions", "queue", "run_at",
+    "interruptions", "queue", "run_at", "stopping_until",
 )
 
 
@@ -94,7 +94,8 @@ def render_text(view: dict[str, Any]) -> str:
              ("parent", view["parent_id"]), ("claimed by", view["claimed_by"]
                                                  if view["status"] == "running" else None),
              ("created", view["created_at"]), ("started", view["started_at"]),
-             ("finished", view["finished_at"]), ("reason", view["reason"]),
+             ("finished", view["finished_at"]),
+             ("stopping until", view["stopping_until"]), ("reason", view["reason"]),
              ("error", view["error"]), ("manifest", view["manifest"])]
     lines += [f"  {k}: {v}" for k, v in facts if v not in (None, "")]
     if view["after"]:

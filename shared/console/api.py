@@ -225,15 +225,17 @@ class Server:
         def handler(store: Store, call: Call) -> Answer:
             queue = _queue(call.path["queue"])
             if verb == "pause":
-                store.queues.configure(queue, paused=True, reason=_reason(call, "paused"))
+                store.queues.configure(queue, paused=True, reason=_reason(call, "paused"),
+                                       actor=call.caller.user)
             elif verb == "resume":
-                store.queues.configure(queue, paused=False)
+                store.queues.configure(queue, paused=False, actor=call.caller.user)
             else:
                 limit = _body(call).get("limit")
                 if limit is not None and not (isinstance(limit, int) and not isinstance(
                         limit, bool) and 0 <= limit <= 1_000_000):
                     raise InvalidSpec("limit must be a number from 0 to 1000000, or null")
-                store.queues.configure(queue, limit=limit, set_limit=True)
+                store.queues.configure(queue, limit=limit, set_limit=True,
+                                       actor=call.caller.user)
             rows = store.queues.status(queue)
             return Answer(rows[0]._asdict() if rows else {
                 "queue": queue, "paused": False, "limit": None, "pending": 0, "scheduled": 0,
@@ -246,7 +248,7 @@ class Server:
             if not isinstance(on, bool):
                 raise InvalidSpec('give {"on": true} or {"on": false} (and a "reason")')
             store.control.set_drain(on=on, reason=_reason(call, "drain " + (
-                "on" if on else "off")))
+                "on" if on else "off")), actor=call.caller.user)
         state = store.control.drain_status()
         return Answer({"installation": store.control.identity(
                            self.settings.installation).installation,

@@ -139,6 +139,19 @@ class Attempts(Noun):
         lost with the connection, or to say why a heartbeat matched nothing)."""
         return self._row("fence", {"job_id": job_id, "attempt_id": attempt_id}, Fence)
 
+    def holding(self, claims: Sequence[tuple[UUID, UUID]]) -> set[UUID]:
+        """Which of these (job_id, attempt_id) still hold their job's fence with a live
+        lease: the worker's cheap look for a cancel it was not told of."""
+        return {r["job_id"] for r in self._all("holding", {
+            "job_ids": [j for j, _ in claims], "attempt_ids": [a for _, a in claims]})}
+
+    def stopped(self, *, job_id: UUID, attempt_id: UUID) -> bool:
+        """This attempt, whose fence was rotated while its command ran, confirms that the
+        command is gone: its job's resource is free and the job may run again. False when
+        the attempt was not stopping (nothing to confirm)."""
+        row = self._one("stopped", {"job_id": job_id, "attempt_id": attempt_id})
+        return bool(row and row["confirmed"])
+
     def done_actions(self, job_id: UUID, attempt_id: UUID) -> set[int]:
         """Indexes of the actions earlier attempts finished, for the attempt holding the
         fence: a retry resumes after them."""

@@ -69,3 +69,13 @@ SELECT * FROM {schema}.worker_fence(%(job_id)s::uuid, %(attempt_id)s::uuid);
 -- Indexes of the actions earlier attempts finished (for the attempt holding the fence).
 SELECT * FROM {schema}.worker_done_actions(%(job_id)s::uuid, %(attempt_id)s::uuid)
     AS action_index;
+
+-- holding --
+-- Which of these attempts still hold their job's fence with a live lease: the worker's
+-- cheap look, every fraction of a second, for a cancel it was not told of.
+SELECT * FROM {schema}.worker_holding(%(job_ids)s::uuid[], %(attempt_ids)s::uuid[]) AS job_id;
+
+-- stopped --
+-- An attempt whose fence was rotated confirms that its command is gone: its job's
+-- resource is free, and the job may be claimed again. False when it was not stopping.
+SELECT {schema}.worker_stopped(%(job_id)s::uuid, %(attempt_id)s::uuid) AS confirmed;

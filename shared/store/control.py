@@ -25,8 +25,11 @@ class Control(Noun):
         if row and row["draining"]:
             raise Drained("drain mode is on: enqueue is refused until `drain off`")
 
-    def set_drain(self, *, on: bool, reason: str | None = None) -> DrainState:
-        state = self._row("set_drain", {"draining": on, "reason": reason}, DrainState)
+    def set_drain(self, *, on: bool, reason: str | None = None,
+                  actor: str | None = None) -> DrainState:
+        """Switch drain mode, recorded with ``actor`` (who asked) in ``control_events``."""
+        state = self._row("set_drain", {"draining": on, "reason": reason, "actor": actor},
+                          DrainState)
         assert state is not None
         return state
 

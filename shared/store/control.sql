@@ -11,10 +11,9 @@ SELECT draining, drain_changed_at, drain_reason FROM {schema}.jobfence_control;
 SELECT draining FROM {schema}.jobfence_control FOR SHARE;
 
 -- set_drain --
--- Switch drain mode on or off.
-UPDATE {schema}.jobfence_control
-SET draining = %(draining)s, drain_changed_at = now(), drain_reason = %(reason)s
-RETURNING draining, drain_changed_at, drain_reason;
+-- Switch drain mode on or off, recorded with who did it: operator_set_drain.
+SELECT * FROM {schema}.operator_set_drain(%(draining)s::boolean, %(reason)s::text,
+                                          %(actor)s::text);
 
 -- running_count --
 -- Live claims (drain status: how many jobs still run).

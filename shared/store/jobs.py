@@ -9,13 +9,7 @@ from typing import Any
 from uuid import UUID
 
 from jobfence import db
-from jobfence.errors import (
-    IdempotencyConflict,
-    InvalidSpec,
-    JobAlreadyTerminal,
-    JobNotFound,
-    NotRetryable,
-)
+from jobfence.errors import IdempotencyConflict, InvalidSpec, JobNotFound
 from jobfence.store.base import Noun
 from jobfence.store.types import (
     TERMINAL,
@@ -127,27 +121,16 @@ class Jobs(Noun):
 
     def cancel(self, *, job_id: UUID, reason: str = "cancelled") -> list[Transition]:
         """Cancel a job (and a parent's unfinished children); rotates every fence involved.
+        A running attempt stays "stopping" — its job keeps its resource and is not run
+        again — until its worker confirms its command is gone, or its lease runs out; the
+        worker is told at once (invariant 12).
 
         ``JobNotFound`` if there is no such job, ``JobAlreadyTerminal`` if it has finished.
         """
-        params = {"job_id": job_id, "reason": reason}
         with db.transaction(self.conn):
-            # Children first: the same order a finishing child takes (child row, then
-            # the parent), so cancel and finish never deadlock.
-            children = self.cancel_children(job_id=job_id, reason=reason)
-            row = self._one("cancel", params)
-            if row is None:
-                current = self.get(job_id)
-                if current is None:
-                    raise JobNotFound(job_id)
-                raise JobAlreadyTerminal(f"job {job_id} is already {current.status}")
-        done = [*children, *transitions([row])]
+            done = transitions(self._all("cancel", {"job_id": job_id, "reason": reason}))
         self.store.dependencies.settle(done)
         return done
-
-    def cancel_children(self, *, job_id: UUID, reason: str) -> list[Transition]:
-        """Cancel a parent's unfinished children (part of ``cancel``'s transaction)."""
-        return transitions(self._all("cancel_children", {"job_id": job_id, "reason": reason}))
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -167,20 +150,13 @@ class Jobs(Noun):
 
     def retry(self, *, job_id: UUID, reason: str) -> Transition:
         """Run a failed or cancelled job again with a new attempt budget (audited).
-        ``JobNotFound``; ``NotRetryable`` when it is not failed or cancelled, or is a parent
-        (retry its children); ``ResourceBusy`` when another active job holds its resource;
-        ``Drained`` while draining."""
+        ``JobNotFound``; ``NotRetryable`` when it is not failed or cancelled, is a parent
+        (retry its children), is a child of a parent that is no longer running, or its
+        cancelled attempt is still stopping; ``ResourceBusy`` when another active job holds
+        its resource; ``Drained`` while draining."""
         with db.transaction(self.conn):
-            self.store.control.drain_lock()
             row = self._one("retry", {"job_id": job_id, "reason": reason})
-            if row is None:
-                current = self.get(job_id)
-                if current is None:
-                    raise JobNotFound(job_id)
-                what = "a parent (retry its children)" if current.is_parent \
-                    else current.status
-                raise NotRetryable(f"job {job_id} is {what}: only a failed or cancelled job "
-                                   "can be retried")
+        assert row is not None, "operator_retry returns its row or raises"
         return transitions([row])[0]
 
     def action_results(self, job_ids: Sequence[UUID]) -> list[ActionResult]:

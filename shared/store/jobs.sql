@@ -36,34 +36,12 @@ RETURNING job_id;
 SELECT job_id, idempotency_key, spec_hash, status
 FROM {schema}.jobs WHERE idempotency_key = ANY(%(keys)s::text[]);
 
--- cancel_children --
--- Cancel a parent's unfinished children (fences rotated). Runs before job_cancel, in the same
--- transaction: children before parent, the order a finishing child takes too.
-UPDATE {schema}.jobs SET
-    status = 'cancelled',
-    attempt_id = NULL,
-    claimed_by = NULL,
-    run_deadline_at = NULL,
-    finished_at = now(),
-    retain_until = now() + ttl,
-    reason = %(reason)s,
-    error = %(reason)s
-WHERE parent_id = %(job_id)s AND status IN ('waiting', 'pending', 'running')
-RETURNING job_id, status, parent_id;
-
 -- cancel --
--- Cancel a job that is not terminal yet; rotates the fence.
-UPDATE {schema}.jobs SET
-    status = 'cancelled',
-    attempt_id = NULL,
-    claimed_by = NULL,
-    run_deadline_at = NULL,
-    finished_at = now(),
-    retain_until = now() + ttl,
-    reason = %(reason)s,
-    error = %(reason)s
-WHERE job_id = %(job_id)s AND status IN ('waiting', 'pending', 'running')
-RETURNING job_id, status, parent_id;
+-- Cancel a job that is not terminal yet, and a parent's unfinished children (fences
+-- rotated; a running attempt kept as stopping until its worker confirms its command is
+-- gone, and told now): operator_cancel. Refused (JF404, JF409) when there is no such job
+-- or it has finished.
+SELECT * FROM {schema}.operator_cancel(%(job_id)s::uuid, %(reason)s::text);
 
 -- get --
 -- One job, everything `status` shows.
@@ -71,6 +49,7 @@ SELECT job_id, status, actions, resource, priority, max_attempts, attempt_count,
     attempt_id, claimed_by, claimed_at, heartbeat_at, run_deadline_at, parent_id, is_parent,
     inputs, labels, ttl, timeout, expires_at, idempotency_key, reason, error, error_detail,
     manifest, created_at, started_at, finished_at, interruptions, queue, run_at,
+    CASE WHEN stopping_until > clock_timestamp() THEN stopping_until END AS stopping_until,
     ARRAY(SELECT depends_on FROM {schema}.job_dependencies d WHERE d.job_id = jobs.job_id) AS after
 FROM {schema}.jobs WHERE job_id = %(job_id)s;
 
@@ -83,6 +62,7 @@ SELECT job_id, status, actions, resource, priority, max_attempts, attempt_count,
     attempt_id, claimed_by, claimed_at, heartbeat_at, run_deadline_at, parent_id, is_parent,
     inputs, labels, ttl, timeout, expires_at, idempotency_key, reason, error, error_detail,
     manifest, created_at, started_at, finished_at, interruptions, queue, run_at,
+    CASE WHEN stopping_until > clock_timestamp() THEN stopping_until END AS stopping_until,
     ARRAY(SELECT depends_on FROM {schema}.job_dependencies d WHERE d.job_id = jobs.job_id) AS after
 FROM {schema}.jobs
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
@@ -122,13 +102,7 @@ ON CONFLICT (job_id) DO UPDATE SET since = now();
 DELETE FROM {schema}.job_watchers WHERE job_id = %(job_id)s;
 
 -- retry --
--- A failed or cancelled job (not a parent) runs again: pending now, a new attempt budget,
--- no fence, its error kept in the audit trail only. Its resource must be free (the unique
--- index decides). Nothing when the job is not failed or cancelled.
-UPDATE {schema}.jobs SET
-    status = 'pending', attempt_count = 0, interruptions = 0, attempt_id = NULL,
-    claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL, run_deadline_at = NULL,
-    visible_at = now(), expires_at = NULL, finished_at = NULL, retain_until = NULL,
-    error = NULL, error_detail = NULL, reason = %(reason)s
-WHERE job_id = %(job_id)s AND status IN ('failed', 'cancelled') AND NOT is_parent
-RETURNING job_id, status;
+-- A failed or cancelled job (not a parent, nor a child of a finished parent, nor one whose
+-- cancelled attempt is still stopping) runs again: operator_retry. Its resource must be
+-- free (the unique index decides); refused while draining.
+SELECT * FROM {schema}.operator_retry(%(job_id)s::uuid, %(reason)s::text);

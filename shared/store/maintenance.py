@@ -41,6 +41,13 @@ class Maintenance(Noun):
         return transitions(self._all("reclaim_timed_out", {
             "batch_size": batch_size, "now": now, **retry.params()}))
 
+    def release_stopped(self, *, batch_size: int) -> list[UUID]:
+        """One bounded batch of stopping attempts (a cancel or a timeout rotated their
+        fence while their command ran) whose lease has run out without their worker
+        confirming the command gone: their jobs' resources are free again, a pending one
+        claimable. The lease bounded how long such a command may have run."""
+        return [r["job_id"] for r in self._all("release_stopped", {"batch_size": batch_size})]
+
     def expire_pending(self, *, batch_size: int,
                        now: datetime | None = None) -> tuple[list[Transition], int]:
         """One bounded batch of waiting/pending jobs past their ``expires_at``: cancelled

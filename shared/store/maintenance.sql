@@ -19,11 +19,13 @@ FROM {schema}.jobfence_reclaim(
     ARRAY(SELECT job_id FROM expired ORDER BY job_id),
     ARRAY(SELECT why FROM expired ORDER BY job_id),
     ARRAY(SELECT 'lease expired' FROM expired ORDER BY job_id),
-    %(base_seconds)s, %(cap_seconds)s) AS r;
+    %(base_seconds)s, %(cap_seconds)s,
+    ARRAY(SELECT false FROM expired ORDER BY job_id)) AS r;
 
 -- reclaim_timed_out --
 -- Running jobs past their run deadline, oldest first, in a bounded batch: rotate the fence
--- (the worker finds out at its next heartbeat and kills its child), then back to pending
+-- (its worker is told at once and kills its child; the attempt stays "stopping", holding
+-- the job, until the worker confirms or its lease ends), then back to pending
 -- with backoff, or failed "timed out" once attempts are exhausted (jobfence_reclaim). The
 -- timed-out attempt was counted at its claim, so it counts as a failed one.
 WITH overdue AS (
@@ -41,7 +43,14 @@ FROM {schema}.jobfence_reclaim(
     ARRAY(SELECT job_id FROM overdue ORDER BY job_id),
     ARRAY(SELECT why FROM overdue ORDER BY job_id),
     ARRAY(SELECT 'timed out' FROM overdue ORDER BY job_id),
-    %(base_seconds)s, %(cap_seconds)s) AS r;
+    %(base_seconds)s, %(cap_seconds)s,
+    ARRAY(SELECT true FROM overdue ORDER BY job_id)) AS r;
+
+-- release_stopped --
+-- Stopping attempts whose lease has run out, in a bounded batch: their worker never
+-- confirmed that its command is gone (it died, or was cut off), and the lease bounds how
+-- long it may have run. Their jobs' resources are free again, a pending one claimable.
+SELECT job_id FROM {schema}.jobfence_release_stopped(%(batch_size)s::integer) AS job_id;
 
 -- expire_pending --
 -- Waiting or pending jobs past their expires_at, in a bounded batch: cancelled "expired

@@ -6,9 +6,16 @@ transaction-scoped advisory lock (it holds through a transaction-pooling PgBounc
 crash releases it): two pods running ``jobfence migrate`` at once apply each migration
 exactly once and in order between them (whichever takes the lock first applies it; the
 other finds it applied and goes on). Each migration's transaction has
-the installation's schema as its only search path, so migration files name objects
-unqualified. Migrations must be additive: a rolling deploy runs old and new pods against
-the same schema.
+the installation's schema then ``pg_temp`` as its search path. Migrations up to 0018 name
+objects unqualified; from 0019 on (``QUALIFIED_FROM``) a migration is a template that names
+every object ``{schema}.name`` (braces of its own doubled), as the named statements do, and
+every function it creates pins ``search_path = {schema}, pg_temp`` (invariant 13).
+Migrations must be additive: a rolling deploy runs old and new pods against the same schema.
+
+``JOBFENCE_SCHEMA`` never names a schema jobfence did not create: ``public``,
+``information_schema`` and ``pg_*`` are refused by the settings, and an existing schema
+without jobfence's bookkeeping table is refused here, before anything is written — taking it
+over would hand its objects to the owner role and replace its privileges.
 
 Once the installation's group roles exist (``jobfence.store.roles``), migrations run as the
 owner role, which owns every object of the schema, and each migrate ends by granting every
@@ -29,10 +36,14 @@ from typing import LiteralString
 
 from jobfence import db
 from jobfence.db import Connection
+from jobfence.errors import ConfigError
 from jobfence.store import Store
 from jobfence.store.roles import Roles, RolesReport
 
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+QUALIFIED_FROM = 19
+"""The first migration written as a template naming every object ``{schema}.name``."""
 
 LEGACY_TABLES = (
     "jobfence_schema_migrations", "jobfence_control", "jobs", "job_dependencies",
@@ -51,6 +62,12 @@ class Migration:
     version: int
     name: str
     sql: LiteralString
+
+    def rendered(self, schema: str) -> LiteralString | db.Composed:
+        """The statements to run for ``schema``: a template from QUALIFIED_FROM on."""
+        if self.version < QUALIFIED_FROM:
+            return self.sql
+        return db.statement(self.sql, schema=schema)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +124,21 @@ class Migrations:
     def record(self, mig: Migration) -> None:
         db.execute(self.conn, self.sql["record"], {"version": mig.version, "name": mig.name})
 
+    def schema_exists(self) -> bool:
+        row = db.execute(self.conn, self.sql["schema_exists"], {"schema": self.schema}).fetchone()
+        return bool(row and row["found"])
+
+    def refuse_foreign_schema(self) -> None:
+        """ConfigError (nothing written) when the schema exists but jobfence did not create
+        it: an application's schema must never be taken over."""
+        if self.schema_exists() and not db.relation_exists(
+                self.conn, self.schema, "jobfence_schema_migrations"):
+            raise ConfigError(
+                f"JOBFENCE_SCHEMA is {self.schema!r}, a schema that exists and was not created "
+                "by jobfence (it has no jobfence_schema_migrations table): migrate would take "
+                "over its objects and privileges. Choose a schema of jobfence's own (the "
+                "default is jobfence)")
+
     def legacy_location(self) -> str | None:
         """Where an earlier release keeps its objects, if not in this schema already."""
         row = db.execute(self.conn, self.sql["legacy_location"]).fetchone()
@@ -122,7 +154,8 @@ class Migrations:
             self.use_schema()
             if mig.version in self.applied():
                 return False
-            db.execute(self.conn, mig.sql)  # our own package file, never input
+            # Our own package file, never input; the schema is a checked identifier.
+            db.execute(self.conn, mig.rendered(self.schema))
             self.record(mig)
         return True
 
@@ -135,6 +168,7 @@ def migrate(conn: Connection, schema: str = "jobfence",
     m = Migrations(conn, schema)
     with db.transaction(conn):
         m.lock()
+        m.refuse_foreign_schema()
         relocated = None
         if not db.relation_exists(conn, schema, "jobfence_schema_migrations"):
             relocated = m.legacy_location()

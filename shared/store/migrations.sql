@@ -28,8 +28,13 @@ CREATE SCHEMA IF NOT EXISTS {schema};
 
 -- use_schema --
 -- Unqualified names in a migration file mean the installation's schema, for this
--- transaction only.
-SELECT set_config('search_path', %(schema)s, true);
+-- transaction only; pg_temp last, so that a function created with `SET search_path FROM
+-- CURRENT` never resolves a name in its caller's temporary schema first.
+SELECT set_config('search_path', format('%%I, pg_temp', %(schema)s::text), true);
+
+-- schema_exists --
+-- Whether the installation's schema exists already.
+SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = %(schema)s) AS found;
 
 -- legacy_location --
 -- Where a release from before JOBFENCE_SCHEMA kept its bookkeeping table: the first schema

@@ -39,7 +39,11 @@ WITH dead AS (
         (p.name IS NULL OR p.started_at > j.claimed_at + interval '1 second') AS missing,
         CASE WHEN p.name IS NULL OR p.started_at > j.claimed_at + interval '1 second'
              THEN 'worker pod ' || j.claimed_by || ' disappeared'
-             ELSE 'worker pod ' || j.claimed_by || ' is ' || p.phase END AS why
+             ELSE 'worker pod ' || j.claimed_by || ' is ' || p.phase END AS why,
+        -- A pod whose node stopped answering may still run the command: its attempt is
+        -- kept as stopping (invariant 12) until its lease has run out.
+        coalesce(p.phase = 'Unknown' AND p.started_at <= j.claimed_at + interval '1 second',
+                 false) AS alive
     FROM {schema}.jobs j LEFT JOIN {schema}.pod_snapshots p
         ON p.snapshot_id = %(snapshot)s AND p.name = j.claimed_by
     WHERE j.status = 'running' AND NOT j.is_parent
@@ -56,7 +60,8 @@ FROM {schema}.jobfence_reclaim(
     ARRAY(SELECT job_id FROM dead ORDER BY job_id),
     ARRAY(SELECT why FROM dead ORDER BY job_id),
     ARRAY(SELECT why FROM dead ORDER BY job_id),
-    %(base_seconds)s, %(cap_seconds)s) AS r
+    %(base_seconds)s, %(cap_seconds)s,
+    ARRAY(SELECT alive FROM dead ORDER BY job_id)) AS r
 JOIN dead d ON d.job_id = r.job_id;
 
 -- unverifiable_claims --

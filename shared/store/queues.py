@@ -42,7 +42,9 @@ class Queues(Noun):
 
     def configure(self, queue: str, *, paused: bool | None = None,
                   limit: int | None = None, set_limit: bool = False,
-                  reason: str | None = None) -> None:
-        """Pause or resume ``queue``, or set (``set_limit``; None: no limit) its limit."""
+                  reason: str | None = None, actor: str | None = None) -> None:
+        """Pause or resume ``queue``, or set (``set_limit``; None: no limit) its limit;
+        recorded with ``actor`` (who asked) in ``control_events``."""
         self._execute("configure", {"queue": queue, "paused": paused, "max_running": limit,
-                                    "set_limit": set_limit, "reason": reason})
+                                    "set_limit": set_limit, "reason": reason,
+                                    "actor": actor})

@@ -64,12 +64,8 @@ WHERE %(queue)s::text IS NULL OR n.name = %(queue)s
 ORDER BY n.name;
 
 -- configure --
--- Pause, resume or limit a queue (the settings not given stay as they are).
-INSERT INTO {schema}.queues AS q (name, paused, max_running, reason, changed_at)
-VALUES (%(queue)s, coalesce(%(paused)s, false), %(max_running)s, %(reason)s, now())
-ON CONFLICT (name) DO UPDATE SET
-    paused = coalesce(%(paused)s, q.paused),
-    max_running = CASE WHEN %(set_limit)s THEN %(max_running)s ELSE q.max_running END,
-    reason = coalesce(%(reason)s, q.reason),
-    changed_at = now()
-RETURNING name;
+-- Pause, resume or limit a queue (the settings not given stay as they are), recorded with
+-- who did it: operator_configure_queue.
+SELECT {schema}.operator_configure_queue(%(queue)s::text, %(paused)s::boolean,
+    %(set_limit)s::boolean, %(max_running)s::integer, %(reason)s::text, %(actor)s::text)
+    AS name;

@@ -66,22 +66,31 @@ GRANT EXECUTE ON FUNCTION
     {schema}.worker_confirm_outputs(uuid, uuid, jsonb),
     {schema}.worker_fence(uuid, uuid),
     {schema}.worker_done_actions(uuid, uuid),
+    {schema}.worker_holding(uuid[], uuid[]),
+    {schema}.worker_stopped(uuid, uuid),
     {schema}.settle_dependents(uuid[], integer)
     TO {worker};
 
 -- reader: status, list, queue status, drain status, KEDA's queries, metrics.
 GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {reader}, {maintainer}, {operator};
 
--- operator: enqueue (with `after`), cancel, retry, wait, drain, queues, manual triggers.
-GRANT INSERT, UPDATE ON {schema}.jobs TO {operator};
+-- operator: enqueue (with `after`) inserts jobs born fresh (jobs_born_fresh); cancel,
+-- retry, queues, drain and manual triggers only through their functions, each doing what
+-- one command does and recording it; wait registers a watcher. The column grant on the
+-- drain switch's constant `singleton` is what lets an enqueue take its share lock (FOR
+-- SHARE needs an UPDATE grant); it changes nothing.
+GRANT INSERT ON {schema}.jobs TO {operator};
 GRANT INSERT ON {schema}.job_dependencies TO {operator};
 GRANT INSERT, UPDATE, DELETE ON {schema}.job_watchers TO {operator};
-GRANT UPDATE ON {schema}.jobfence_control TO {operator};
-GRANT INSERT, UPDATE ON {schema}.queues TO {operator};
-GRANT INSERT, UPDATE ON {schema}.function_trigger_slots, {schema}.function_triggers
-    TO {operator};
+GRANT UPDATE (singleton) ON {schema}.jobfence_control TO {operator};
 GRANT EXECUTE ON FUNCTION {schema}.resolve_waiting(uuid[]),
-    {schema}.settle_dependents(uuid[], integer) TO {operator};
+    {schema}.settle_dependents(uuid[], integer),
+    {schema}.operator_cancel(uuid, text),
+    {schema}.operator_retry(uuid, text),
+    {schema}.operator_configure_queue(text, boolean, boolean, integer, text, text),
+    {schema}.operator_set_drain(boolean, text, text),
+    {schema}.operator_trigger_request(text, text, text, float8),
+    {schema}.operator_trigger_outcome(bigint, text, text) TO {operator};
 
 -- maintainer: the periodic functions (sweeper, reconciliation, lifecycle, export-finalize,
 -- orphan-cleanup): reclaim, time out, expire, finalize, settle, retain; their own runs,
@@ -89,13 +98,15 @@ GRANT EXECUTE ON FUNCTION {schema}.resolve_waiting(uuid[]),
 GRANT UPDATE, DELETE ON {schema}.jobs, {schema}.job_outputs TO {maintainer};
 GRANT DELETE ON {schema}.job_events, {schema}.job_action_results,
     {schema}.job_dependencies, {schema}.job_watchers TO {maintainer};
-GRANT DELETE ON {schema}.function_triggers TO {maintainer};
+GRANT DELETE ON {schema}.function_triggers, {schema}.control_events TO {maintainer};
 GRANT INSERT, UPDATE, DELETE ON {schema}.function_runs, {schema}.function_totals,
     {schema}.function_status, {schema}.function_leases, {schema}.pod_snapshots,
     {schema}.orphan_pod_suspects TO {maintainer};
 GRANT INSERT, UPDATE ON {schema}.job_metrics TO {maintainer};
 GRANT DELETE ON {schema}.job_metric_deltas TO {maintainer};
 GRANT EXECUTE ON FUNCTION {schema}.jobfence_reclaim(uuid[], text[], text[], float8, float8),
+    {schema}.jobfence_reclaim(uuid[], text[], text[], float8, float8, boolean[]),
+    {schema}.jobfence_release_stopped(integer),
     {schema}.jobfence_retry_delay(integer, float8, float8),
     {schema}.resolve_waiting(uuid[]),
     {schema}.settle_dependents(uuid[], integer) TO {maintainer};

@@ -206,6 +206,9 @@ class JobRow(NamedTuple):
     interruptions: int
     queue: str
     run_at: datetime | None
+    stopping_until: datetime | None
+    """While a cancelled (or timed-out) attempt's command is not yet confirmed gone: the end
+    of its lease, until which the job keeps its resource and is not run again."""
     after: list[UUID]
 
     @property

@@ -117,6 +117,11 @@ def test_running_job_past_its_timeout_is_retried_with_its_fence_rotated(
     last = store.jobs.events(job_id)[-1]
     assert (last.from_status, last.to_status) == ("running", "pending")
     assert last.attempt_id == claim.attempt_id and "timed out" in (last.reason or "")
+    # Its worker may still be running the command: the job is not run again until that
+    # attempt confirms the command gone (or its lease runs out).
+    assert row.stopping_until is not None
+    assert store.attempts.claim(worker_id="w2", lease_seconds=600) == []
+    assert store.attempts.stopped(job_id=job_id, attempt_id=claim.attempt_id)
     [again] = store.attempts.claim(worker_id="w2", lease_seconds=600)
     assert again.attempt_count == 2 and again.attempt_id != claim.attempt_id
 

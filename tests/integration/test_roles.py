@@ -31,8 +31,17 @@ STATEMENTS: dict[str, LiteralString] = {
     "read function runs": "SELECT count(*) FROM jobfence.function_runs",
     "enqueue (insert a job)": "INSERT INTO jobfence.jobs (job_id, status, actions, "
                               "max_attempts) VALUES (gen_random_uuid(), 'pending', '[]', 3)",
+    "forge a finished job": "INSERT INTO jobfence.jobs (job_id, status, actions, "
+                            "max_attempts, attempt_count, finished_at) VALUES "
+                            "(gen_random_uuid(), 'succeeded', '[]', 3, 1, now())",
     "mark a running job succeeded": "UPDATE jobfence.jobs SET status = 'succeeded', "
                                     "finished_at = now() WHERE job_id = %(job)s",
+    "cancel a job (its function)": "SELECT * FROM jobfence.operator_cancel(%(job)s, 'x')",
+    "switch drain mode (its function)": "SELECT * FROM jobfence.operator_set_drain(true, "
+                                        "'x', 'someone')",
+    "pause a queue (its function)": "SELECT jobfence.operator_configure_queue('q', true, "
+                                    "false, NULL, 'x', 'someone')",
+    "confirm a stopped command": "SELECT jobfence.worker_stopped(%(job)s, %(not_mine)s)",
     "delete jobs": "DELETE FROM jobfence.jobs WHERE job_id = %(job)s",
     "forge an audit event": "INSERT INTO jobfence.job_events (job_id, to_status, reason) "
                             "VALUES (%(job)s, 'succeeded', 'forged')",
@@ -62,15 +71,18 @@ READS = {"read a job's fence", "read the audit trail", "read function runs",
          "read the installation's identity"}
 WORKER = {"claim a job", "heartbeat without the fence", "finish without the fence",
           "ask where a job's fence stands", "read the installation's identity",
-          "settle dependents"}
+          "settle dependents", "confirm a stopped command"}
 ALLOWED: dict[str, set[str]] = {
     "owner": set(STATEMENTS),
     "worker": WORKER,
     "maintainer": READS | {"mark a running job succeeded", "delete jobs",
                            "delete the audit trail", "record a function run",
                            "reclaim expired leases", "settle dependents"},
-    "operator": READS | {"enqueue (insert a job)", "mark a running job succeeded",
-                         "switch drain mode", "pause a queue", "settle dependents"},
+    # Its writes go through the functions of its commands: never a table-wide UPDATE, and
+    # a job it inserts is born the way an enqueue makes one.
+    "operator": READS | {"enqueue (insert a job)", "cancel a job (its function)",
+                         "switch drain mode (its function)", "pause a queue (its function)",
+                         "settle dependents"},
     "reader": READS,
 }
 
@@ -95,6 +107,10 @@ def outcome(url: str, statement: LiteralString, job: UUID) -> str:
                 conn.execute(statement, {"job": job, "not_mine": NOT_MINE})
         except psycopg.errors.InsufficientPrivilege:
             return "refused"
+        except psycopg.errors.CheckViolation as exc:
+            if exc.diag.constraint_name != "jobs_born_fresh":
+                raise
+            return "refused"
     return "allowed"
 
 
@@ -113,8 +129,12 @@ def test_without_the_fence_the_worker_functions_match_nothing_and_tell_nothing(
         assert conn.execute("SELECT jobfence.worker_heartbeat(%(job)s, %(not_mine)s, 30) AS t",
                             args).fetchone() == {"t": None}
         assert conn.execute(STATEMENTS["finish without the fence"], args).fetchall() == []
-        assert conn.execute(STATEMENTS["ask where a job's fence stands"], args).fetchall() == [
-            {"status": "running", "holds": False, "reason": "claimed by w"}]
+        # An attempt that never held the job is told nothing; a NULL one never holds.
+        assert conn.execute(STATEMENTS["ask where a job's fence stands"], args).fetchall() == []
+        assert conn.execute("SELECT * FROM jobfence.worker_fence(%(job)s, NULL)",
+                            args).fetchall() == []
+        assert conn.execute("SELECT jobfence.worker_stopped(%(job)s, %(not_mine)s) AS s",
+                            args).fetchone() == {"s": False}
         assert conn.execute("SELECT * FROM jobfence.worker_done_actions(%(job)s, %(not_mine)s)",
                             args).fetchall() == []
     job = store.jobs.get(running)
@@ -122,9 +142,13 @@ def test_without_the_fence_the_worker_functions_match_nothing_and_tell_nothing(
 
 
 def test_a_function_cannot_be_swapped_through_the_search_path(logins: dict[str, str],
-                                                              running: UUID) -> None:
+                                                              running: UUID,
+                                                              store: Store) -> None:
     """The worker's functions run as their owner with a fixed search path (pg_temp last):
     a caller's temporary table named like ours is never what they read."""
+    job = store.jobs.get(running)
+    assert job is not None
+    holder = job.attempt_id
     with psycopg.connect(logins["worker"], autocommit=True, row_factory=dict_row) as conn:
         conn.execute("CREATE TEMPORARY TABLE jobs (job_id uuid, status text, "
                      "attempt_id uuid, reason text)")
@@ -132,5 +156,5 @@ def test_a_function_cannot_be_swapped_through_the_search_path(logins: dict[str, 
                      (running, NOT_MINE))
         conn.execute("SET search_path = pg_temp, jobfence")
         [row] = conn.execute("SELECT * FROM jobfence.worker_fence(%s, %s)",
-                             (running, NOT_MINE)).fetchall()
-    assert row == {"status": "running", "holds": False, "reason": "claimed by w"}
+                             (running, holder)).fetchall()
+    assert row == {"status": "running", "holds": True, "reason": "claimed by w"}
