@@ -16,7 +16,6 @@ from uuid import UUID
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.rows import dict_row
 
 from devtools.roles import ensure_logins
 from jobfence import db
