@@ -4,8 +4,13 @@
 watchdog thread stops the attempt the moment it may no longer run (both threads belong to
 the worker process, ``GuardThreads``, and serve one attempt after another):
 
-* the heartbeat matched nothing — the fence was rotated (cancel, reclaim, run timeout):
-  ``fence_lost``, logged as ``writeback_stale_attempt``;
+* the heartbeat matched nothing, or the stop check found the fence gone — the fence was
+  rotated (cancel, reclaim, run timeout): ``fence_lost``, logged as
+  ``writeback_stale_attempt``. Between heartbeats the heartbeat thread asks every
+  ``JOBFENCE_STOP_CHECK_SECONDS`` (a one-row read) whether the attempt still holds its
+  fence, and where its connection can LISTEN the database tells it at once (channel
+  ``<schema>.stop``): a cancel reaches the command within a second, not at the next
+  heartbeat (invariant 12);
 * the lease could not be renewed and its local deadline is near (database unreachable, or
   the process was paused past it): ``lease_expired``, self-fencing;
 * the job's run timeout passed: ``timed_out``;
@@ -33,6 +38,7 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import TypeVar
 
+from jobfence import db
 from jobfence.db import Connection, connect, deadline
 from jobfence.errors import StoreUnavailable
 from jobfence.logs import get_logger
@@ -52,8 +58,10 @@ class StopReason(StrEnum):
 
 
 class SideChannel:
-    """The guard's own connection (heartbeats, SIGTERM release), reconnected on demand and
-    used by one thread at a time."""
+    """The guard's own connection (heartbeats, stop checks, SIGTERM release), reconnected
+    on demand and used by one thread at a time. Where the connection keeps its session (no
+    transaction pooler) it listens on ``<schema>.stop``, where the database names each job
+    whose running attempt it stopped (a cancel, a run timeout)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -61,17 +69,45 @@ class SideChannel:
         self._conn: Connection | None = None
         self._store_of_conn: Store | None = None
         self.timeout = max(0.2, min(settings.heartbeat, 5.0))
+        self.listens = settings.database_pooler != "transaction"
+        self._listening = False
 
     def _store(self) -> Store:
         if self._conn is None or self._conn.closed or self._conn.broken:
+            self._listening = False
             self._conn = connect(self.settings.database_url,
                                  pooler=self.settings.database_pooler,
                                  application_name="jobfence-heartbeat",
                                  connect_timeout=min(self.settings.connect_timeout_seconds,
                                                      self.settings.heartbeat))
             self._store_of_conn = Store(self._conn, self.settings.schema_name)
+            if self.listens:
+                # Before any statement on this connection: whatever that statement finds,
+                # a stop made after it is told here.
+                db.listen(self._conn, f"{self.settings.schema_name}.stop")
+                self._listening = True
         assert self._store_of_conn is not None
         return self._store_of_conn
+
+    @property
+    def listening(self) -> bool:
+        """Whether the database tells this connection of stopped attempts."""
+        return self._listening
+
+    def told(self, timeout: float) -> set[str]:
+        """The job ids the database said it stopped, waiting up to ``timeout`` seconds for
+        the first (without holding the connection meanwhile); empty when not listening."""
+        conn = self._conn
+        if not self._listening or conn is None or not db.readable(conn, timeout):
+            return set()
+        with self.lock:
+            if conn is not self._conn:
+                return set()
+            try:
+                return set(db.payloads(conn))
+            except StoreUnavailable:
+                self.close_quietly()
+                return set()
 
     def call(self, fn: Callable[[Store], T]) -> T:
         """``fn`` within a short deadline: a heartbeat must never block past the lease."""
@@ -85,6 +121,7 @@ class SideChannel:
                 raise
 
     def close_quietly(self) -> None:
+        self._listening = False
         if self._conn is not None:
             with contextlib.suppress(Exception):  # closing a broken connection may fail
                 self._conn.close()
@@ -166,6 +203,7 @@ class AttemptGuard:
         self._deadline = now + settings.lease_seconds
         self._run_deadline = self._local_run_deadline(now)
         self._next_beat = now + settings.heartbeat
+        self._next_check = now + settings.stop_check_seconds
         self._pgids: set[int] = set()
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -239,11 +277,50 @@ class AttemptGuard:
     # -- threads ---------------------------------------------------------------------------
 
     def heartbeat_loop(self) -> None:
+        """Renew the lease when due; between renewals, look for a stop (told by the
+        database, or asked every ``stop_check_seconds``). Wakes at least every 0.1 s to see
+        whether the attempt ended."""
         while not self.stop.is_set():
-            if self._closed.wait(max(0.0, self._next_beat - self.clock())):
+            wait = min(0.1, max(0.0, min(self._next_beat, self._next_check) - self.clock()))
+            if self.side.listening:
+                told = self.side.told(wait)
+                if self._closed.is_set():
+                    return
+                if str(self.claim.job_id) in told:
+                    if not self.check():
+                        return
+                    continue
+            elif self._closed.wait(wait):
                 return
-            if not self.beat():
+            now = self.clock()
+            if now >= self._next_beat:
+                if not self.beat():
+                    return
+            elif now >= self._next_check and not self.check():
                 return
+
+    def check(self) -> bool:
+        """One stop check: does this attempt still hold its fence with a live lease? Stops
+        the attempt when it does not. False when the attempt's checks are over."""
+        if self.stop.is_set() or self.deadline_passed():
+            return False
+        claim, every = self.claim, self.settings.stop_check_seconds
+        try:
+            held = self.side.call(lambda store: store.attempts.holding(
+                [(claim.job_id, claim.attempt_id)]))
+        except StoreUnavailable as exc:  # the heartbeat and the watchdog see to that
+            log.debug("stop_check_failed", job_id=str(claim.job_id), error=str(exc))
+            self._next_check = self.clock() + every
+            return True
+        if self._closed.is_set():
+            return False
+        if claim.job_id not in held:
+            if self.request_stop(StopReason.FENCE_LOST):
+                self._log_fence_lost()
+            return False
+        # Told at once where the connection listens: asking is then only the safety net.
+        self._next_check = self.clock() + (every * 10 if self.side.listening else every)
+        return True
 
     def beat(self) -> bool:
         """One heartbeat, due now: renew the lease, or find the fence lost, or keep trying

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import select
 import threading
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -416,3 +417,18 @@ def notified(conn: Connection, timeout: float) -> bool:
     """Wait up to ``timeout`` seconds for one notification on a listening connection."""
     with translated():
         return any(True for _ in conn.notifies(timeout=max(0.0, timeout), stop_after=1))
+
+
+def readable(conn: Connection, timeout: float) -> bool:
+    """Whether the server sent something (a notification) within ``timeout`` seconds; waits
+    on the socket without taking the connection, so another thread may use it meanwhile."""
+    with contextlib.suppress(OSError, ValueError):  # closed meanwhile: nothing to read
+        return bool(select.select([conn.fileno()], [], [], max(0.0, timeout))[0])
+    return False
+
+
+def payloads(conn: Connection) -> list[str]:
+    """The payloads of the notifications received so far on a listening connection, without
+    waiting."""
+    with translated():
+        return [n.payload for n in conn.notifies(timeout=0.0)]

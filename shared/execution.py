@@ -89,6 +89,7 @@ class AttemptRunner:
         self.next_claim: Claim | None = None
         self.terminating = False
         self._objects: ObjectStore | None = None
+        self._unconfirmed = threading.Event()
 
     def objects(self) -> ObjectStore:
         """The object store, built on first use: a job without S3 never imports boto3."""
@@ -152,6 +153,7 @@ class AttemptRunner:
         env = {"JOBFENCE_JOB_ID": str(claim.job_id), "JOBFENCE_ATTEMPT_ID": str(claim.attempt_id),
                "JOBFENCE_INPUT_DIR": str(dirs.root / "inputs"),
                "JOBFENCE_OUTPUT_DIR": str(dirs.root / "outputs")}
+        self._unconfirmed = threading.Event()  # a child of this attempt not known gone
         files = AttemptFiles(job_id=claim.job_id, attempt_id=claim.attempt_id,
                              inputs=claim.inputs, objects=self.objects,
                              bucket=self.settings.s3_bucket, installation=self.installation,
@@ -165,7 +167,8 @@ class AttemptRunner:
                 ctx = ActionContext(job_id=claim.job_id, attempt_id=claim.attempt_id,
                                     action_index=index, dirs=dirs, stop=guard.stop,
                                     track_process=guard.track, untrack_process=guard.untrack,
-                                    files=files, env=env, sandbox=self.sandbox)
+                                    files=files, env=env, sandbox=self.sandbox,
+                                    unconfirmed=self._unconfirmed)
                 try:
                     result = action.run(ctx, spec.get("params", {}))
                 finally:
@@ -284,7 +287,26 @@ class AttemptRunner:
             log.warning("writeback_stale_attempt", job_id=str(claim.job_id),
                         attempt_id=str(claim.attempt_id),
                         message="the fence was rotated: this attempt stops and writes nothing")
+        self._confirm_stopped(claim)
         return Outcome.LOST
+
+    def _confirm_stopped(self, claim: Claim) -> None:
+        """The attempt's actions have returned and every process they started is gone
+        (killed and reaped, or confirmed by the command sidecar): say so, so that a
+        cancelled job's resource is free and a timed-out one may run again now rather than
+        when this attempt's lease ends. Written under this attempt's own id; nothing when
+        the fence was not rotated while it ran, or a child's end is unknown."""
+        if self._unconfirmed.is_set():
+            log.warning("stop_unconfirmed", job_id=str(claim.job_id),
+                        message="a child's end could not be confirmed: the job waits for "
+                                "this attempt's lease to end")
+            return
+        try:
+            if self.store.attempts.stopped(job_id=claim.job_id, attempt_id=claim.attempt_id):
+                log.info("stop_confirmed", job_id=str(claim.job_id),
+                         attempt_id=str(claim.attempt_id))
+        except JobfenceError as exc:  # the lease bounds it: the sweeper lets it go then
+            log.warning("stop_confirm_failed", job_id=str(claim.job_id), error=str(exc))
 
     # -- fenced writes that survive a dropped connection -----------------------------------
 

@@ -83,6 +83,11 @@ class Child(Protocol):
         """Kill what is left of it and release it; its output is complete afterwards."""
         ...
 
+    def ended(self) -> bool:
+        """Whether it is known to be gone, its process group with it (after ``close``):
+        only then may the job run again elsewhere (invariant 12)."""
+        ...
+
     def output(self) -> tuple[str, str]:
         """The tails of its stdout and stderr."""
         ...
@@ -137,6 +142,9 @@ class LocalChild:
         self._closed = True
         for thread in self._pumps:
             thread.join(timeout=2)
+
+    def ended(self) -> bool:
+        return self._closed
 
     def output(self) -> tuple[str, str]:
         return self._tails["out"].text(), self._tails["err"].text()

@@ -175,6 +175,11 @@ class RemoteChild:
         self._channel.close()  # a runner still serving kills what is left when it sees this
         self._reader.join(timeout=1)
 
+    def ended(self) -> bool:
+        """Only once the runner said so: it sends the exit after the child's group and every
+        descendant are gone."""
+        return self._ended.is_set() and self._lost is None
+
     def output(self) -> tuple[str, str]:
         return self._tails["out"].text(), self._tails["err"].text()
 

@@ -86,6 +86,9 @@ class ActionContext:
     env: Mapping[str, str] = field(default_factory=dict)
     sandbox: Sandbox = field(default_factory=Sandbox)
     """How a child process of the job is started: away from the worker's keys."""
+    unconfirmed: threading.Event = field(default_factory=threading.Event)
+    """Set by an action when a child it started could not be confirmed gone (a command
+    sidecar that did not answer): the job must not run again before its lease ends."""
 
     @property
     def workdir(self) -> Path:

@@ -139,6 +139,8 @@ class CommandAction:
             child.close()
             if child.pgid is not None:
                 ctx.untrack_process(child.pgid)
+            if not child.ended():
+                ctx.unconfirmed.set()
         stdout, stderr = child.output()
         result: dict[str, Any] = {
             "exit_code": code, "duration_seconds": round(time.monotonic() - started, 3),

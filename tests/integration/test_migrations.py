@@ -177,3 +177,61 @@ def test_a_database_migrated_by_the_previous_release_moves_forward_intact(
         assert json.loads(run_cli(url, "migrate").stdout)["applied"] == []
     finally:
         databases.drop(url)
+
+
+def schema_state(url: str, schema: str) -> list[tuple[str, ...]]:
+    """Who owns ``schema`` and each of its objects, and their privileges."""
+    with psycopg.connect(url) as conn:
+        return [tuple(str(v) for v in r) for r in conn.execute("""
+            SELECT 'schema', n.nspname, n.nspowner::regrole::text, coalesce(n.nspacl::text, '')
+            FROM pg_namespace n WHERE n.nspname = %(s)s
+            UNION ALL
+            SELECT 'relation', c.relname, c.relowner::regrole::text, coalesce(c.relacl::text, '')
+            FROM pg_class c WHERE c.relnamespace = (SELECT oid FROM pg_namespace
+                                                   WHERE nspname = %(s)s)
+            UNION ALL
+            SELECT 'role', rolname, '', '' FROM pg_roles WHERE rolname LIKE %(s)s || '\\_%%'
+            ORDER BY 1, 2""", {"s": schema}).fetchall()]
+
+
+def test_migrate_refuses_a_schema_postgresql_or_every_application_shares(
+        databases: Databases) -> None:
+    url = databases.create(migrated=False)
+    try:
+        for schema in ("public", "information_schema", "pg_catalog", "pg_jobs"):
+            before = schema_state(url, schema)
+            r = run_cli(url, "migrate", JOBFENCE_SCHEMA=schema)
+            assert r.returncode == 2, (schema, r.stderr)
+            assert f"'{schema}'" in r.stderr and "a schema of its own" in r.stderr, r.stderr
+            assert schema_state(url, schema) == before
+    finally:
+        databases.drop(url)
+
+
+def test_migrate_refuses_an_existing_schema_it_did_not_create_and_writes_nothing(
+        databases: Databases) -> None:
+    """An application's own schema named in JOBFENCE_SCHEMA by mistake: its objects keep
+    their owner and privileges, and the application keeps using them."""
+    url = databases.create(migrated=False)
+    try:
+        with psycopg.connect(url, autocommit=True) as admin:
+            admin.execute("DROP ROLE IF EXISTS shop_app")
+            admin.execute("CREATE ROLE shop_app LOGIN")
+            admin.execute("CREATE SCHEMA shop AUTHORIZATION shop_app")
+            admin.execute("SET ROLE shop_app")
+            admin.execute("CREATE TABLE shop.orders (id int PRIMARY KEY)")
+            admin.execute("INSERT INTO shop.orders VALUES (1)")
+        before = schema_state(url, "shop")
+        r = run_cli(url, "migrate", JOBFENCE_SCHEMA="shop")
+        assert r.returncode == 2, r.stderr
+        assert "'shop'" in r.stderr and "was not created by jobfence" in r.stderr, r.stderr
+        assert schema_state(url, "shop") == before
+        from devtools.roles import as_login
+
+        with psycopg.connect(as_login(url, "shop_app")) as app:
+            assert app.execute("SELECT id FROM shop.orders").fetchall() == [(1,)]
+        # A schema jobfence created is its own to migrate again.
+        assert run_cli(url, "migrate", JOBFENCE_SCHEMA="shop_jobs").returncode == 0
+        assert run_cli(url, "migrate", JOBFENCE_SCHEMA="shop_jobs").returncode == 0
+    finally:
+        databases.drop(url)
