@@ -150,7 +150,7 @@ def test_a_child_of_a_finished_parent_is_not_retried(store: Store) -> None:
     store.jobs.cancel(job_id=parent.job_id, reason="stop it all")
     row = store.jobs.get(child)
     assert row is not None and row.status == "cancelled"
-    with pytest.raises(NotRetryable, match="child of .* which is cancelled"):
+    with pytest.raises(NotRetryable, match=r"child of .* which is cancelled"):
         store.jobs.retry(job_id=child, reason="sneak it back in")
     assert store.attempts.claim(worker_id="w", lease_seconds=60) == []
 
