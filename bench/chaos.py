@@ -36,7 +36,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.chaos_checks import Verdict, check_database, check_manifests
+from bench.chaos_checks import Verdict, check_database, check_manifests, check_overlaps
 from devtools.embedded_pg import EmbeddedPostgres
 from devtools.pgbouncer import PgBouncer
 from devtools.platform import LocalPlatform, Proc
@@ -101,13 +101,27 @@ UPPER = ('for f in "$JOBFENCE_INPUT_DIR"/*; do sleep 0.1; tr a-z A-Z < "$f" > '
          '"$JOBFENCE_OUTPUT_DIR/$(basename "$f").out"; done')
 
 
+def on_resource_action(locks: Path, resource: str, lo: float, hi: float) -> dict[str, Any]:
+    """A command that holds the resource's lock file for as long as any of its processes
+    lives (flock: the kernel lets go when the last one dies) and writes its attempt as the
+    holder; finding the lock taken, it writes `<its attempt> <the holder's>` to `overlaps`:
+    two commands on one resource at once (judged by chaos_checks)."""
+    seconds = round(random.uniform(lo, hi), 3)
+    lock, holder = locks / f"{resource}.lock", locks / f"{resource}.holder"
+    script = (f'flock -n -E 75 {lock} sh -c "echo \\$JOBFENCE_ATTEMPT_ID > {holder}; '
+              f'sleep {seconds}"; [ $? -ne 75 ] || echo "$JOBFENCE_ATTEMPT_ID '
+              f'$(cat {holder})" >> {locks / "overlaps"}')
+    return {"name": "command", "params": {"argv": ["sh", "-c", script]}}
+
+
 class Feeder(threading.Thread):
     """Enqueues the mix through the real enqueue path, until ``total`` jobs exist."""
 
     def __init__(self, settings: Settings, objects: S3ObjectStore, total: int,
-                 counts: Counter[str]) -> None:
+                 counts: Counter[str], locks: Path) -> None:
         super().__init__(name="feeder", daemon=True)
         self.settings, self.objects, self.total, self.counts = settings, objects, total, counts
+        self.locks = locks
         self.created = 0
         self.done = threading.Event()
         self.recent: list[str] = []
@@ -128,8 +142,10 @@ class Feeder(threading.Thread):
             return {"actions": [sleep_action(0.02, 0.4)], "queue": "limited"}
         if r < 0.55:
             self.counts["kind: exclusive resource"] += 1
-            return {"actions": [sleep_action(0.05, 0.6), sleep_action(0, 0.2)],
-                    "resource": random.choice(RESOURCES)}
+            resource = random.choice(RESOURCES)
+            return {"actions": [on_resource_action(self.locks, resource, 0.05, 0.8),
+                                sleep_action(0, 0.2)],
+                    "resource": resource}
         if r < 0.72:
             self.counts["kind: flaky, retried"] += 1
             return {"actions": [flaky_action(35)], "max_attempts": 4}
@@ -262,9 +278,12 @@ class Injector(threading.Thread):
         return False
 
     def _cancel(self) -> bool:
+        """Cancel a job, running ones first (its command must stop within a second, and no
+        other run on its resource may start before it has)."""
         with contextlib.suppress(Exception), connect(self.dsn) as conn:
             row = conn.execute("SELECT job_id FROM jobs WHERE status IN ('pending', "
-                               "'running') AND parent_id IS NULL ORDER BY random() "
+                               "'running') AND parent_id IS NULL ORDER BY status = "
+                               "'running' DESC, resource IS NOT NULL DESC, random() "
                                "LIMIT 1").fetchone()
             if row:
                 Store(conn).jobs.cancel(job_id=row["job_id"], reason="cancelled by chaos")
@@ -319,6 +338,13 @@ def main() -> int:
         pg = stack.enter_context(EmbeddedPostgres())
         s3 = stack.enter_context(moto_server())
         work = Path(tempfile.mkdtemp(prefix="jobfence-chaos-"))  # kept when the run fails
+        locks = work / "resources"  # the resource jobs' lock files: every job's user writes
+        locks.mkdir(mode=0o777)
+        locks.chmod(0o1777)
+        for name in (*(f"{r}.lock" for r in RESOURCES), *(f"{r}.holder" for r in RESOURCES),
+                     "overlaps"):
+            (locks / name).touch()
+            (locks / name).chmod(0o666)
         conn = connect(pg.dsn)
         migrate(conn)
         conn.close()
@@ -338,7 +364,7 @@ def main() -> int:
         platform = LocalPlatform(pg.dsn, env, work / "logs", schedules=schedule,
                                  poll_seconds=0.3, pools=pools(args.workers))
         stack.callback(platform.stop)
-        feeder = Feeder(settings, objects, args.jobs, kinds)
+        feeder = Feeder(settings, objects, args.jobs, kinds, locks)
         print(f"chaos: seed {seed}, {args.jobs} jobs, up to {args.workers + LIMIT} workers, "
               f"PostgreSQL on 127.0.0.1:{pg.port}"
               f"{' through PgBouncer (transaction mode)' if args.pgbouncer else ''}, "
@@ -358,6 +384,7 @@ def main() -> int:
         with connect(pg.dsn) as conn:
             verdicts = check_database(conn)
             verdicts.append(check_manifests(conn, lambda: objects))
+            verdicts.append(check_overlaps(conn, locks / "overlaps"))
             if not drained:
                 verdicts.append(Verdict("the queue drained within the timeout", ["timeout"]))
             totals = conn.execute("SELECT status, count(*) AS n FROM jobs GROUP BY status "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from devtools.audit import queue_limit_violations
@@ -132,4 +133,26 @@ def check_manifests(conn: Connection, objects: Callable[[], ObjectStore]) -> Ver
                 if status != "succeeded" or f"/{item['job_id']}/{attempt}/" not in url:
                     v.violations.append({"child": item["job_id"], "output": url,
                                          "child_status": status})
+    return v
+
+
+def check_overlaps(conn: Connection, overlaps: Path) -> Verdict:
+    """No command ran beside another on its resource while the older one's attempt was
+    stopping (invariant 12). Each line of ``overlaps`` is a command that found its
+    resource's lock held: `<its attempt> <the holder's attempt>`. The holder's attempt must
+    have left `running` because its lease ran out (a worker frozen past its lease cannot
+    stop its command: the lease is the bound) — never by a cancel or a timeout, which keep
+    the resource until the command is confirmed gone."""
+    v = Verdict("no command ran beside a cancelled or timed-out one on its resource "
+                "(invariant 12)")
+    for line in overlaps.read_text().splitlines():
+        newcomer, _, holder = line.partition(" ")
+        v.checked += 1
+        row = conn.execute("""
+            SELECT e.reason FROM job_events e
+            WHERE e.attempt_id = %s::uuid AND e.from_status = 'running'
+            ORDER BY e.event_id LIMIT 1""", (holder.strip() or None,)).fetchone()
+        why = str(row["reason"]) if row and row["reason"] else ""
+        if not why.startswith(("lease expired", "worker pod")):
+            v.violations.append({"newcomer": newcomer, "holder": holder, "holder_ended": why})
     return v

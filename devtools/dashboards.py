@@ -168,7 +168,7 @@ def reconciliation() -> dict[str, Any]:
             panel("Lifecycle: retention (TTL) deletions", [
                 (items("lifecycle", "retention_jobs_deleted|retention_children_deleted|"
                        "retention_objects_deleted|events_deleted|function_runs_deleted|"
-                       "function_triggers_deleted"),
+                       "function_triggers_deleted|control_events_deleted"),
                  "{{item}}")]),
             panel("Failures", [
                 ('sum by (function) (increase(jobfence_function_runs_total{function=~'

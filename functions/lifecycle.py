@@ -132,13 +132,14 @@ class Expiry:
 @dataclass(frozen=True, slots=True)
 class HistoryReport:
     events_deleted: int
+    control_events_deleted: int
     function_runs_deleted: int
     function_triggers_deleted: int
 
 
 class History:
-    """The audit trail, and the function-run records with their manual triggers, each on
-    its own retention."""
+    """The audit trail (jobs' transitions, operators' changes), and the function-run records
+    with their manual triggers, each on its own retention."""
 
     @staticmethod
     def run_once(settings: Settings, deps: Deps, budget: Budget) -> HistoryReport:
@@ -146,6 +147,9 @@ class History:
         return HistoryReport(
             events_deleted=History._delete_old(m.delete_old_events, settings.audit_retention,
                                                settings, deps, budget),
+            control_events_deleted=History._delete_old(
+                m.delete_old_control_events, settings.audit_retention, settings, deps,
+                budget),
             function_runs_deleted=History._delete_old(
                 m.delete_old_function_runs, settings.function_runs_retention, settings, deps,
                 budget),
@@ -183,6 +187,7 @@ class Report:
     retention_objects_deleted: int
     retention_failures: int
     events_deleted: int
+    control_events_deleted: int
     function_runs_deleted: int
     function_triggers_deleted: int
     batches: int

@@ -94,8 +94,9 @@ def status(conn: Any, job_id: UUID | str, *, schema: str | None = None,
 
 def cancel(conn: Any, job_id: UUID | str, reason: str | None = None, *,
            schema: str | None = None) -> dict[str, Any]:
-    """Cancel a job (a parent's unfinished children with it), as ``jobfence cancel``: its
-    worker stops within a heartbeat once this commits. ``JobNotFound``,
+    """Cancel a job (a parent's unfinished children with it), as ``jobfence cancel``: a
+    running command is stopped within a second once this commits, and the job keeps its
+    resource until its worker confirms the command gone. ``JobNotFound``,
     ``JobAlreadyTerminal``."""
     job = _job_id(job_id)
     if reason is not None and not isinstance(reason, str):

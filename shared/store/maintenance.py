@@ -110,6 +110,13 @@ class Maintenance(Noun):
         return self._count("delete_old_events", {
             "now": now, "retention_seconds": older_than.total_seconds(), "limit": limit})
 
+    def delete_old_control_events(self, *, older_than: timedelta, limit: int,
+                                  now: datetime | None = None) -> int:
+        """Delete up to ``limit`` records of operators' changes (queues, drain) older than
+        ``older_than``, oldest first."""
+        return self._count("delete_old_control_events", {
+            "now": now, "retention_seconds": older_than.total_seconds(), "limit": limit})
+
     def delete_old_function_runs(self, *, older_than: timedelta, limit: int,
                                  now: datetime | None = None) -> int:
         """Delete up to ``limit`` function-run records started before ``older_than``."""

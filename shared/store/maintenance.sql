@@ -159,6 +159,17 @@ WHERE event_id IN (
     LIMIT %(limit)s
 );
 
+-- delete_old_control_events --
+-- Delete one bounded batch of operators' changes (queues, drain, triggers) older than the
+-- audit retention, oldest first.
+DELETE FROM {schema}.control_events
+WHERE event_id IN (
+    SELECT event_id FROM {schema}.control_events
+    WHERE at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_seconds)s)
+    ORDER BY at
+    LIMIT %(limit)s
+);
+
 -- delete_old_function_runs --
 -- Delete one bounded batch of function-run records older than their retention.
 DELETE FROM {schema}.function_runs

@@ -29,8 +29,8 @@ pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 COUNTS = ("timed_out_retried", "timed_out_failed", "expired_cancelled", "dependents_failed",
           "parents_finalized", "retention_jobs_deleted", "retention_children_deleted",
           "retention_objects_deleted", "retention_failures", "events_deleted",
-          "function_runs_deleted", "function_triggers_deleted", "batches",
-          "longest_batch_seconds")
+          "control_events_deleted", "function_runs_deleted", "function_triggers_deleted",
+          "batches", "longest_batch_seconds")
 
 
 def lifecycle(dsn: str, **env: str) -> dict[str, Any]:

@@ -406,8 +406,13 @@ def test_audit_events_and_function_runs_have_their_own_retention(
         INSERT INTO function_triggers (function, requested_by, reason, requested_at)
         SELECT 'sweeper', 'alice', 'check', now() - make_interval(days => d)
         FROM generate_series(1, 4) d""")
+    store.queues.configure("reports", paused=True, reason="old incident", actor="alice")
+    store.queues.configure("reports", paused=False, actor="alice")
+    store.conn.execute("UPDATE control_events SET at = at - interval '8 days' "
+                       "WHERE action = 'queue_pause'")
     report = run(store, dsn, batch_size=1, audit_retention="P7D",
                  function_runs_retention="PT60H")
+    assert report.control_events_deleted == 1  # the pause, eight days ago
     assert report.events_deleted == 2  # enqueued and claimed, ten days ago
     assert [e.to_status for e in store.jobs.events(job_id)] == ["succeeded"]
     assert report.function_runs_deleted == 3  # 3, 4 and 5 days old
