@@ -53,6 +53,7 @@ from jobfence import db
 from jobfence.cli import to_jsonable
 from jobfence.errors import ConfigError, InvalidSpec, JobNotFound
 from jobfence.ids import parse_job_id
+from jobfence.limits import schema_refusal
 from jobfence.settings import Settings, load_settings
 from jobfence.spec import JobSpec, parse_specs
 from jobfence.store import Store
@@ -107,7 +108,7 @@ def cancel(conn: Any, job_id: UUID | str, reason: str | None = None, *,
 
 
 def _open(conn: Any, schema: str | None) -> tuple[Store, Settings]:
-    if schema is not None and (why := db.schema_refusal(schema)) is not None:
+    if schema is not None and (why := schema_refusal(schema)) is not None:
         raise ConfigError(f"schema {why}")
     checked = db.callers(conn)
     settings = load_settings(database_url=db.conninfo(checked) or "dbname=jobfence",

@@ -42,6 +42,7 @@ from jobfence.errors import (
     StoreError,
     StoreUnavailable,
 )
+from jobfence.limits import schema_refusal
 
 # All jobfence advisory locks share this first key, so they never collide with an
 # application's own advisory locks in the same database.
@@ -53,24 +54,6 @@ Composed = sql.Composed
 T = TypeVar("T")
 
 _HEADER = re.compile(r"^-- ([a-z][a-z0-9_]*) --$", re.MULTILINE)
-SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")
-"""A schema jobfence may use: a plain lower-case identifier, short enough that the role
-names derived from it (``<schema>_maintainer``) stay within PostgreSQL's 63 bytes."""
-
-
-def schema_refusal(schema: object) -> str | None:
-    """Why ``schema`` may not hold an installation, or None. Never a schema PostgreSQL or
-    every application shares (``public``, ``information_schema``, ``pg_*``): migrate would
-    take over its objects and privileges (invariant 13)."""
-    if not isinstance(schema, str) or not SCHEMA_NAME.match(schema):
-        return (f"{str(schema)[:80]!r} is not a plain lower-case identifier of at most 48 "
-                "characters")
-    if schema in ("public", "information_schema") or schema.startswith("pg_"):
-        return (f"{schema!r} belongs to PostgreSQL or to every application of the database: "
-                "jobfence needs a schema of its own (the default is jobfence)")
-    return None
-
-
 # -- connections ---------------------------------------------------------------------------
 
 

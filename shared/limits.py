@@ -18,9 +18,28 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
+
+SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,47}$")
+"""A schema jobfence may use: a plain lower-case identifier, short enough that the role
+names derived from it (``<schema>_maintainer``) stay within PostgreSQL's 63 bytes."""
+
+
+def schema_refusal(schema: object) -> str | None:
+    """Why ``schema`` may not hold an installation, or None. Never a schema PostgreSQL or
+    every application shares (``public``, ``information_schema``, ``pg_*``): migrate would
+    take over its objects and privileges (invariant 13)."""
+    if not isinstance(schema, str) or not SCHEMA_NAME.match(schema):
+        return (f"{str(schema)[:80]!r} is not a plain lower-case identifier of at most 48 "
+                "characters")
+    if schema in ("public", "information_schema") or schema.startswith("pg_"):
+        return (f"{schema!r} belongs to PostgreSQL or to every application of the database: "
+                "jobfence needs a schema of its own (the default is jobfence)")
+    return None
+
 
 MAX_DURATION = timedelta(days=36_500)
 """100 years: the longest ``ttl``, ``timeout``, ``expires_in`` or ``delay``. Anything longer

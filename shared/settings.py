@@ -17,7 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from jobfence.durations import Duration
 from jobfence.errors import ConfigError
-from jobfence.limits import Unstorable, check_text
+from jobfence.limits import Unstorable, check_text, schema_refusal
 
 
 def self_fence_margin(lease_seconds: float) -> float:
@@ -256,8 +256,6 @@ class Settings(BaseSettings):
     @field_validator("schema_name")
     @classmethod
     def _schema(cls, value: str) -> str:
-        from jobfence.db import schema_refusal
-
         if (why := schema_refusal(value)) is not None:
             raise ValueError(why)
         return value

@@ -64,8 +64,8 @@ def test_runs_record_trigger_counts_and_status_and_metrics_add_up(dsn: str) -> N
                 (("function", "sweeper"), ("status", "succeeded")))] == 2
     assert got[("jobfence_function_runs_total",
                 (("function", "reconciliation"), ("status", "failed")))] == 1
-    assert got[("jobfence_function_items_total",
-                (("function", "sweeper"), ("item", "batches")))] == 2
+    assert got[("jobfence_function_items_total",  # two runs: reclaims, stopping attempts
+                (("function", "sweeper"), ("item", "batches")))] == 4
     # The failed run did not erase reconciliation's last success.
     last = got[("jobfence_function_last_success_timestamp_seconds",
                 (("function", "reconciliation"),))]
