@@ -179,6 +179,10 @@ def test_who_may_do_what(server: Served) -> None:
         "user": "bob", "groups": ["dev"], "may_read": True, "may_operate": False,
         "auth": "proxy"}
     assert server.get("/api/v1/me", headers=CAROL).body["may_operate"] is True  # her group
+    # A user who chose the name "group:oncall" is not in the group oncall.
+    impostor = {"X-Forwarded-User": "group:oncall"}
+    assert server.get("/api/v1/me", headers=impostor).body["may_operate"] is False
+    assert server.post("/api/v1/drain", {"on": True}, headers=impostor).status == 403
     for path in ("/api/v1/jobs", "/api/v1/queues/q/pause", "/api/v1/queues/q/resume",
                  "/api/v1/queues/q/limit", "/api/v1/drain",
                  "/api/v1/functions/sweeper/trigger",
@@ -310,7 +314,8 @@ def test_bearer_tokens_are_checked_by_token_review(dsn: str, tmp_path: Path) -> 
         api.emulator.tokens.update({
             "op-token": {"username": "system:serviceaccount:ops:oncall",
                          "groups": ["system:serviceaccounts", "ops"]},
-            "dev-token": {"username": "dev@example.com", "groups": ["dev"]}})
+            "dev-token": {"username": "dev@example.com", "groups": ["dev"]},
+            "impostor-token": {"username": "group:ops", "groups": ["dev"]}})
         env = {"JOBFENCE_AUTH": "tokenreview", "JOBFENCE_CLUSTER": "kubernetes",
                "JOBFENCE_NAMESPACE": "jobs", "JOBFENCE_AUTH_OPERATORS": "group:ops",
                "KUBECONFIG": _kubeconfig(api, tmp_path)}
@@ -321,6 +326,9 @@ def test_bearer_tokens_are_checked_by_token_review(dsn: str, tmp_path: Path) -> 
             dev = {"Authorization": "Bearer dev-token"}
             op = {"Authorization": "Bearer op-token"}
             assert s.get("/api/v1/me", headers=dev).body["may_operate"] is False
+            impostor = {"Authorization": "Bearer impostor-token"}
+            assert s.get("/api/v1/me", headers=impostor).body["may_operate"] is False
+            assert s.post("/api/v1/drain", {"on": True}, headers=impostor).status == 403
             assert s.post("/api/v1/drain", {"on": True}, headers=dev).status == 403
             assert s.post("/api/v1/drain", {"on": True}, headers=op).body["draining"] is True
             reviews = api.emulator.token_reviews
