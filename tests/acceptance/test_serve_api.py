@@ -114,6 +114,7 @@ def test_a_list_of_specs_is_all_or_nothing(server: Served, dsn: str) -> None:
     ("POST", "/api/v1/drain", {"on": "yes"}, 400),
     ("POST", "/api/v1/functions/nope/trigger", {"reason": "x"}, 404),
     ("POST", "/api/v1/functions/sweeper/trigger", {}, 400),
+    ("POST", "/api/v1/jobs", spec(delay="PT1H", expires_in="PT10M"), 400),
 ])
 def test_bad_requests_say_what_is_wrong_and_write_nothing(
         server: Served, dsn: str, method: str, path: str, body: object, status: int) -> None:
