@@ -13,6 +13,7 @@ route only ever sees values it can use, and a malformed request is a 400, never 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -377,7 +378,7 @@ class Server:
             self.route(f"{v1}/functions", self.list_functions, query=FUNCTIONS_QUERY),
             self.route(f"{v1}/functions/{{name}}/trigger", self.trigger, method="POST",
                        operate=True),
-            Mount("/static", StaticFiles(directory=static), name="static"),
+            Mount("/static", ConsoleFiles(directory=static), name="static"),
         ]
 
         async def refused(request: Request, exc: Exception) -> Response:
@@ -387,7 +388,19 @@ class Server:
             return JSONResponse({"error": exc.detail}, exc.status_code,
                                 {**(exc.headers or {}), **SECURITY_HEADERS})
 
-        return Starlette(routes=routes, exception_handlers={HTTPException: refused})
+        app = Starlette(routes=routes, exception_handlers={HTTPException: refused})
+        app.router.redirect_slashes = False  # "/api/v1/jobs/" is no route: a 404, not a 307
+        return app
+
+
+class ConsoleFiles(StaticFiles):
+    """The console's static files. A path no file can have (a NUL, which the operating
+    system refuses with an error of its own) is a 404 like any other missing file."""
+
+    def lookup_path(self, path: str) -> tuple[str, os.stat_result | None]:
+        if "\x00" in path:
+            return "", None
+        return super().lookup_path(path)
 
 
 # -- input ---------------------------------------------------------------------------------

@@ -97,6 +97,17 @@ def test_a_malformed_query_is_400_saying_what_is_wrong(dsn: str, query: str) -> 
         assert r.json()["error"]
 
 
+@pytest.mark.parametrize(("path", "status"), [
+    ("/static/%00", 404), ("/static/a%00b.js", 404), ("/static/" + "x" * 5000, 404),
+    ("/api/v1/jobs/", 404), ("/api/v1/nope", 404), ("/api/v1/jobs/%00", 400)])
+def test_a_path_no_route_or_file_has_is_refused_in_json(
+        dsn: str, path: str, status: int) -> None:
+    with api_client(dsn) as client:
+        r = client.get(path)
+        assert r.status_code == status, (r.status_code, r.text[:300])
+        assert r.json()["error"]
+
+
 @pytest.mark.parametrize("query", [
     "/api/v1/jobs?&limit=50",  # what the console sends with no filter
     "/api/v1/jobs?status=&queue=&limit=007",
