@@ -74,6 +74,10 @@ PATH_PARAMS: dict[str, Callable[[str], Any]] = {
 
 STATUS = {ExitCode.INVALID: 400, ExitCode.NOT_FOUND: 404, ExitCode.CONFLICT: 409,
           ExitCode.UNAVAILABLE: 503, ExitCode.TIMEOUT: 504}
+REFUSED: tuple[tuple[type[JobfenceError], int], ...] = (
+    (Unauthenticated, 401), (Forbidden, 403), (TooLarge, 413), (RateLimited, 429),
+    (ClusterError, 503))  # the cluster cannot be asked now: not the server's own fault
+"""Errors whose HTTP status is not their exit code's (checked first, in this order)."""
 
 SECURITY_HEADERS = {
     "content-security-policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
@@ -180,24 +184,14 @@ class Server:
         return params.parse_json(raw)
 
     def _refusal(self, exc: JobfenceError) -> Answer:
+        status = next((code for kind, code in REFUSED if isinstance(exc, kind)),
+                      STATUS.get(exc.exit_code, 500))
         headers: dict[str, str] = {}
-        if isinstance(exc, Unauthenticated):
-            status = 401
-            if self.settings.auth == "tokenreview":
-                headers["www-authenticate"] = 'Bearer realm="jobfence"'
-        elif isinstance(exc, Forbidden):
-            status = 403
-        elif isinstance(exc, TooLarge):
-            status = 413
-        elif isinstance(exc, ClusterError):
-            status = 503  # the cluster cannot be asked now: not the server's own fault
-        elif isinstance(exc, RateLimited):
-            status = 429
-            if exc.retry_at is not None:
-                wait = (exc.retry_at - datetime.now(UTC)).total_seconds()
-                headers["retry-after"] = str(max(1, int(wait + 0.999)))
-        else:
-            status = STATUS.get(exc.exit_code, 500)
+        if isinstance(exc, Unauthenticated) and self.settings.auth == "tokenreview":
+            headers["www-authenticate"] = 'Bearer realm="jobfence"'
+        if isinstance(exc, RateLimited) and exc.retry_at is not None:
+            wait = (exc.retry_at - datetime.now(UTC)).total_seconds()
+            headers["retry-after"] = str(max(1, int(wait + 0.999)))
         return Answer({"error": str(exc)}, status, headers)
 
     # -- jobs ---------------------------------------------------------------------------
