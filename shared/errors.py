@@ -32,6 +32,10 @@ class InvalidSpec(JobfenceError):
     exit_code = ExitCode.INVALID
 
 
+class TooLarge(InvalidSpec):
+    """The input is larger than jobfence reads (an HTTP body: 413); nothing was written."""
+
+
 class ConfigError(InvalidSpec):
     """A setting is missing or malformed."""
 

@@ -227,7 +227,9 @@ class Settings(BaseSettings):
 
     auth_readers: str = Field(default="*", max_length=4096)
     """Who may read through ``jobfence serve``: comma-separated user names, ``group:NAME``
-    for a group's members, ``*`` for anyone authenticated. Operators may read too."""
+    for a group's members, ``*`` for anyone authenticated. Operators may read too. A user
+    and a group never match each other: a user named ``group:ops`` is not in ``ops`` (list
+    such a user as ``user:group:ops``)."""
 
     auth_operators: str = Field(default="", max_length=4096)
     """Who may act through ``jobfence serve`` (submit, cancel, retry, pause, drain,

@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from jobfence.actions import get_action
-from jobfence.durations import Duration
+from jobfence.durations import Duration, format_duration
 from jobfence.errors import InvalidSpec
 from jobfence.limits import MAX_DURATION, MAX_SPEC_BYTES, Unstorable, check_structure
 
@@ -117,6 +117,8 @@ class JobSpec(BaseModel):
     def _one_schedule(self) -> JobSpec:
         if self.run_at is not None and self.delay is not None:
             raise ValueError("give run_at or delay, not both")
+        if self.expires_in is not None:
+            _starts_before_it_expires(self.expires_in, self.run_at, self.delay)
         return self
 
     @field_validator("labels")
@@ -149,6 +151,24 @@ class JobSpec(BaseModel):
         same spec, or it is a conflict."""
         body = self.model_dump(mode="json", exclude={"idempotency_key"})
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _starts_before_it_expires(expires_in: timedelta, run_at: datetime | None,
+                              delay: timedelta | None) -> None:
+    """Refuse a job that would expire before it may start: lifecycle could only ever cancel
+    it. ``expires_in`` counts from the enqueue, which comes after this check — so a job
+    that passes here starts before it expires in the database too (which checks again,
+    by its own clock: ``Jobs.insert_many``)."""
+    said = f"expires_in {format_duration(expires_in)}"
+    if delay is not None and expires_in <= delay:
+        raise ValueError(f"{said} is not longer than its delay {format_duration(delay)}: "
+                         "the job would expire before it may start")
+    if run_at is not None:
+        ends = datetime.now(UTC) + expires_in
+        if ends <= run_at:
+            raise ValueError(f"{said} ends at {ends:%Y-%m-%dT%H:%M:%SZ}, not after its "
+                             f"run_at {run_at.isoformat()}: the job would expire before it "
+                             "may start")
 
 
 def _canonical(params: Mapping[str, Any]) -> str:

@@ -2,25 +2,30 @@
 
 Every route is a plain function of (store, call) run on a worker thread with a connection
 lent by the pool; errors are the CLI's typed errors, answered with the HTTP status of their
-exit code (invalid 400, not found 404, conflict 409, unavailable 503), as
-``{"error": message}``. Each answer says how long the server took (``Server-Timing``).
+exit code (invalid 400, not found 404, conflict 409, unavailable 503; a body past the limit
+413), as ``{"error": message}``. Each answer says how long the server took
+(``Server-Timing``).
+
+What a request says — its query, its path's parameters, its body — is read by
+``jobfence.console.params`` against what its route declares, before the route runs: a
+route only ever sees values it can use, and a malformed request is a 400, never a 500.
 """
 
 from __future__ import annotations
 
-import json
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 from urllib.parse import urlencode
-from uuid import UUID
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
@@ -28,6 +33,7 @@ from starlette.staticfiles import StaticFiles
 from jobfence import db, logs
 from jobfence.cli import to_jsonable
 from jobfence.cluster import PERIODIC_FUNCTIONS, Cluster
+from jobfence.console import params
 from jobfence.console.auth import Authenticator, Caller, check_write
 from jobfence.console.openapi import document
 from jobfence.errors import (
@@ -39,12 +45,13 @@ from jobfence.errors import (
     JobNotFound,
     NotFound,
     RateLimited,
+    TooLarge,
     Unauthenticated,
+    Unavailable,
 )
-from jobfence.ids import parse_job_id
 from jobfence.limits import MAX_SPEC_BYTES
 from jobfence.settings import Settings
-from jobfence.spec import parse_specs, queue_name
+from jobfence.spec import parse_specs
 from jobfence.store import ACTIVE, TERMINAL, Store
 from jobfence.submit import cancelled_object, enqueued_object, submit
 from jobfence.views import attempts_of, job_views
@@ -52,8 +59,25 @@ from jobfence.views import attempts_of, job_views
 PAGE_MAX = 500
 """The most jobs one page holds; page on with ``after`` (the ``next`` link)."""
 
+JOBS_QUERY = {
+    "status": params.Param(params.one_of("status", (*ACTIVE, *TERMINAL))),
+    "queue": params.Param(params.queue),
+    "resource": params.Param(params.text_of("resource", 500)),
+    "label": params.Param(params.labels),
+    "parent": params.Param(params.job_id),
+    "after": params.Param(params.job_id),
+    "limit": params.Param(params.whole("limit", 1, PAGE_MAX), 50),
+}
+FUNCTIONS_QUERY = {"runs": params.Param(params.whole("runs", 0, 200), 20)}
+PATH_PARAMS: dict[str, Callable[[str], Any]] = {
+    "job_id": params.job_id, "queue": params.queue, "name": str}
+
 STATUS = {ExitCode.INVALID: 400, ExitCode.NOT_FOUND: 404, ExitCode.CONFLICT: 409,
           ExitCode.UNAVAILABLE: 503, ExitCode.TIMEOUT: 504}
+REFUSED: tuple[tuple[type[JobfenceError], int], ...] = (
+    (Unauthenticated, 401), (Forbidden, 403), (TooLarge, 413), (RateLimited, 429),
+    (ClusterError, 503))  # the cluster cannot be asked now: not the server's own fault
+"""Errors whose HTTP status is not their exit code's (checked first, in this order)."""
 
 SECURITY_HEADERS = {
     "content-security-policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
@@ -70,10 +94,13 @@ class Call:
     """One API request as a route sees it."""
 
     caller: Caller
-    params: dict[str, str]
-    path: dict[str, str]
+    params: dict[str, Any]
+    """The route's query parameters, parsed (a default where one was not given)."""
+    path: dict[str, Any]
+    """The path's parameters, parsed."""
     body: Any
-    url: str
+    given: dict[str, str] = field(default_factory=dict)
+    """The query parameters as the client gave them (for the next page's link)."""
 
 
 @dataclass
@@ -91,33 +118,48 @@ class Server:
     cluster: Cluster | None
     reader: db.Pool | None = None
     """Connections of the reader's login, for the routes that only read (else ``pool``)."""
+    max_body: int = MAX_SPEC_BYTES
+    """The largest body read, in bytes: what ``enqueue --spec`` reads."""
     log: Any = field(default_factory=lambda: logs.get_logger("serve"))
 
     # -- plumbing -----------------------------------------------------------------------
 
     def route(self, path: str, handler: Callable[[Store, Call], Answer], *,
-              method: str = "GET", operate: bool = False) -> Route:
+              method: str = "GET", operate: bool = False,
+              query: Mapping[str, params.Param] | None = None) -> Route:
+        """``handler`` at ``path``, taking the query parameters ``query`` declares (none
+        by default: any other is a 400)."""
+        declared = dict(query or {})
+
         async def endpoint(request: Request) -> Response:
             started = time.perf_counter()
             caller: Caller | None = None
+            read = method != "POST"  # whether the body was read to its end
             try:
                 headers = {k.lower(): v for k, v in request.headers.items()}
-                check_write(method, headers, request.url.scheme)
+                check_write(method, headers, request.scope.get("scheme", "http"))
                 caller = await run_in_threadpool(self.auth.caller, headers)
                 caller.require(operate=operate)
-                body = await self._body(request) if method == "POST" else None
-                call = Call(caller, dict(request.query_params), dict(request.path_params),
-                            body, str(request.url))
+                given = params.parse_query(request.scope.get("query_string", b""), declared)
+                where = {name: PATH_PARAMS[name](value)
+                         for name, value in request.path_params.items()}
+                body = None
+                if method == "POST":
+                    body = await self._body(request)
+                    read = True
+                call = Call(caller, given.values, where, body, given.given)
                 answer = await run_in_threadpool(self._run, handler, call, operate)
             except JobfenceError as exc:
                 answer = self._refusal(exc)
             except Exception:
-                self.log.exception("request_failed", path=request.url.path)
+                self.log.exception("request_failed", path=request.scope["path"])
                 answer = Answer({"error": "internal error (see the server's log)"}, 500)
             took = (time.perf_counter() - started) * 1000
             if method == "POST":  # who changed what: every write, at info
-                self.log.info("api_write", path=request.url.path, status=answer.status,
+                self.log.info("api_write", path=request.scope["path"], status=answer.status,
                               user=caller.user if caller else None, ms=round(took, 1))
+            if not read:  # refused before its body ended: the client need not send the rest
+                answer.headers["connection"] = "close"
             answer.headers.update({"server-timing": f"app;dur={took:.2f}",
                                    "cache-control": "no-store", **SECURITY_HEADERS})
             return JSONResponse(to_jsonable(answer.body), answer.status, answer.headers)
@@ -131,64 +173,46 @@ class Server:
             return handler(Store(conn, self.settings.schema_name), call)
 
     async def _body(self, request: Request) -> Any:
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > MAX_SPEC_BYTES:
-            raise InvalidSpec(f"the body is larger than {MAX_SPEC_BYTES} bytes")
-        raw = await request.body()
-        if len(raw) > MAX_SPEC_BYTES:
-            raise InvalidSpec(f"the body is larger than {MAX_SPEC_BYTES} bytes")
+        """The body's JSON, read as it streams and never past ``max_body`` bytes (413)."""
+        try:
+            raw = await params.read_body(
+                request.stream(), request.headers.get("content-length"), self.max_body)
+        except ClientDisconnect:
+            raise InvalidSpec("the client went away before the end of its body") from None
         if not raw.strip():
             return {}
-        try:
-            return json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise InvalidSpec(f"the body is not JSON: {exc}") from None
+        return params.parse_json(raw)
 
     def _refusal(self, exc: JobfenceError) -> Answer:
+        status = next((code for kind, code in REFUSED if isinstance(exc, kind)),
+                      STATUS.get(exc.exit_code, 500))
         headers: dict[str, str] = {}
-        if isinstance(exc, Unauthenticated):
-            status = 401
-            if self.settings.auth == "tokenreview":
-                headers["www-authenticate"] = 'Bearer realm="jobfence"'
-        elif isinstance(exc, Forbidden):
-            status = 403
-        elif isinstance(exc, RateLimited):
-            status = 429
-            if exc.retry_at is not None:
-                wait = (exc.retry_at - datetime.now(UTC)).total_seconds()
-                headers["retry-after"] = str(max(1, int(wait + 0.999)))
-        else:
-            status = STATUS.get(exc.exit_code, 500)
+        if isinstance(exc, Unauthenticated) and self.settings.auth == "tokenreview":
+            headers["www-authenticate"] = 'Bearer realm="jobfence"'
+        if isinstance(exc, RateLimited) and exc.retry_at is not None:
+            wait = (exc.retry_at - datetime.now(UTC)).total_seconds()
+            headers["retry-after"] = str(max(1, int(wait + 0.999)))
         return Answer({"error": str(exc)}, status, headers)
 
     # -- jobs ---------------------------------------------------------------------------
 
     def list_jobs(self, store: Store, call: Call) -> Answer:
-        p = call.params
-        unknown = set(p) - {"status", "queue", "resource", "label", "parent", "after", "limit"}
-        if unknown:
-            raise InvalidSpec(f"unknown parameter {sorted(unknown)[0]!r}")
-        limit = _int(p.get("limit", "50"), "limit", 1, PAGE_MAX)
-        status = p.get("status") or None
-        if status is not None and status not in (*ACTIVE, *TERMINAL):
-            raise InvalidSpec(f"status must be one of {', '.join((*ACTIVE, *TERMINAL))}")
+        q = call.params
+        limit = q["limit"]
         rows = store.jobs.page(
-            status=status, resource=p.get("resource") or None,
-            parent_id=_job_id(p["parent"]) if p.get("parent") else None,
-            queue=_queue(p["queue"]) if p.get("queue") else None,
-            labels=_labels(p.get("label", "")), limit=limit,
-            after=_job_id(p["after"]) if p.get("after") else None)
+            status=q["status"], resource=q["resource"], parent_id=q["parent"],
+            queue=q["queue"], labels=q["label"], limit=limit, after=q["after"])
         jobs = job_views(store, rows)
         headers: dict[str, str] = {}
         following = None
         if len(rows) == limit:
-            query = {k: v for k, v in p.items() if k != "after"}
+            query = {k: v for k, v in call.given.items() if k != "after"}
             following = f"/api/v1/jobs?{urlencode({**query, 'after': str(rows[-1].job_id)})}"
             headers["link"] = f'<{following}>; rel="next"'
         return Answer({"jobs": jobs, "next": following}, headers=headers)
 
     def get_job(self, store: Store, call: Call) -> Answer:
-        job_id = _job_id(call.path["job_id"])
+        job_id = call.path["job_id"]
         row = store.jobs.get(job_id)
         if row is None:
             raise JobNotFound(job_id)
@@ -207,12 +231,12 @@ class Server:
         return Answer(made if isinstance(call.body, list) else made[0], 202, headers)
 
     def cancel_job(self, store: Store, call: Call) -> Answer:
-        job_id = _job_id(call.path["job_id"])
+        job_id = call.path["job_id"]
         done = store.jobs.cancel(job_id=job_id, reason=_reason(call, "cancelled"))
         return Answer(cancelled_object(job_id, done))
 
     def retry_job(self, store: Store, call: Call) -> Answer:
-        job_id = _job_id(call.path["job_id"])
+        job_id = call.path["job_id"]
         t = store.jobs.retry(job_id=job_id, reason=_reason(call, "retried"))
         return Answer({"job_id": job_id, "status": t.status})
 
@@ -223,7 +247,7 @@ class Server:
 
     def queue_verb(self, verb: str) -> Callable[[Store, Call], Answer]:
         def handler(store: Store, call: Call) -> Answer:
-            queue = _queue(call.path["queue"])
+            queue = call.path["queue"]
             if verb == "pause":
                 store.queues.configure(queue, paused=True, reason=_reason(call, "paused"),
                                        actor=call.caller.user)
@@ -260,7 +284,7 @@ class Server:
 
     def list_functions(self, store: Store, call: Call) -> Answer:
         status = {s.function: s._asdict() for s in store.runs.function_status()}
-        runs = store.runs.recent(limit=_int(call.params.get("runs", "20"), "runs", 0, 200))
+        runs = store.runs.recent(limit=call.params["runs"])
         triggers = store.triggers.recent(limit=20)
         functions = [{"function": name, **{k: v for k, v in status.get(name, {}).items()
                                            if k != "function"},
@@ -275,12 +299,14 @@ class Server:
         if function not in PERIODIC_FUNCTIONS:
             raise NotFound(f"no periodic function {function[:80]!r} (one of "
                            f"{', '.join(PERIODIC_FUNCTIONS)})")
+        if self.cluster is None:
+            raise Unavailable(f"this server cannot start {function}: it has no cluster to "
+                              "start it in (JOBFENCE_CLUSTER is none). Serve with "
+                              "JOBFENCE_CLUSTER=kubernetes or local, or run `jobfence "
+                              f"{function}` where the database can be reached")
         reason = _reason(call, "")
         if not reason.strip():
             raise InvalidSpec('say why: {"reason": "..."} (it is recorded with the run)')
-        if self.cluster is None:
-            raise ClusterError("this server has no cluster to start a function in "
-                               "(JOBFENCE_CLUSTER is none)")
         t = store.triggers.request(function=function, requested_by=call.caller.user,
                                    reason=reason,
                                    interval=self.settings.trigger_interval_seconds)
@@ -333,7 +359,7 @@ class Server:
             Route("/", index), Route("/healthz", healthz), Route("/readyz", readyz),
             Route(f"{v1}/openapi.json", openapi),
             self.route(f"{v1}/me", self.me),
-            self.route(f"{v1}/jobs", self.list_jobs),
+            self.route(f"{v1}/jobs", self.list_jobs, query=JOBS_QUERY),
             self.route(f"{v1}/jobs", self.submit_jobs, method="POST", operate=True),
             self.route(f"{v1}/jobs/{{job_id}}", self.get_job),
             self.route(f"{v1}/jobs/{{job_id}}/cancel", self.cancel_job, method="POST",
@@ -345,12 +371,32 @@ class Server:
                          method="POST", operate=True) for verb in ("pause", "resume", "limit")],
             self.route(f"{v1}/drain", self.drain),
             self.route(f"{v1}/drain", self.drain, method="POST", operate=True),
-            self.route(f"{v1}/functions", self.list_functions),
+            self.route(f"{v1}/functions", self.list_functions, query=FUNCTIONS_QUERY),
             self.route(f"{v1}/functions/{{name}}/trigger", self.trigger, method="POST",
                        operate=True),
-            Mount("/static", StaticFiles(directory=static), name="static"),
+            Mount("/static", ConsoleFiles(directory=static), name="static"),
         ]
-        return Starlette(routes=routes)
+
+        async def refused(request: Request, exc: Exception) -> Response:
+            """Starlette's own refusals (no such route, a method a route does not take),
+            answered like every other: ``{"error": ...}``."""
+            assert isinstance(exc, HTTPException)
+            return JSONResponse({"error": exc.detail}, exc.status_code,
+                                {**(exc.headers or {}), **SECURITY_HEADERS})
+
+        app = Starlette(routes=routes, exception_handlers={HTTPException: refused})
+        app.router.redirect_slashes = False  # "/api/v1/jobs/" is no route: a 404, not a 307
+        return app
+
+
+class ConsoleFiles(StaticFiles):
+    """The console's static files. A path no file can have (a NUL, which the operating
+    system refuses with an error of its own) is a 404 like any other missing file."""
+
+    def lookup_path(self, path: str) -> tuple[str, os.stat_result | None]:
+        if "\x00" in path:
+            return "", None
+        return super().lookup_path(path)
 
 
 # -- input ---------------------------------------------------------------------------------
@@ -371,36 +417,3 @@ def _reason(call: Call, verb: str) -> str:
         return (given or "")[:2000]
     said = f": {given[:2000]}" if given else ""
     return f"{verb} by {call.caller.user}{said}"
-
-
-def _int(text: str, name: str, low: int, high: int) -> int:
-    if not text.isdigit() or not low <= int(text) <= high:
-        raise InvalidSpec(f"{name} must be a whole number from {low} to {high}")
-    return int(text)
-
-
-def _job_id(text: str) -> UUID:
-    try:
-        return parse_job_id(text)
-    except ValueError as exc:
-        raise InvalidSpec(str(exc)) from None
-
-
-def _queue(text: str) -> str:
-    try:
-        return queue_name(text)
-    except ValueError as exc:
-        raise InvalidSpec(str(exc)) from None
-
-
-def _labels(text: str) -> dict[str, str] | None:
-    """``key=value[,key=value...]``: jobs carrying all of these labels."""
-    if not text:
-        return None
-    out = {}
-    for term in text.split(","):
-        key, eq, value = term.partition("=")
-        if not eq or not key.strip():
-            raise InvalidSpec(f"label {term[:80]!r}: give key=value")
-        out[key.strip()] = value.strip()
-    return out

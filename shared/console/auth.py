@@ -12,7 +12,12 @@ Every API request is authenticated one of three ways (``JOBFENCE_AUTH``):
   reach it through a name it controls: DNS rebinding).
 
 Permissions: readers read; operators read and act (``JOBFENCE_AUTH_READERS``,
-``JOBFENCE_AUTH_OPERATORS``: user names, ``group:NAME``, ``*``).
+``JOBFENCE_AUTH_OPERATORS``: user names, ``group:NAME``, ``*``). A user's name and a group's
+name never match each other: the lists are read into users and groups apart, a user is
+looked up among the users only and a group among the groups only — a user who signed up
+as ``group:ops`` is not a member of ``ops``. A user whose name itself starts with
+``group:`` or ``user:``, or is ``*``, is listed as ``user:NAME``. A name is never cut
+short to fit (a long one could become a listed one): a name too long is refused.
 
 The console's writes are safe from cross-site request forgery: a write must say it is JSON
 (``Content-Type: application/json``, which a form cannot send and a cross-site script cannot
@@ -33,10 +38,13 @@ from urllib.parse import urlsplit
 
 from jobfence.cluster import Identity
 from jobfence.errors import ClusterError, ConfigError, Forbidden, Unauthenticated, Unavailable
+from jobfence.limits import Unstorable, check_text
 from jobfence.settings import Settings
 
 REVIEW_TTL_SECONDS = 60.0
 REVIEW_CACHE_SIZE = 1024
+MAX_NAME_CHARS = 1000
+"""The longest user or group name taken; a longer one is refused, never cut."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,13 +63,55 @@ class Caller:
                             "(JOBFENCE_AUTH_READERS)")
 
 
-def members(spec: str) -> frozenset[str]:
-    return frozenset(t.strip() for t in spec.split(",") if t.strip())
+@dataclass(frozen=True, slots=True)
+class Members:
+    """Who a permission list names: users and groups kept apart."""
+
+    everyone: bool
+    users: frozenset[str]
+    groups: frozenset[str]
 
 
-def matches(allowed: frozenset[str], identity: Identity) -> bool:
-    return ("*" in allowed or identity.user in allowed
-            or any(f"group:{g}" in allowed for g in identity.groups))
+def members(spec: str, setting: str = "the list") -> Members:
+    """``spec`` read: ``*`` (everyone authenticated), ``group:NAME`` (a group),
+    ``user:NAME`` or a bare ``NAME`` (a user), comma-separated."""
+    everyone = False
+    users: set[str] = set()
+    groups: set[str] = set()
+    for term in (t.strip() for t in spec.split(",")):
+        if not term:
+            continue
+        if term == "*":
+            everyone = True
+            continue
+        kind, named = ((groups, term.removeprefix("group:")) if term.startswith("group:")
+                       else (users, term.removeprefix("user:")))
+        if not named:
+            raise ConfigError(f"{setting}: {term!r} names no one (give group:NAME or "
+                              "user:NAME)")
+        kind.add(named)
+    return Members(everyone, frozenset(users), frozenset(groups))
+
+
+def matches(allowed: Members, identity: Identity) -> bool:
+    """Whether ``allowed`` names the caller: its own name among the users, or one of its
+    groups among the groups — never a user's name among the groups, nor the reverse."""
+    return (allowed.everyone or identity.user in allowed.users
+            or not allowed.groups.isdisjoint(identity.groups))
+
+
+def checked(identity: Identity) -> Identity:
+    """``identity`` if its names can be matched and stored as they are; Unauthenticated
+    otherwise (a name is never cut: cut, it could become another)."""
+    for name in (identity.user, *identity.groups):
+        if len(name) > MAX_NAME_CHARS:
+            raise Unauthenticated(f"a user or group name longer than {MAX_NAME_CHARS} "
+                                  "characters is refused")
+        try:
+            check_text(name, "a user or group name")
+        except Unstorable as exc:
+            raise Unauthenticated(str(exc)) from None
+    return identity
 
 
 def is_loopback_host(host: str) -> bool:
@@ -92,8 +142,8 @@ class Authenticator:
             raise ConfigError("JOBFENCE_AUTH=tokenreview needs the Kubernetes API "
                               "(JOBFENCE_CLUSTER=kubernetes)")
         self.review = review
-        self.readers = members(settings.auth_readers)
-        self.operators = members(settings.auth_operators)
+        self.readers = members(settings.auth_readers, "JOBFENCE_AUTH_READERS")
+        self.operators = members(settings.auth_operators, "JOBFENCE_AUTH_OPERATORS")
         self.user_header = settings.auth_proxy_user_header.lower()
         self.groups_header = settings.auth_proxy_groups_header.lower()
         self._cache: OrderedDict[bytes, tuple[float, Identity | None]] = OrderedDict()
@@ -105,7 +155,8 @@ class Authenticator:
             if not is_loopback_host(host_of(headers.get("host", ""))):
                 raise Forbidden("this server answers only requests to a loopback host")
             return Caller("local", (), True, True)
-        identity = self._proxy(headers) if self.mode == "proxy" else self._bearer(headers)
+        identity = checked(self._proxy(headers) if self.mode == "proxy"
+                           else self._bearer(headers))
         return Caller(identity.user, identity.groups,
                       matches(self.readers, identity), matches(self.operators, identity))
 
@@ -116,7 +167,7 @@ class Authenticator:
                                   "through the authenticating proxy")
         groups = tuple(g.strip() for g in headers.get(self.groups_header, "").split(",")
                        if g.strip())
-        return Identity(user[:200], groups)
+        return Identity(user, groups)
 
     def _bearer(self, headers: Mapping[str, str]) -> Identity:
         scheme, _, token = headers.get("authorization", "").partition(" ")

@@ -18,7 +18,9 @@ def _ok(description: str, schema: dict[str, Any], status: str = "200") -> dict[s
 
 
 def _errors(*codes: str) -> dict[str, Any]:
-    return {code: _ERROR for code in ("401", "403", *codes)}
+    """Every route may answer 400 (a parameter it does not take, or a malformed one), 401
+    and 403."""
+    return {code: _ERROR for code in ("400", "401", "403", *codes)}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -35,6 +37,10 @@ def _op(summary: str, responses: dict[str, Any], *, operate: bool = False,
     if body:
         op["requestBody"] = {"required": False,
                              "content": {"application/json": {"schema": body}}}
+    if operate:  # every write reads a body, if only to refuse it
+        responses.setdefault("413", {
+            "description": "the body is larger than 64 MiB (refused as it streams)",
+            "content": {"application/json": {"schema": _ref("Error")}}})
     return op
 
 
@@ -136,6 +142,9 @@ def document() -> dict[str, Any]:
                  "429": {"description": "triggered too recently (Retry-After says when)",
                          "content": {"application/json": {"schema": _ref("Error")}}},
                  "502": {"description": "the cluster refused to start it (recorded)",
+                         "content": {"application/json": {"schema": _ref("Error")}}},
+                 "503": {"description": "this server has no cluster to start it in "
+                                        "(JOBFENCE_CLUSTER=none); nothing recorded",
                          "content": {"application/json": {"schema": _ref("Error")}}},
                  **_errors("400", "404")},
                 operate=True, params=[_path("name", "sweeper, reconciliation, lifecycle, "

@@ -80,9 +80,16 @@ class Jobs(Noun):
 
     def insert_many(self, jobs: Sequence[NewJob]) -> set[UUID]:
         """Insert a batch of new jobs; the ids inserted (a repeated idempotency key inserts
-        nothing for its job)."""
-        return {r["job_id"] for r in self._all(
-            "insert_many", {"jobs": json.dumps([job.row() for job in jobs])})}
+        nothing for its job). ``InvalidSpec`` when a job would expire before it may start
+        by the database's clock — its ``expires_in`` counts from the transaction's start,
+        which may be long before the spec was checked — and the caller's transaction (or
+        savepoint) then writes nothing."""
+        rows = self._all("insert_many", {"jobs": json.dumps([job.row() for job in jobs])})
+        if not all(r["expires_late"] for r in rows):
+            raise InvalidSpec("a job would expire before it may start: its expires_in, "
+                              "counted from the start of this transaction by the database's "
+                              "clock, ends before its run_at or delay")
+        return {r["job_id"] for r in rows}
 
     def by_idempotency_keys(self, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
         return {r["idempotency_key"]: r for r in self._all("by_idempotency_keys",

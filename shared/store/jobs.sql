@@ -5,7 +5,9 @@
 -- insert_many --
 -- Insert a batch of new jobs (a datum parent starts out running, never claimed); a repeated
 -- idempotency key inserts nothing for that job. A scheduled job (run_at, or delay from now)
--- is not claimable before then: that is its visible_at.
+-- is not claimable before then: that is its visible_at. expires_late says whether a job
+-- that expires may start first, by the database's clock (the caller refuses the batch
+-- when one may not).
 INSERT INTO {schema}.jobs (
     job_id, status, actions, resource, priority, max_attempts, visible_at, parent_id,
     is_parent, inputs, labels, ttl, timeout, expires_at, idempotency_key, spec_hash, reason,
@@ -29,7 +31,7 @@ FROM jsonb_to_recordset(%(jobs)s::jsonb) AS x (
 CROSS JOIN LATERAL (SELECT coalesce(x.run_at,
                                     now() + make_interval(secs => x.delay_seconds)) AS run_at) s
 ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING job_id;
+RETURNING job_id, (expires_at IS NULL OR run_at IS NULL OR expires_at > run_at) AS expires_late;
 
 -- by_idempotency_keys --
 -- Jobs already enqueued under these idempotency keys.

@@ -3,13 +3,15 @@ operator role) on a free port of 127.0.0.1, ready once ``/healthz`` answers."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import select
 import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +60,32 @@ class Served:
                 return _reply(resp.status, resp.read(), resp.headers.items())
         except urllib.error.HTTPError as err:
             return _reply(err.code, err.read(), err.headers.items())
+
+    def post_chunked(self, path: str, chunks: Iterable[bytes], *,
+                     headers: dict[str, str] | None = None) -> tuple[Reply, int]:
+        """POST ``chunks`` with ``Transfer-Encoding: chunked``, as a client streaming a body
+        it makes as it goes; it stops sending as soon as the server answers (or hangs up).
+        The answer, and how many bytes of the body were sent."""
+        host, port = self.url.removeprefix("http://").rsplit(":", 1)
+        head = {"Host": f"{host}:{port}", "Content-Type": "application/json",
+                "Transfer-Encoding": "chunked", **(headers or {})}
+        sent = 0
+        with socket.create_connection((host, int(port)), timeout=60) as sock:
+            sock.sendall((f"POST {path} HTTP/1.1\r\n" + "".join(
+                f"{k}: {v}\r\n" for k, v in head.items()) + "\r\n").encode())
+            try:
+                for chunk in chunks:
+                    if select.select([sock], [], [], 0)[0]:
+                        break  # the server has answered before the end
+                    sock.sendall(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                    sent += len(chunk)
+                else:
+                    sock.sendall(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError, TimeoutError):
+                pass  # it hung up: its answer is already here
+            resp = http.client.HTTPResponse(sock)
+            resp.begin()
+            return _reply(resp.status, resp.read(), resp.getheaders()), sent
 
     def get(self, path: str, **kw: Any) -> Reply:
         return self.call("GET", path, **kw)

@@ -74,6 +74,14 @@ def test_enqueue_spec_file_list_prints_one_object_per_spec(dsn: str, tmp_path) -
     (["--spec", "-", "sleep"], "{}", "either --spec or ACTION"),
     ([], None, "nothing to enqueue"),
     (["sleep", "--no-such-flag"], None, "unrecognized arguments"),
+    (['sleep:{"seconds": 1}', "--delay", "PT1H", "--expires-in", "PT10M"], None,
+     "expire before it may start"),
+    (['sleep:{"seconds": 1}', "--delay", "PT1H", "--expires-in", "PT1H"], None,
+     "expire before it may start"),
+    (['sleep:{"seconds": 1}', "--run-at", "2099-01-01T00:00:00Z", "--expires-in", "P1D"],
+     None, "expire before it may start"),
+    (["--spec", "-"], '{"actions": [{"name": "sleep", "params": {"seconds": 1}}], '
+     '"delay": "PT2H", "expires_in": "PT1H"}', "expire before it may start"),
 ])
 def test_enqueue_rejects_bad_input_with_exit_2_and_writes_nothing(
         dsn: str, args: list[str], stdin: str | None, message: str) -> None:

@@ -99,6 +99,10 @@ def test_a_list_of_specs_is_all_or_nothing(server: Served, dsn: str) -> None:
     ("POST", "/api/v1/jobs/0190a000-0000-7000-8000-000000000000/retry", None, 404),
     ("GET", "/api/v1/jobs?limit=501", None, 400),
     ("GET", "/api/v1/jobs?limit=0", None, 400),
+    ("GET", "/api/v1/jobs?limit=%C2%B2", None, 400),  # "²" passes str.isdigit
+    ("GET", "/api/v1/jobs?limit=5&limit=6", None, 400),
+    ("GET", "/api/v1/functions?runs=%C2%B2", None, 400),
+    ("GET", "/api/v1/queues?x=1", None, 400),
     ("GET", "/api/v1/jobs?status=done", None, 400),
     ("GET", "/api/v1/jobs?queue=Not_A_Queue", None, 400),
     ("GET", "/api/v1/jobs?label=novalue", None, 400),
@@ -110,6 +114,7 @@ def test_a_list_of_specs_is_all_or_nothing(server: Served, dsn: str) -> None:
     ("POST", "/api/v1/drain", {"on": "yes"}, 400),
     ("POST", "/api/v1/functions/nope/trigger", {"reason": "x"}, 404),
     ("POST", "/api/v1/functions/sweeper/trigger", {}, 400),
+    ("POST", "/api/v1/jobs", spec(delay="PT1H", expires_in="PT10M"), 400),
 ])
 def test_bad_requests_say_what_is_wrong_and_write_nothing(
         server: Served, dsn: str, method: str, path: str, body: object, status: int) -> None:
@@ -129,6 +134,19 @@ def test_a_body_that_is_not_json_is_refused(server: Served) -> None:
     assert r.status == 400 and "not JSON" in r.body["error"]
     r = server.call("POST", "/api/v1/jobs", raw=b"\xff\xfe", headers=ALICE)
     assert r.status == 400
+    deep = server.call("POST", "/api/v1/jobs", raw=b"[" * 100_000 + b"]" * 100_000,
+                       headers=ALICE)
+    assert deep.status == 400 and "nested" in deep.body["error"]
+    assert server.get("/api/v1/jobs", headers=BOB).body["jobs"] == []
+
+
+def test_a_trigger_without_a_cluster_is_503_saying_why(dsn: str) -> None:
+    with serve(dsn, JOBFENCE_AUTH="none", JOBFENCE_CLUSTER="none") as s:
+        r = s.post("/api/v1/functions/sweeper/trigger", {"reason": "INC-9"})
+        assert r.status == 503 and "JOBFENCE_CLUSTER" in r.body["error"], r.body
+    with connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) AS n FROM jobfence.function_triggers"
+                            ).fetchone() == {"n": 0}
 
 
 @pytest.mark.pooled
@@ -162,6 +180,10 @@ def test_who_may_do_what(server: Served) -> None:
         "user": "bob", "groups": ["dev"], "may_read": True, "may_operate": False,
         "auth": "proxy"}
     assert server.get("/api/v1/me", headers=CAROL).body["may_operate"] is True  # her group
+    # A user who chose the name "group:oncall" is not in the group oncall.
+    impostor = {"X-Forwarded-User": "group:oncall"}
+    assert server.get("/api/v1/me", headers=impostor).body["may_operate"] is False
+    assert server.post("/api/v1/drain", {"on": True}, headers=impostor).status == 403
     for path in ("/api/v1/jobs", "/api/v1/queues/q/pause", "/api/v1/queues/q/resume",
                  "/api/v1/queues/q/limit", "/api/v1/drain",
                  "/api/v1/functions/sweeper/trigger",
@@ -293,7 +315,8 @@ def test_bearer_tokens_are_checked_by_token_review(dsn: str, tmp_path: Path) -> 
         api.emulator.tokens.update({
             "op-token": {"username": "system:serviceaccount:ops:oncall",
                          "groups": ["system:serviceaccounts", "ops"]},
-            "dev-token": {"username": "dev@example.com", "groups": ["dev"]}})
+            "dev-token": {"username": "dev@example.com", "groups": ["dev"]},
+            "impostor-token": {"username": "group:ops", "groups": ["dev"]}})
         env = {"JOBFENCE_AUTH": "tokenreview", "JOBFENCE_CLUSTER": "kubernetes",
                "JOBFENCE_NAMESPACE": "jobs", "JOBFENCE_AUTH_OPERATORS": "group:ops",
                "KUBECONFIG": _kubeconfig(api, tmp_path)}
@@ -304,6 +327,9 @@ def test_bearer_tokens_are_checked_by_token_review(dsn: str, tmp_path: Path) -> 
             dev = {"Authorization": "Bearer dev-token"}
             op = {"Authorization": "Bearer op-token"}
             assert s.get("/api/v1/me", headers=dev).body["may_operate"] is False
+            impostor = {"Authorization": "Bearer impostor-token"}
+            assert s.get("/api/v1/me", headers=impostor).body["may_operate"] is False
+            assert s.post("/api/v1/drain", {"on": True}, headers=impostor).status == 403
             assert s.post("/api/v1/drain", {"on": True}, headers=dev).status == 403
             assert s.post("/api/v1/drain", {"on": True}, headers=op).body["draining"] is True
             reviews = api.emulator.token_reviews
@@ -352,11 +378,29 @@ def test_paging_through_25000_jobs_keeps_the_server_small(server: Served, dsn: s
     assert max(rss[10:]) - rss[9] < 20 * 1024, rss
 
 
-def _rss_kib(pid: int) -> int:
+def _rss_kib(pid: int, field: str = "VmRSS") -> int:
+    """The resident memory of a process (``VmHWM``: the most it ever had)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1])
-    raise AssertionError("no VmRSS")
+    raise AssertionError(f"no {field}")
+
+
+def test_a_chunked_body_of_512_mib_is_refused_while_it_streams_and_the_server_stays_small(
+        server: Served, dsn: str) -> None:
+    mib = 1024 * 1024
+    before = _rss_kib(server.proc.pid)
+    body = (b" " * mib for _ in range(512))  # made as it is sent, never held whole
+    r, sent = server.post_chunked("/api/v1/jobs", body, headers=ALICE)
+    grew = (_rss_kib(server.proc.pid, "VmHWM") - before) * 1024
+    assert grew < 128 * mib, f"the server grew by {grew // mib} MiB at its peak"
+    assert r.status == 413 and "larger than" in r.body["error"], (r.status, r.body)
+    assert sent < 512 * mib  # refused before the end: the client stopped sending
+    # A body that declares more than the limit is refused before a byte of it is read.
+    declared = server.call("POST", "/api/v1/jobs", raw=b"{}", headers={
+        **ALICE, "Content-Length": str(65 * mib)})
+    assert declared.status == 413
+    assert server.get("/api/v1/jobs", headers=BOB).body["jobs"] == []
 
 
 def _kubeconfig(api: KubeAPI, tmp_path: Path) -> str:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -18,6 +20,7 @@ import jobfence
 from jobfence.spec import JobSpec
 from jobfence.store import Store
 from tests.conftest import Dsn, role_dsn, run_cli
+from tests.factories import new_job
 
 SLEEP = [{"name": "sleep", "params": {"seconds": 0}}]
 
@@ -102,6 +105,48 @@ def test_a_refusal_inside_the_callers_transaction_leaves_it_usable(
     assert [r["what"] for r in conn.execute(
         "SELECT what FROM app.requests ORDER BY id").fetchall()] == ["first", "second"]
     assert counts(conn)["jobs"] == 1
+
+
+@pytest.mark.pooled
+def test_a_spec_that_would_expire_before_it_may_start_is_refused_and_writes_nothing(
+        app: psycopg.Connection[Any], conn: Any) -> None:
+    empty = counts(conn)
+    for when in ({"delay": "PT1H"}, {"run_at": (datetime.now(UTC) + timedelta(hours=2)
+                                                ).isoformat()}):
+        with pytest.raises(jobfence.InvalidSpec, match="expire before it may start"):
+            jobfence.enqueue(app, {"actions": SLEEP, "expires_in": "PT1H", **when})
+    assert counts(conn) == empty
+
+
+def test_the_database_refuses_an_expiry_before_the_start_by_its_own_clock(
+        app: psycopg.Connection[Any], conn: Any) -> None:
+    """``expires_in`` counts from the database's ``now()``: the start of the application's
+    transaction, which may be long before the spec was checked by the application's clock.
+    The database checks again, and the refusal leaves the transaction usable."""
+    with app.transaction():
+        app.execute("INSERT INTO app.requests (what) VALUES ('first')")  # now() is fixed
+        time.sleep(1.5)
+        soon = datetime.now(UTC) + timedelta(seconds=1)  # after now() + PT2S
+        with pytest.raises(jobfence.InvalidSpec, match="expire before it may start"):
+            jobfence.enqueue(app, {"actions": SLEEP, "run_at": soon.isoformat(),
+                                   "expires_in": "PT2S"})
+        app.execute("INSERT INTO app.requests (what) VALUES ('second')")
+    assert counts(conn)["jobs"] == 0 and counts(conn)["requests"] == 2
+
+
+@pytest.mark.pooled
+@pytest.mark.usefixtures("app")
+def test_the_store_refuses_a_job_that_would_expire_before_it_may_start(
+        store: Store, conn: Any) -> None:
+    empty = counts(conn)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    for job in (new_job(delay_seconds=3600, expires_in_seconds=60),
+                new_job(run_at=later, expires_in_seconds=60),
+                new_job(delay_seconds=60, expires_in_seconds=60)):
+        with pytest.raises(jobfence.InvalidSpec, match="expire before it may start"):
+            store.jobs.enqueue([new_job(), job])  # all or nothing
+    assert counts(conn) == empty
+    store.jobs.enqueue([new_job(delay_seconds=60, expires_in_seconds=61)])
 
 
 def test_a_connection_not_in_autocommit_is_committed_and_rolled_back_by_the_application(

@@ -1,5 +1,6 @@
 """Who calls `jobfence serve` and what they may do, without a server: the three auth modes,
-permissions by user and group, the TokenReview cache, the loopback rules of `none`, and the
+permissions by user and group (a user's name and a group's name never match each other,
+whatever they are called), the TokenReview cache, the loopback rules of `none`, and the
 writes a browser may have been tricked into. Arbitrary headers end in a typed refusal,
 never in a crash."""
 
@@ -75,6 +76,98 @@ def test_proxy_identity_and_permissions() -> None:
         stranger.require()
     custom = authenticator("proxy", auth_proxy_user_header="X-Auth-Request-User")
     assert custom.caller({"x-auth-request-user": "carol"}).user == "carol"
+
+
+def test_a_user_named_like_a_listed_group_is_not_a_member_of_it() -> None:
+    """A proxy passes the name a user chose at sign-up: "group:ops" is a name like another."""
+    auth = authenticator("proxy", auth_readers="group:dev", auth_operators="alice,group:ops")
+    impostor = auth.caller({"x-forwarded-user": "group:ops"})
+    assert (impostor.may_read, impostor.may_operate) == (False, False)
+    with pytest.raises(Forbidden):
+        impostor.require()
+    assert auth.caller({"x-forwarded-user": "group:dev"}).may_read is False
+    member = auth.caller({"x-forwarded-user": "group:ops", "x-forwarded-groups": "ops"})
+    assert member.may_operate  # a member of ops, whatever the name
+    # Nor is a member of a group named like a listed user that user.
+    assert not auth.caller({"x-forwarded-user": "bob", "x-forwarded-groups": "alice"}
+                           ).may_operate
+
+
+def test_a_token_of_a_user_named_like_a_listed_group_is_not_a_member_of_it() -> None:
+    identities = {"impostor": Identity("group:ops", ()), "member": Identity("eve", ("ops",)),
+                  "named": Identity("ops", ("alice",))}
+    auth = authenticator("tokenreview", identities.get, auth_operators="alice,group:ops")
+    assert not auth.caller({"authorization": "Bearer impostor"}).may_operate
+    assert auth.caller({"authorization": "Bearer member"}).may_operate
+    assert not auth.caller({"authorization": "Bearer named"}).may_operate
+
+
+def test_without_auth_the_caller_is_local_whatever_the_headers_say() -> None:
+    auth = authenticator("none", bind="127.0.0.1", auth_operators="group:ops")
+    caller = auth.caller({"host": "127.0.0.1:8080", "x-forwarded-user": "group:ops",
+                          "x-forwarded-groups": "ops", "authorization": "Bearer x"})
+    assert (caller.user, caller.groups) == ("local", ())
+
+
+def test_a_user_whose_name_looks_like_a_group_is_listed_as_user_name() -> None:
+    auth = authenticator("proxy", auth_operators="user:group:ops, user:user:x, user:*")
+    assert auth.caller({"x-forwarded-user": "group:ops"}).may_operate
+    assert auth.caller({"x-forwarded-user": "user:x"}).may_operate
+    assert not auth.caller({"x-forwarded-user": "x"}).may_operate
+    assert auth.caller({"x-forwarded-user": "*"}).may_operate  # "user:*" is not everyone
+    assert not auth.caller({"x-forwarded-user": "bob"}).may_operate
+    assert not auth.caller({"x-forwarded-user": "bob", "x-forwarded-groups": "ops"}
+                           ).may_operate
+
+
+@pytest.mark.parametrize("listed", ["group:", "user:", "alice, group: "])
+def test_an_entry_naming_nobody_is_a_configuration_error(listed: str) -> None:
+    with pytest.raises(ConfigError, match="names no"):
+        authenticator("proxy", auth_operators=listed)
+
+
+def test_a_user_name_is_never_cut_to_match_another() -> None:
+    listed = "a" * 200
+    auth = authenticator("proxy", auth_operators=listed)
+    assert auth.caller({"x-forwarded-user": listed}).may_operate
+    with pytest.raises(Unauthenticated, match="longer"):
+        auth.caller({"x-forwarded-user": listed + "x" * 1000})
+    assert not auth.caller({"x-forwarded-user": listed + "x"}).may_operate
+
+
+NAME = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc", "Zs", "Zl", "Zp"),
+                             exclude_characters=","), min_size=1, max_size=12) \
+    | st.sampled_from(["ops", "group:ops", "user:ops", "*", "group:*", "user:", "group:",
+                       "system:masters", "alice"])
+
+
+@settings(max_examples=300, derandomize=True, database=None)
+@given(user=NAME, groups=st.lists(NAME, max_size=3), users_listed=st.lists(NAME, max_size=3),
+       groups_listed=st.lists(NAME, max_size=3), mode=st.sampled_from(["proxy", "tokenreview"]),
+       bare=st.booleans())
+def test_user_names_and_group_names_never_match_each_other(
+        user: str, groups: list[str], users_listed: list[str], groups_listed: list[str],
+        mode: str, bare: bool) -> None:
+    """Whatever the names: a caller is an operator exactly when their own name is listed as
+    a user, or one of their groups as a group — in the proxy's headers and in a token's
+    review alike."""
+
+    def as_user(name: str) -> str:
+        plain = bare and name != "*" and not name.startswith(("group:", "user:"))
+        return name if plain else f"user:{name}"
+
+    operators = ",".join([as_user(u) for u in users_listed]
+                         + [f"group:{g}" for g in groups_listed])
+    identity = Identity(user, tuple(groups))
+    auth = authenticator(mode, lambda token: identity, auth_operators=operators,
+                         auth_readers="")
+    headers = ({"x-forwarded-user": user, "x-forwarded-groups": ",".join(groups)}
+               if mode == "proxy" else {"authorization": "Bearer t"})
+    caller = auth.caller(headers)
+    assert caller.user == user and set(caller.groups) == set(groups)
+    expected = user in users_listed or bool(set(groups) & set(groups_listed))
+    assert caller.may_operate is expected
+    assert caller.may_read is False
 
 
 def test_token_review_is_asked_once_a_minute_per_token() -> None:

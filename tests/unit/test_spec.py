@@ -1,11 +1,14 @@
 """Job spec validation: everything is checked before anything is written, with a message
-that says what is wrong."""
+that says what is wrong. A spec that would expire before it may start (its ``expires_in``
+ending before its ``run_at`` or ``delay``) never passes, fuzzed over both."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jobfence.durations import format_duration, parse_duration
 from jobfence.errors import InvalidSpec
@@ -66,6 +69,57 @@ def test_format_duration_round_trips() -> None:
 def test_invalid_specs_say_what_is_wrong(spec: dict[str, object], message: str) -> None:
     with pytest.raises(InvalidSpec, match=message):
         parse_specs(spec)
+
+
+@pytest.mark.parametrize("spec", [
+    one(delay="PT1H", expires_in="PT10M"),
+    one(delay="PT1H", expires_in="PT1H"),  # expiring as it becomes runnable: a race lost
+    one(delay="P1D", expires_in="PT23H59M59S"),
+    one(run_at="2099-01-01T00:00:00Z", expires_in="P7D"),
+    one(run_at=(datetime.now(UTC) + timedelta(hours=2)).isoformat(), expires_in="PT1H"),
+])
+def test_a_spec_that_would_expire_before_it_may_start_is_invalid(
+        spec: dict[str, object]) -> None:
+    with pytest.raises(InvalidSpec, match="expire before it may start"):
+        parse_specs(spec)
+
+
+@pytest.mark.parametrize("spec", [
+    one(delay="PT1H", expires_in="PT1H1S"),
+    one(run_at="2020-01-01T00:00:00Z", expires_in="PT1S"),  # due already
+    one(run_at=(datetime.now(UTC) + timedelta(hours=1)).isoformat(), expires_in="PT2H"),
+    one(expires_in="PT1S"), one(delay="PT1H"),
+])
+def test_an_expiry_after_the_scheduled_start_is_accepted(spec: dict[str, object]) -> None:
+    assert len(parse_specs(spec)) == 1
+
+
+SECONDS = st.integers(1, 400 * 86_400).map(lambda s: timedelta(seconds=s))
+
+
+@settings(max_examples=500, derandomize=True, database=None)
+@given(expires_in=SECONDS, start=SECONDS | st.integers(-400 * 86_400, 0).map(
+    lambda s: timedelta(seconds=s)), by_delay=st.booleans())
+def test_no_spec_passes_that_would_expire_before_it_may_start(
+        expires_in: timedelta, start: timedelta, by_delay: bool) -> None:
+    """Whatever the durations and timestamps, a spec that passes may start before it
+    expires; and one that may start before it expires passes."""
+    now = datetime.now(UTC)
+    when = ({"delay": format_duration(start)} if by_delay and start > timedelta(0)
+            else {"run_at": (now + start).isoformat()})
+    spec = one(expires_in=format_duration(expires_in), **when)
+    try:
+        [parsed] = parse_specs(spec)
+    except InvalidSpec as exc:
+        assert "expire before it may start" in str(exc)
+        assert start >= expires_in  # so every spec that may start before it expires passes
+        return
+    later = datetime.now(UTC)  # expires_in counts from the enqueue, later still
+    assert parsed.expires_in is not None
+    if parsed.delay is not None:
+        assert parsed.delay < parsed.expires_in
+    else:
+        assert parsed.run_at is not None and parsed.run_at < later + parsed.expires_in
 
 
 def test_list_errors_name_the_spec() -> None:
