@@ -398,7 +398,8 @@ def main() -> int:
         table("outcome", [(r["status"], str(r["n"])) for r in totals]
               + [("claims (attempts started)", str(claims["n"] if claims else 0))])
         table("invariants (from the audit trail and the object store)",
-              [(v.name, "ok" if v.ok else f"VIOLATED: {json.dumps(v.violations, default=str)}")
+              [(v.name, (f"ok ({v.checked} looked at)" if v.checked else "ok") if v.ok
+                else f"VIOLATED: {json.dumps(v.violations, default=str)}")
                for v in verdicts])
         bad = [v for v in verdicts if not v.ok]
         print(f"\nchaos: {'FAILED' if bad else 'passed'} in {time.monotonic() - started:.0f}s "
