@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from uuid import UUID
 
@@ -93,7 +94,8 @@ def test_no_worker_function_returns_a_fence(catalog: list[dict[str, Any]]) -> No
 @pytest.fixture
 def decoys(conn: psycopg.Connection[dict[str, Any]], relations: list[str]) -> str:
     """DDL that creates, in the session that runs it, a temporary table named like every
-    table of the schema, with the same columns, and puts pg_temp first."""
+    table of the schema, with the same columns and open to everyone, and puts pg_temp
+    first in the session's search path."""
     statements = [sql.SQL("SET search_path = pg_temp, jobfence, public")]
     for name in relations:
         columns = conn.execute("""
@@ -105,10 +107,17 @@ def decoys(conn: psycopg.Connection[dict[str, Any]], relations: list[str]) -> st
             sql.Identifier(name), sql.SQL(", ").join(
                 sql.SQL("{} {}").format(sql.Identifier(c["column"]), sql.SQL(c["type"]))
                 for c in columns)))
+        # Open to every role, the owner's included: a function running as the owner that
+        # resolved a name to the decoy would write into it without a complaint.
+        statements.append(sql.SQL("GRANT ALL ON pg_temp.{} TO PUBLIC").format(
+            sql.Identifier(name)))
     return sql.SQL("; ").join(statements).as_string(None)
 
 
+@contextmanager
 def planted(url: str, ddl: str, schema: str = "jobfence") -> Iterator[Store]:
+    """A store over a login's session that has planted the decoys; on leaving, every decoy
+    must still be empty."""
     conn = db.connect(url)
     conn.execute(ddl)  # type: ignore[arg-type]  # built above from the catalog
     try:
@@ -139,7 +148,7 @@ def test_temporary_tables_change_nothing_the_worker_writes(
     logins = ensure_logins(dsn.direct)
     job = enqueue_one(store)
     before = deltas(conn)
-    for worker in planted(logins["worker"], decoys):
+    with planted(logins["worker"], decoys) as worker:
         [claim] = worker.attempts.claim(worker_id="w", lease_seconds=60)
         assert worker.attempts.heartbeat(job_id=job, attempt_id=claim.attempt_id,
                                          lease_seconds=60) is not None
@@ -153,7 +162,7 @@ def test_temporary_tables_change_nothing_the_worker_writes(
 def test_temporary_tables_change_nothing_the_operator_writes(
         dsn: Dsn, store: Store, conn: psycopg.Connection[dict[str, Any]], decoys: str) -> None:
     logins = ensure_logins(dsn.direct)
-    for operator in planted(logins["operator"], decoys):
+    with planted(logins["operator"], decoys) as operator:
         job = enqueue_one(operator)
         operator.jobs.cancel(job_id=job, reason="changed my mind")
         operator.jobs.retry(job_id=job, reason="again")
@@ -178,7 +187,7 @@ def test_temporary_tables_change_nothing_the_maintainer_writes(
     job = enqueue_one(store)
     store.attempts.claim(worker_id="w", lease_seconds=0.05)
     conn.execute("SELECT pg_sleep(0.1)")
-    for maintainer in planted(logins["maintainer"], decoys):
+    with planted(logins["maintainer"], decoys) as maintainer:
         [t] = maintainer.maintenance.reclaim_expired(retry=RetryPolicy(0, 0), batch_size=10)
         assert t.job_id == job
     assert trail(conn, job) == [(None, "pending"), ("pending", "running"),
