@@ -101,7 +101,7 @@ def test_cancel_then_retry_at_once_never_runs_two_at_the_same_time(
     tmp_path.chmod(0o777)
     marks, lock = tmp_path / "marks", tmp_path / "lock"
     script = (f"flock -n {lock} sh -c 'echo start >> {marks}; exec sleep 60' "
-              f"|| echo overlap >> {marks}")
+              f"|| {{ echo overlap >> {marks}; exec sleep 60; }}")
     job_id = enqueue(dsn, "command:" + json.dumps({"argv": ["sh", "-c", script]}),
                      "--resource", "the-table", "--max-attempts", "1")
     stop = threading.Event()
@@ -119,6 +119,7 @@ def test_cancel_then_retry_at_once_never_runs_two_at_the_same_time(
         for run in range(1, runs + 1):
             wait_for(lambda n=run: marks.exists() and len(marks.read_text().split()) >= n,
                      timeout=60, interval=0.01)  # the run started, alone or beside another
+            assert "overlap" not in marks.read_text(), f"run {run} began beside another"
             store.jobs.cancel(job_id=job_id, reason=f"cancel {run}")
             while True:  # at once: "still stopping" until the worker confirms
                 try:
