@@ -31,7 +31,7 @@ def metrics_main(argv: list[str]) -> int:
             metrics.serve(settings, args.host, args.port, ready)
             return 0
         with cli.open_store(settings, "metrics") as store:
-            text = metrics.exposition(store)
+            text = metrics.exposition(store, settings.retention_default)
         sys.stdout.write(text)
         return 0
 

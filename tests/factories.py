@@ -32,3 +32,20 @@ def run_in_progress(store: Store, function: str, lease_seconds: float = 300) -> 
     assert store.runs.run_started(function=function, trigger="manual", holder=holder,
                                   lease_seconds=lease_seconds) is not None
     return holder
+
+
+def make_parent(store: Store, n: int, **kw: Any) -> tuple[UUID, list[UUID]]:
+    """A datum parent with ``n`` children, made by the real ``child_batches`` from a listing
+    of an in-memory object store; the parent's id and its children's, in id order."""
+    from devtools.memory_objects import MemoryObjectStore
+    from jobfence.datums import child_batches
+
+    inputs = MemoryObjectStore()
+    for i in range(n):
+        inputs.put_bytes("in", f"x/{i:04d}", b"1")
+    parent = new_job(is_parent=True, inputs={"url": "s3://in/x/", "per_datum": 1}, **kw)
+    [made] = store.jobs.enqueue([parent], children=child_batches("s3://in/x/", 1, inputs))
+    assert made.children == n
+    kids = [c.job_id for c in store.parents.children_page(parent_id=made.job_id,
+                                                          after=UUID(int=0), limit=n)]
+    return made.job_id, kids

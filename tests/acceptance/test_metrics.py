@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.embedded_pg import free_port
 from devtools.sqlconn import connect
+from jobfence.adapters.s3 import S3ObjectStore
 from jobfence.runner import detect_trigger
 from jobfence.settings import Settings
 from jobfence.store import Store
@@ -239,11 +240,23 @@ def test_runs_shows_recent_runs_with_who_and_why_for_a_manual_one(dsn: str) -> N
     assert run_cli(dsn, "runs", "--limit", "0").returncode == 2
 
 
-def test_metrics_exports_exactly_the_names_alerts_and_dashboards_may_use(dsn: str) -> None:
+def test_metrics_exports_exactly_the_names_alerts_and_dashboards_may_use(
+        dsn: str, s3_env: dict[str, str]) -> None:
     enqueue(dsn, 'command:{"argv": ["true"]}')
     assert run_cli(dsn, "worker").returncode == 0
     assert run_cli(dsn, "queue", "limit", "default", "5").returncode == 0
     assert run_cli(dsn, "orphan-cleanup", JOBFENCE_CLUSTER="local").returncode == 0
+    # A job that expires before a worker comes (lifecycle's lag), and a datum parent
+    # finalized after its one child (the finalization lag).
+    enqueue(dsn, 'sleep:{"seconds": 0}', "--queue", "idle", "--expires-in", "PT0.2S")
+    bucket = s3_env["JOBFENCE_S3_BUCKET"]
+    S3ObjectStore(endpoint_url=s3_env["JOBFENCE_S3_ENDPOINT_URL"]).put_bytes(
+        bucket, "in/one.txt", b"datum\n")
+    enqueue(dsn, 'sleep:{"seconds": 0}', "--inputs", f"s3://{bucket}/in/", **s3_env)
+    assert run_cli(dsn, "worker", **s3_env).returncode == 0
+    time.sleep(0.3)
+    assert run_cli(dsn, "lifecycle").returncode == 0
+    assert run_cli(dsn, "export-finalize", **s3_env).returncode == 0
     assert run_cli(dsn, "sweeper").returncode == 0
     names = {s.name for f in text_string_to_metric_families(run_cli(dsn, "metrics").stdout)
              for s in f.samples}
