@@ -116,3 +116,14 @@ class Runs(Noun):
     def function_totals(self, function: str | None = None) -> list[FunctionTotal]:
         """Every function's totals (or one function's)."""
         return self._rows("function_totals", {"function": function}, FunctionTotal)
+
+    def latest_run_id(self) -> int:
+        """The newest run's id, of any function (0 when there is none): every run that
+        begins later has a larger one."""
+        row = self._one("latest_run_id")
+        return int(row["run_id"]) if row else 0
+
+    def runs_after(self, *, function: str, after: int, limit: int = 100) -> list[FunctionRun]:
+        """The function's runs begun after run ``after``, ended or not, oldest first."""
+        return self._rows("runs_after", {"function": function, "after": after,
+                                         "limit": limit}, FunctionRun)

@@ -114,3 +114,17 @@ WHERE (%(function)s::text IS NULL OR function = %(function)s)
   AND (%(status)s::text IS NULL OR status = %(status)s)
 ORDER BY run_id DESC
 LIMIT %(limit)s;
+
+-- latest_run_id --
+-- The newest run's id (0 when there is none): runs begun later have larger ids.
+SELECT coalesce(max(run_id), 0) AS run_id FROM {schema}.function_runs;
+
+-- runs_after --
+-- A function's runs begun after a run id, ended or not, oldest first (a bounded page).
+SELECT run_id, function, trigger, triggered_by, trigger_reason, status, host, started_at,
+    finished_at, extract(epoch FROM finished_at - started_at)::float8 AS duration_seconds,
+    counts, error
+FROM {schema}.function_runs
+WHERE function = %(function)s AND run_id > %(after)s
+ORDER BY run_id
+LIMIT %(limit)s;

@@ -162,6 +162,26 @@ def _float(text: str) -> float:
         return -1.0
 
 
+FUNCTIONISH = st.sampled_from(["sweeper", "reconciliation", "lifecycle", "export-finalize",
+                               "orphan-cleanup", "worker", "Sweeper", "", "-"]) | TEXT
+
+
+@FUZZ
+@given(flags(("--wait", FUNCTIONISH), ("--timeout", NUMBERISH), ("--interval", NUMBERISH),
+             ("--function", FUNCTIONISH), ("--status", st.sampled_from(["failed", "x"])),
+             ("--limit", NUMBERISH), ("-o", st.sampled_from(["json", "text"]) | TEXT)))
+def test_runs(cli: Any, extra: list[str]) -> None:
+    """Nothing runs meanwhile: a wait for a next success either refuses its flags or times
+    out (7) — within a fifth of a second."""
+    if "--wait" in extra[::2]:
+        if "--timeout" not in extra[::2]:
+            extra += ["--timeout", "0"]
+        i = extra.index("--timeout")
+        if extra[i + 1] not in ("nan", "inf") and _float(extra[i + 1]) > 0.2:
+            extra[i + 1] = "0.2"
+    cli(["runs", *extra], allowed=frozenset({0, 2, 7}))
+
+
 @FUZZ
 @given(st.sampled_from(["status", "STATUS", "on", ""]) | TEXT, flags(("--reason", TEXT)))
 def test_drain(cli: Any, mode: str, extra: list[str]) -> None:
