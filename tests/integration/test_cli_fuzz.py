@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from devtools.sqlconn import connect
 from jobfence.functions import cli as entry
+from tests.factories import plugin_installed
 
 FUZZ = settings(max_examples=150, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -104,6 +105,19 @@ ACTION = st.sampled_from(['sleep:{"seconds": 0}', "sleep", "command", 'sleep:{"s
 @given(st.lists(ACTION, min_size=0, max_size=3), ENQUEUE_FLAGS)
 def test_enqueue_arguments(cli: Any, actions: list[str], extra: list[str]) -> None:
     cli(["enqueue", *actions, *extra])
+
+
+@FUZZ
+@given(st.sampled_from(["db.events", "db.users", "db.nope", "DB.events", ""]) | TEXT,
+       st.sampled_from(["tables", 'tables:{"mode": 1}', "sleep"]))
+def test_enqueue_with_an_action_that_checks_its_resource(cli: Any, resource: str,
+                                                         action: str) -> None:
+    """The test plugin's `tables` accepts db.events and db.users only: anything else is a
+    refusal (exit 2) naming the action, and nothing is written (checked by ``cli``)."""
+    with plugin_installed():
+        code = cli(["enqueue", action, "--resource", resource])
+    if action != "sleep" and resource not in ("db.events", "db.users"):
+        assert code == 2
 
 
 @FUZZ
