@@ -262,3 +262,32 @@ def test_metrics_exports_exactly_the_names_alerts_and_dashboards_may_use(
              for s in f.samples}
     # jobfence_database_up comes from the exporter's own scrape (test_prometheus.py).
     assert names | {"jobfence_database_up"} == METRICS
+
+
+def test_the_connection_gauges_move_as_connections_are_taken(dsn: str) -> None:
+    """The saturation signal (JobfenceDatabaseConnectionsNearLimit) as the reader role reads
+    it: ten connections taken show as ten more in use, and go when they are closed."""
+    def in_use() -> float:
+        got = samples(run_cli(dsn, "metrics").stdout)
+        return got[("jobfence_database_connections", ())]
+
+    def steady() -> float | None:
+        first, second = in_use(), in_use()
+        return first if first == second else None  # no connection of an earlier test ending
+
+    before = wait_for(steady)
+    held = [connect(dsn) for _ in range(10)]
+    try:
+        during = in_use()
+        assert during >= before + 10
+        with connect(dsn) as conn:
+            row = conn.execute("SELECT current_setting('max_connections')::int - "
+                               "current_setting('superuser_reserved_connections')::int "
+                               "AS allowed").fetchone()
+        got = samples(run_cli(dsn, "metrics").stdout)
+        assert row is not None
+        assert got[("jobfence_database_connections_available", ())] == row["allowed"]
+    finally:
+        for conn in held:
+            conn.close()
+    wait_for(lambda: in_use() <= during - 10)
