@@ -38,6 +38,7 @@ BENCHMARKS = {
     "pooler": "bench.bench_pooler",
     "sidecar": "bench.bench_sidecar",
     "console": "bench.bench_console",
+    "metrics": "bench.bench_metrics",
 }
 
 OUT = REPO / "docs" / "BENCHMARKS.md"

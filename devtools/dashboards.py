@@ -29,9 +29,12 @@ def panel(title: str, exprs: list[tuple[str, str]], *, unit: str = "short",
             "options": {}, "gridPos": {"w": width, "h": 8}}
 
 
-def quantiles(metric: str, selector: str) -> list[tuple[str, str]]:
-    return [(f"histogram_quantile({q}, sum by (queue, le) "
-             f"(rate({metric}_bucket{{{selector}}}[{RATE}])))", f"p{int(q * 100)} {{{{queue}}}}")
+def quantiles(metric: str, selector: str, by: str = "queue") -> list[tuple[str, str]]:
+    """p50, p95 and p99 of a histogram, one series per value of the ``by`` labels."""
+    legend = " ".join(f"{{{{{label.strip()}}}}}" for label in by.split(","))
+    matchers = f"{{{selector}}}" if selector else ""
+    return [(f"histogram_quantile({q}, sum by ({by}, le) "
+             f"(rate({metric}_bucket{matchers}[{RATE}])))", f"p{int(q * 100)} {legend}")
             for q in (0.5, 0.95, 0.99)]
 
 
@@ -131,6 +134,15 @@ def functions() -> dict[str, Any]:
             panel("Last run's duration", [
                 (f"jobfence_function_last_duration_seconds{{{f}}}", "{{function}}")],
                 unit="s", width=8),
+            panel("Run duration, p50 / p95 / p99",
+                  quantiles("jobfence_function_duration_seconds", f, by="function"),
+                  unit="s", width=16,
+                  description="Every run that ran, from every pod (buckets 0.1 s to 120 s). "
+                              "Alert JobfenceFunctionSlow: p95 over 30 s for an hour."),
+            panel("Skipped runs (another run held the lease: overlaps)", [
+                (f'sum by (function) (increase(jobfence_function_runs_total{{{f}, '
+                 f'status="skipped"}}[{RATE}]))', "{{function}}")], width=8,
+                description="A run as long as its CronJob's period makes the next one skip."),
         ],
         [variable("function", "label_values(jobfence_function_runs_total, function)")])
 
@@ -142,9 +154,10 @@ def items(function: str, pattern: str) -> str:
 
 def reconciliation() -> dict[str, Any]:
     return dashboard(
-        "jobfence-reconciliation", "jobfence — reconciliation and lifecycle",
+        "jobfence-reconciliation", "jobfence — reconciliation, lifecycle and finalization",
         "The database against the cluster and S3: dead claims reclaimed, orphans cleaned, "
-        "timeouts, expiry and retention.",
+        "timeouts, expiry and retention, and how late each came; parents finalized, and "
+        "how long after their last child.",
         [
             panel("Reconciliation: dead claims found", [
                 (items("reconciliation", "missing_pods_detected|status_drift_detected"),
@@ -170,6 +183,23 @@ def reconciliation() -> dict[str, Any]:
                        "retention_objects_deleted|events_deleted|function_runs_deleted|"
                        "function_triggers_deleted|control_events_deleted"),
                  "{{item}}")]),
+            panel("Lifecycle lag (due → enforced), p50 / p95 / p99",
+                  quantiles("jobfence_lifecycle_lag_seconds", "", by="kind"), unit="s",
+                  description="How late lifecycle stopped a run past its timeout, cancelled a "
+                              "job past its expiry, deleted a job past its retention."),
+            panel("Lifecycle: oldest deadline not enforced yet", [
+                ("max by (kind) (jobfence_lifecycle_overdue_seconds)", "{{kind}}")],
+                unit="s", description="0 when nothing is due. Alert JobfenceLifecycleBehind: "
+                                      "over 30 minutes."),
+            panel("Parent finalization lag (last child → parent final), p50 / p95 / p99",
+                  quantiles("jobfence_parent_finalize_lag_seconds", "", by="queue"),
+                  unit="s", width=16,
+                  description="From the end of a parent's last child to its own succeeded or "
+                              "failed, whoever finalized it."),
+            panel("Parents finalized", [
+                (items("export-finalize", "parents_succeeded|parents_failed|finalize_errors"),
+                 "{{item}}"),
+                (items("lifecycle", "parents_finalized"), "lifecycle {{item}}")], width=8),
             panel("Failures", [
                 ('sum by (function) (increase(jobfence_function_runs_total{function=~'
                  f'"reconciliation|lifecycle|orphan-cleanup|sweeper", status="failed"}}[{RATE}]))',

@@ -45,6 +45,10 @@ MAX_DURATION = timedelta(days=36_500)
 """100 years: the longest ``ttl``, ``timeout``, ``expires_in`` or ``delay``. Anything longer
 is a mistake, and PostgreSQL's timestamps end in the year 294276."""
 
+MAX_WAIT_SECONDS = 366 * 86_400.0
+"""The longest a command waits (``runs --wait --timeout``): a year, and never NaN, which
+compares false with every bound."""
+
 MAX_DEPTH = 32
 """Nesting of a spec (objects and lists within each other), params included."""
 

@@ -1,18 +1,21 @@
 """Prometheus metrics of the periodic functions and the queue, read from the database.
 
-Every value comes from the store — run counters and counted items from
-``function_totals``, the last run and last success from ``function_status``, the queue
-from partial-index counts, by queue — so a counter never restarts with a pod, and the last success
-survives failed runs. After each pass, when ``JOBFENCE_PUSHGATEWAY_URL`` is set, a function
-pushes its own metrics grouped by function (never by pod: the gateway never forgets a
-group) and the queue's under ``function="queue"``; ``jobfence metrics`` prints all of it in
-the text format. ``prometheus_client`` is imported only here, only when needed.
+Every value comes from the store — run counters, counted items and the duration histogram
+from ``function_totals``, the last run and last success from ``function_status``, the queue
+and lifecycle's overdue deadlines from partial-index looks, the job counters and histograms
+(wait, run, lag) from ``job_metrics``, by queue — so a counter never restarts with a pod,
+and the last success survives failed runs. After each pass, when
+``JOBFENCE_PUSHGATEWAY_URL`` is set, a function pushes its own metrics grouped by function
+(never by pod: the gateway never forgets a group) and the queue's under
+``function="queue"``; ``jobfence metrics`` prints all of it in the text format.
+``prometheus_client`` is imported only here, only when needed.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import timedelta
 from typing import Any
 
 from jobfence.logs import get_logger
@@ -26,6 +29,40 @@ QUEUE_GROUP = "queue"
 UNHEALTHY_AFTER = 3
 """Failed runs in a row after which a function's health is 0."""
 
+DURATION = "duration:"
+"""The prefix of a function's totals that hold its duration histogram (``duration:0.5``:
+the runs that took at most 0.5 s and more than the bound below; ``duration:sum``)."""
+
+JOB_HISTOGRAMS: tuple[tuple[str, str, str, str | None, str], ...] = (
+    # (name in job_metrics, metric, bucket kind, the label's name or None, help)
+    ("wait", "jobfence_job_wait_seconds", "wait", None,
+     "How long jobs waited for a worker once ready (ready -> claimed), by queue."),
+    ("run", "jobfence_job_run_seconds", "run", None,
+     "How long jobs ran, claim to terminal status (the attempt that finished them), by "
+     "queue."),
+    ("lifecycle_lag", "jobfence_lifecycle_lag_seconds", "lag", "kind",
+     "How late lifecycle enforced what had come due (due -> done), by queue and kind: a run "
+     "timeout, a pending expiry, a retention deletion."),
+    ("finalize_lag", "jobfence_parent_finalize_lag_seconds", "lag", None,
+     "How long a parent waited between its last child's end and its own final status, by "
+     "queue."),
+)
+"""The job histograms: each a name of ``job_metrics`` (its sum ``<name>_sum``), and one
+more here is all a new one takes."""
+
+
+def cumulative(bounds: Iterable[float], per_bucket: Mapping[float, float]) -> list[
+        tuple[str, float]]:
+    """Counts stored per bucket as Prometheus' cumulative buckets (``le`` as it writes
+    them)."""
+    from prometheus_client.utils import floatToGoString
+
+    running, buckets = 0.0, []
+    for bound in bounds:
+        running += per_bucket.get(bound, 0.0)
+        buckets.append((floatToGoString(bound), running))  # type: ignore[no-untyped-call]
+    return buckets
+
 
 class StoreCollector:
     """A prometheus_client collector over the store: the functions' metrics (one function's,
@@ -33,18 +70,32 @@ class StoreCollector:
     queue's gauges (unless ``queue=False``)."""
 
     def __init__(self, store: Store, *, function: str | None = None, runs: bool = True,
-                 queue: bool = True) -> None:
+                 queue: bool = True, default_retention: timedelta | None = None) -> None:
         self.store = store
         self.function = function
         self.runs = runs
         self.queue = queue
+        self.default_retention = default_retention
+        """JOBFENCE_RETENTION_DEFAULT, for the overdue retention of jobs without a ttl."""
+        self._bounds: dict[str, list[float]] | None = None
+
+    def bounds(self, kind: str) -> list[float]:
+        """The upper bounds of a kind of histogram's buckets, read once per collection."""
+        if self._bounds is None:
+            self._bounds = self.store.job_metrics.buckets()
+        return self._bounds[kind]
 
     def describe(self) -> Iterable[Any]:
         return []  # nothing to check at registration: the names are fixed below
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
 
+        self._bounds = None
         if self.runs:
             only = self.function
             runs = CounterMetricFamily(
@@ -53,11 +104,24 @@ class StoreCollector:
             items = CounterMetricFamily(
                 "jobfence_function_items", "What a periodic function counted, summed over "
                 "its runs (e.g. item=orphaned_pods_detected).", labels=["function", "item"])
+            took: dict[str, dict[float, float]] = {}
+            took_sum: dict[str, float] = {}
             for total in self.store.runs.function_totals(only):
                 if total.item.startswith("run:"):
                     runs.add_metric([total.function, total.item[4:]], float(total.total))
+                elif total.item == DURATION + "sum":
+                    took_sum[total.function] = float(total.total)
+                elif total.item.startswith(DURATION):
+                    took.setdefault(total.function, {})[float(total.item[len(DURATION):])] = \
+                        float(total.total)
                 else:
                     items.add_metric([total.function, total.item], float(total.total))
+            durations = HistogramMetricFamily(
+                "jobfence_function_duration_seconds", "How long the function's runs took "
+                "(each that ran: succeeded, failed or interrupted).", labels=["function"])
+            for function, per_bucket in sorted(took.items()):
+                durations.add_metric([function], cumulative(self.bounds("pass"), per_bucket),
+                                     took_sum.get(function, 0.0))
             success = GaugeMetricFamily(
                 "jobfence_function_last_success_timestamp_seconds",
                 "When the function last finished a run successfully (Unix time).",
@@ -86,7 +150,7 @@ class StoreCollector:
                 failures.add_metric([status.function], float(status.consecutive_failures))
                 for item, value in sorted((status.last_values or {}).items()):
                     seen.add_metric([status.function, item], float(value))
-            yield from (runs, items, success, duration, health, failures, seen)
+            yield from (runs, items, durations, success, duration, health, failures, seen)
         if self.queue:
             yield from self._queues()
 
@@ -115,6 +179,14 @@ class StoreCollector:
             if q.limit is not None:
                 limit.add_metric([q.queue], float(q.limit))
         yield from (jobs, scheduled, oldest, paused, limit)
+        overdue = GaugeMetricFamily(
+            "jobfence_lifecycle_overdue_seconds", "How long ago the oldest deadline that "
+            "lifecycle has not enforced yet came due, by kind (timeout, expiry, retention); "
+            "0 when none has.", labels=["kind"])
+        for kind, seconds in self.store.job_metrics.overdue(
+                default_retention=self.default_retention).items():
+            overdue.add_metric([kind], seconds)
+        yield overdue
         yield from self._job_totals()
         yield GaugeMetricFamily(
             "jobfence_metrics_collected_timestamp_seconds", "When the queue and job metrics "
@@ -135,10 +207,9 @@ class StoreCollector:
 
 
     def _job_totals(self) -> Iterator[Any]:
-        """Jobs finished, attempts ended, wait and run histograms by queue: the totals the
+        """Jobs finished, attempts ended, and the job histograms by queue: the totals the
         periodic passes fold (as of the last pass)."""
         from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
-        from prometheus_client.utils import floatToGoString
 
         finished = CounterMetricFamily(
             "jobfence_jobs_finished", "Jobs that reached a terminal status, by queue.",
@@ -147,34 +218,27 @@ class StoreCollector:
             "jobfence_job_attempts", "Attempts that ended, by queue and outcome: succeeded, "
             "failed, cancelled, retried, interrupted (SIGTERM) or lost (fence taken).",
             labels=["queue", "outcome"])
-        totals = self.store.job_metrics.totals()
-        histograms: dict[tuple[str, str], dict[float, float]] = {}
-        sums: dict[tuple[str, str], float] = {}
-        for t in totals:
+        names = {h[0] for h in JOB_HISTOGRAMS}
+        counts: dict[tuple[str, str, str], dict[float, float]] = {}
+        sums: dict[tuple[str, str, str], float] = {}
+        for t in self.store.job_metrics.totals():
             if t.name == "finished":
                 finished.add_metric([t.queue, t.label], t.value)
             elif t.name == "attempts":
                 attempts.add_metric([t.queue, t.label], t.value)
-            elif t.name in ("wait", "run"):
-                histograms.setdefault((t.name, t.queue), {})[t.le] = t.value
-            elif t.name in ("wait_sum", "run_sum"):
-                sums[(t.name[:-4], t.queue)] = t.value
+            elif t.name in names:
+                counts.setdefault((t.name, t.queue, t.label), {})[t.le] = t.value
+            elif t.name.endswith("_sum") and t.name[:-4] in names:
+                sums[(t.name[:-4], t.queue, t.label)] = t.value
         yield from (finished, attempts)
-        bounds_of = self.store.job_metrics.buckets()
-        for kind, help_text in (("wait", "How long jobs waited for a worker once ready "
-                                         "(ready -> claimed), by queue."),
-                                ("run", "How long jobs ran, claim to terminal status (the "
-                                        "attempt that finished them), by queue.")):
-            family = HistogramMetricFamily(f"jobfence_job_{kind}_seconds", help_text,
-                                           labels=["queue"])
-            for (name, queue), counts in sorted(histograms.items()):
-                if name != kind:
-                    continue
-                running, buckets = 0.0, []
-                for bound in bounds_of[kind]:
-                    running += counts.get(bound, 0.0)
-                    buckets.append((floatToGoString(bound), running))  # type: ignore[no-untyped-call]
-                family.add_metric([queue], buckets, sums.get((kind, queue), 0.0))
+        for name, metric, kind, label, help_text in JOB_HISTOGRAMS:
+            family = HistogramMetricFamily(metric, help_text,
+                                           labels=["queue", *([label] if label else [])])
+            for key, per_bucket in sorted(counts.items()):
+                if key[0] == name:
+                    family.add_metric([key[1], *([key[2]] if label else [])],
+                                      cumulative(self.bounds(kind), per_bucket),
+                                      sums.get(key, 0.0))
             yield family
 
 
@@ -202,8 +266,9 @@ class ScrapeCollector:
                            application_name="jobfence-metrics",
                            connect_timeout=self.settings.connect_timeout_seconds)
             try:
-                families = list(StoreCollector(Store(conn, self.settings.schema_name))
-                                .collect())
+                families = list(StoreCollector(
+                    Store(conn, self.settings.schema_name),
+                    default_retention=self.settings.retention_default).collect())
             finally:
                 conn.close()
         except JobfenceError as exc:
@@ -249,11 +314,12 @@ def _registry(collector: StoreCollector) -> Any:
     return registry
 
 
-def exposition(store: Store) -> str:
+def exposition(store: Store, default_retention: timedelta | None = None) -> str:
     """Every function's metrics and the queue's, in the Prometheus text format."""
     from prometheus_client import generate_latest
 
-    text: str = generate_latest(_registry(StoreCollector(store))).decode()
+    text: str = generate_latest(_registry(StoreCollector(
+        store, default_retention=default_retention))).decode()
     return text
 
 
@@ -272,7 +338,9 @@ def push(settings: Settings, store: Store, function: str) -> bool:
         if settings.push_queue_metrics:
             pushadd_to_gateway(settings.pushgateway_url, job=JOB,
                                grouping_key={"function": QUEUE_GROUP}, timeout=5,
-                               registry=_registry(StoreCollector(store, runs=False)))
+                               registry=_registry(StoreCollector(
+                                   store, runs=False,
+                                   default_retention=settings.retention_default)))
     except Exception as exc:  # an unreachable gateway must not fail the pass
         log.warning("metrics_push_failed", gateway=settings.pushgateway_url, error=str(exc))
         return False

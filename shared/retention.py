@@ -101,7 +101,9 @@ class Retention:
             ready = [c.job_id for c in page if c.job_id in cleared
                      and (not c.is_parent or self._delete_children_rows(c.job_id))]
             if ready:  # even past the budget: their objects are gone, the rows go now
-                gone = self.budget.timed(self.maintenance.delete_jobs, job_ids=ready)
+                gone = self.budget.timed(self.maintenance.delete_jobs, job_ids=ready,
+                                         default_retention=self.settings.retention_default,
+                                         now=self.deps.now)
                 self.jobs_deleted += len(gone)
                 log.info("retention_batch_deleted", jobs=len(gone),
                          kept=len(page) - len(gone))

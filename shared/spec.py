@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from jobfence.actions import get_action
+from jobfence.actions import ResourceValidator, get_action
 from jobfence.durations import Duration, format_duration
 from jobfence.errors import InvalidSpec
 from jobfence.limits import MAX_DURATION, MAX_SPEC_BYTES, Unstorable, check_structure
@@ -222,7 +222,31 @@ def parse_specs(data: object) -> list[JobSpec]:
     keys = [s.idempotency_key for s in specs if s.idempotency_key]
     if len(keys) != len(set(keys)):
         raise InvalidSpec("an idempotency key appears twice in one call")
+    check_resources(specs, listed=isinstance(data, list))
     return specs
+
+
+def check_resources(specs: Sequence[JobSpec], *, listed: bool = True) -> None:
+    """Let each action that checks resources (``jobfence.actions.ResourceValidator``)
+    check its job's ``resource``, once per distinct (action, params, resource) of the call;
+    InvalidSpec names the first spec refused and says why. After every other check: a
+    plugin's look (a catalog, an API) is never paid for a spec refused anyway."""
+    checked: set[tuple[str, str, str | None]] = set()
+    for i, spec in enumerate(specs):
+        for action in spec.actions:
+            key = (action.name, _canonical(action.params), spec.resource)
+            found = get_action(action.name)
+            if key in checked or not isinstance(found, ResourceValidator):
+                continue
+            try:
+                found.validate_resource(spec.resource, action.params)
+            except (InvalidSpec, ValueError) as exc:
+                where = f"spec #{i}" if listed else "spec"
+                shown = "no resource" if spec.resource is None else \
+                    f"resource {spec.resource[:200]!r}"
+                raise InvalidSpec(f"{where}: {shown}: action {action.name!r}: "
+                                  f"{str(exc)[:2000]}") from None
+            checked.add(key)
 
 
 def _yaml_loader() -> type:

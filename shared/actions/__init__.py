@@ -2,7 +2,9 @@
 
 Built-ins (``sleep``, ``command``) live in ``jobfence.actions.builtin``; installed packages
 add more through the entry-point group ``jobfence.actions``, whose objects satisfy the
-``Action`` protocol (or are classes that construct one with no arguments).
+``Action`` protocol (or are classes that construct one with no arguments). An action may
+also check the job's ``resource`` at enqueue (``ResourceValidator``): the table it would
+compact must exist, say, before anything is written.
 """
 
 from __future__ import annotations
@@ -120,6 +122,21 @@ class Action(Protocol):
 
     def run(self, ctx: ActionContext, params: Mapping[str, Any]) -> Mapping[str, Any] | None:
         """Do the work; return a small JSON-able result, raise to fail the attempt."""
+        ...
+
+
+@runtime_checkable
+class ResourceValidator(Protocol):
+    """What an action adds to check the job's ``resource`` at enqueue (optional)."""
+
+    def validate_resource(self, resource: str | None, params: Mapping[str, Any]) -> None:
+        """Return when a job with these (already validated) params may work on
+        ``resource`` (None: the job names none); raise ``InvalidSpec`` (or ``ValueError``)
+        saying why not — the enqueue is refused (exit 2, HTTP 400, ``InvalidSpec``) and
+        nothing is written. ``Unavailable`` says the thing it asks cannot answer now (exit
+        4, HTTP 503). Called before any statement, once per distinct (action, params,
+        resource) of an enqueue call: a check that asks a catalog is paid once per table,
+        not once per job."""
         ...
 
 

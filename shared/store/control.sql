@@ -37,8 +37,13 @@ SELECT max(version) AS version FROM {schema}.jobfence_schema_migrations;
 
 -- connections --
 -- The server's client connections in use (every database's, every user's: what counts
--- against max_connections) and how many a non-superuser may open.
-SELECT (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')
-           AS in_use,
+-- against max_connections) and how many a non-superuser may open. A role without
+-- pg_read_all_stats (the reader, the maintainer) sees the backend type of its own user's
+-- sessions only; another user's session counts when it has a user and a database, which
+-- every client connection has and the server's own processes (autovacuum included) have
+-- not — a parallel query's worker, short-lived, is counted with them.
+SELECT (SELECT count(*) FROM pg_stat_activity
+        WHERE coalesce(backend_type = 'client backend',
+                       usesysid IS NOT NULL AND datid IS NOT NULL)) AS in_use,
        current_setting('max_connections')::int
            - current_setting('superuser_reserved_connections')::int AS available;

@@ -1,9 +1,13 @@
-"""Job metrics: jobs finished by status, attempts ended by outcome, and the wait and run
-time histograms, by queue. The audit trigger appends what each transition statement adds
-(migration 0015); ``fold`` moves it into the totals, which only ever grow — so the counters
-add up across short-lived pods, survive them, and outlive the audit trail's retention."""
+"""Job metrics: jobs finished by status, attempts ended by outcome, the wait and run time
+histograms, and the lag histograms (how late lifecycle enforced what came due, how late a
+parent was finalized after its last child), by queue. The audit trigger appends what each
+transition statement adds (migration 0015), lifecycle's statements their lateness (0020);
+``fold`` moves it into the totals, which only ever grow — so the counters add up across
+short-lived pods, survive them, and outlive the audit trail's retention."""
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 from jobfence.store.base import Noun
 from jobfence.store.types import JobMetric
@@ -21,6 +25,17 @@ class JobMetrics(Noun):
         return self._rows("totals", None, JobMetric)
 
     def buckets(self) -> dict[str, list[float]]:
-        """The upper bounds of the ``wait`` and ``run`` histograms' buckets, +Inf last."""
+        """The upper bounds of each kind of histogram's buckets (``wait``, ``run``,
+        ``pass``, ``lag``), +Inf last."""
         row = self._one("buckets") or {}
-        return {kind: [float(b) for b in row.get(kind) or []] for kind in ("wait", "run")}
+        return {kind: [float(b) for b in row.get(kind) or []]
+                for kind in ("wait", "run", "pass", "lag")}
+
+    def overdue(self, *, default_retention: timedelta | None = None) -> dict[str, float]:
+        """For each kind of deadline lifecycle enforces (``timeout``, ``expiry``,
+        ``retention``), how many seconds ago the oldest one not enforced yet came due; 0
+        when none has. Jobs without a ttl count for retention only when
+        ``default_retention`` is given."""
+        seconds = None if default_retention is None else default_retention.total_seconds()
+        return {r["kind"]: float(r["seconds"])
+                for r in self._all("overdue", {"retention_seconds": seconds})}

@@ -1,5 +1,6 @@
--- Job metrics: what the audit trigger appends per transition statement, folded into the
--- totals the exposition reads (migration 0015 says how).
+-- Job metrics: what the audit trigger (and lifecycle, for its lateness) appends per
+-- statement, folded into the totals the exposition reads (migrations 0015 and 0020 say
+-- how).
 -- Named statements, run by the method of the same name in store/job_metrics.py. {schema}
 -- is the installation's schema (JOBFENCE_SCHEMA), filled in as a quoted identifier.
 
@@ -23,5 +24,30 @@ SELECT coalesce(sum(deltas), 0)::bigint AS folded FROM summed;
 SELECT queue, name, label, le, value FROM {schema}.job_metrics ORDER BY queue, name, label, le;
 
 -- buckets --
--- The upper bounds of each histogram's buckets, +Inf last.
-SELECT {schema}.jobfence_buckets('wait') AS wait, {schema}.jobfence_buckets('run') AS run;
+-- The upper bounds of each kind of histogram's buckets, +Inf last: wait and run (jobs),
+-- pass (the periodic functions' durations), lag (lifecycle's and finalization's lateness).
+SELECT {schema}.jobfence_buckets('wait') AS wait, {schema}.jobfence_buckets('run') AS run,
+    {schema}.jobfence_buckets('pass') AS pass, {schema}.jobfence_buckets('lag') AS lag;
+
+-- overdue --
+-- For each kind of deadline lifecycle enforces, how long ago the oldest one it has not
+-- enforced yet came due (0 when none has): a running job's run deadline, a waiting or
+-- pending job's expiry, a finished top-level job's retention (its retain_until or, without
+-- a ttl, its finish plus the default retention when one is given). Each is one probe of a
+-- partial index: the cost does not grow with the number of jobs.
+SELECT k.kind, greatest(0, coalesce(extract(epoch FROM now() - k.due), 0))::float8 AS seconds
+FROM (
+    SELECT 'timeout' AS kind, (SELECT min(run_deadline_at) FROM {schema}.jobs
+                               WHERE status = 'running' AND run_deadline_at IS NOT NULL) AS due
+    UNION ALL
+    SELECT 'expiry', (SELECT min(expires_at) FROM {schema}.jobs
+                      WHERE status IN ('waiting', 'pending') AND expires_at IS NOT NULL)
+    UNION ALL
+    SELECT 'retention', least(
+        (SELECT min(retain_until) FROM {schema}.jobs
+         WHERE parent_id IS NULL AND retain_until IS NOT NULL),
+        (SELECT min(finished_at) FROM {schema}.jobs
+         WHERE parent_id IS NULL AND ttl IS NULL AND finished_at IS NOT NULL)
+            + make_interval(secs => %(retention_seconds)s::float8))
+) k
+ORDER BY k.kind;

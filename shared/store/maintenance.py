@@ -34,7 +34,8 @@ class Maintenance(Noun):
     def reclaim_timed_out(self, *, retry: RetryPolicy, batch_size: int,
                           now: datetime | None = None) -> list[Transition]:
         """One bounded batch of running jobs past their run deadline: fence rotated, back
-        to pending with backoff, or failed "timed out" when attempts are exhausted.
+        to pending with backoff, or failed "timed out" when attempts are exhausted; how
+        late past its deadline each was stopped is recorded with it.
 
         Does not settle: the caller settles the transitions (and counts what that moved).
         """
@@ -51,9 +52,9 @@ class Maintenance(Noun):
     def expire_pending(self, *, batch_size: int,
                        now: datetime | None = None) -> tuple[list[Transition], int]:
         """One bounded batch of waiting/pending jobs past their ``expires_at``: cancelled
-        "expired before start". A waiting parent's waiting children are cancelled in the
-        same transaction, and only counted (second value): a parent's children may be
-        many, and nothing waits on a child.
+        "expired before start", with how late past its expiry each was. A waiting parent's
+        waiting children are cancelled in the same transaction, and only counted (second
+        value): a parent's children may be many, and nothing waits on a child.
 
         Does not settle: the caller settles the transitions.
         """
@@ -98,11 +99,15 @@ class Maintenance(Noun):
         """Delete up to ``limit`` terminal children of a parent; how many went."""
         return len(self._all("delete_children", {"parent_id": parent_id, "limit": limit}))
 
-    def delete_jobs(self, *, job_ids: Sequence[UUID]) -> list[UUID]:
+    def delete_jobs(self, *, job_ids: Sequence[UUID], default_retention: timedelta,
+                    now: datetime | None = None) -> list[UUID]:
         """Delete these top-level terminal jobs (action results, outputs and dependency
         rows cascade) in one statement; a parent that still has children is kept. The ids
-        deleted."""
-        return [r["job_id"] for r in self._all("delete_jobs", {"job_ids": list(job_ids)})]
+        deleted. How late each went after its retention ended (``retain_until``, or its
+        finish plus ``default_retention`` without a ttl) is recorded with them."""
+        return [r["job_id"] for r in self._all("delete_jobs", {
+            "job_ids": list(job_ids), "now": now,
+            "retention_seconds": default_retention.total_seconds()})]
 
     def delete_old_events(self, *, older_than: timedelta, limit: int,
                           now: datetime | None = None) -> int:

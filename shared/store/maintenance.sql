@@ -27,16 +27,25 @@ FROM {schema}.jobfence_reclaim(
 -- (its worker is told at once and kills its child; the attempt stays "stopping", holding
 -- the job, until the worker confirms or its lease ends), then back to pending
 -- with backoff, or failed "timed out" once attempts are exhausted (jobfence_reclaim). The
--- timed-out attempt was counted at its claim, so it counts as a failed one.
+-- timed-out attempt was counted at its claim, so it counts as a failed one. How late each
+-- was stopped after its deadline is recorded (lifecycle_lag, timeout) in the same statement.
 WITH overdue AS (
-    SELECT job_id, 'timed out: ran longer than its timeout (attempt ' || attempt_count
-        || ' of ' || max_attempts || ', claimed by ' || coalesce(claimed_by, '?') || ')' AS why
+    SELECT job_id, queue, 'timed out: ran longer than its timeout (attempt ' || attempt_count
+        || ' of ' || max_attempts || ', claimed by ' || coalesce(claimed_by, '?') || ')' AS why,
+        extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - run_deadline_at)::float8
+            AS late
     FROM {schema}.jobs
     WHERE status = 'running' AND run_deadline_at IS NOT NULL AND NOT is_parent
       AND run_deadline_at <= coalesce(%(now)s::timestamptz, now())
     ORDER BY run_deadline_at
     LIMIT %(batch_size)s
     FOR UPDATE SKIP LOCKED
+), observed AS (
+    INSERT INTO {schema}.job_metric_deltas (queue, name, label, le, value)
+    SELECT o.queue, m.name, 'timeout', m.le, sum(m.value)
+    FROM overdue o CROSS JOIN LATERAL {schema}.jobfence_observation('lifecycle_lag', 'lag',
+                                                                    o.late) m
+    GROUP BY o.queue, m.name, m.le
 )
 SELECT r.job_id, r.status, r.parent_id
 FROM {schema}.jobfence_reclaim(
@@ -54,14 +63,23 @@ SELECT job_id FROM {schema}.jobfence_release_stopped(%(batch_size)s::integer) AS
 
 -- expire_pending --
 -- Waiting or pending jobs past their expires_at, in a bounded batch: cancelled "expired
--- before start". Never claimed, so there is no fence to rotate.
+-- before start". Never claimed, so there is no fence to rotate. How late each was cancelled
+-- after it expired is recorded (lifecycle_lag, expiry) in the same statement.
 WITH expired AS (
-    SELECT job_id FROM {schema}.jobs
+    SELECT job_id, queue,
+        extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - expires_at)::float8 AS late
+    FROM {schema}.jobs
     WHERE status IN ('waiting', 'pending') AND expires_at IS NOT NULL
       AND expires_at <= coalesce(%(now)s::timestamptz, now())
     ORDER BY expires_at
     LIMIT %(batch_size)s
     FOR UPDATE SKIP LOCKED
+), observed AS (
+    INSERT INTO {schema}.job_metric_deltas (queue, name, label, le, value)
+    SELECT e.queue, m.name, 'expiry', m.le, sum(m.value)
+    FROM expired e CROSS JOIN LATERAL {schema}.jobfence_observation('lifecycle_lag', 'lag',
+                                                                    e.late) m
+    GROUP BY e.queue, m.name, m.le
 )
 UPDATE {schema}.jobs j SET
     status = 'cancelled',
@@ -142,12 +160,27 @@ RETURNING job_id;
 -- delete_jobs --
 -- Delete top-level terminal jobs whose objects are gone. A parent goes only once it has no
 -- child left (its children are deleted first, batch by batch): the parent_id cascade never
--- deletes an unbounded number of children in one statement.
-DELETE FROM {schema}.jobs j
-WHERE j.job_id = ANY(%(job_ids)s::uuid[]) AND j.parent_id IS NULL
-  AND j.status IN ('succeeded', 'failed', 'cancelled')
-  AND NOT EXISTS (SELECT 1 FROM {schema}.jobs c WHERE c.parent_id = j.job_id)
-RETURNING j.job_id;
+-- deletes an unbounded number of children in one statement. How late each went after its
+-- retention ended (its retain_until, or without a ttl its finish plus the default
+-- retention) is recorded (lifecycle_lag, retention) in the same statement.
+WITH gone AS (
+    DELETE FROM {schema}.jobs j
+    WHERE j.job_id = ANY(%(job_ids)s::uuid[]) AND j.parent_id IS NULL
+      AND j.status IN ('succeeded', 'failed', 'cancelled')
+      AND NOT EXISTS (SELECT 1 FROM {schema}.jobs c WHERE c.parent_id = j.job_id)
+    RETURNING j.job_id, j.queue,
+        extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - coalesce(
+            j.retain_until,
+            j.finished_at + make_interval(secs => %(retention_seconds)s)))::float8 AS late
+), observed AS (
+    INSERT INTO {schema}.job_metric_deltas (queue, name, label, le, value)
+    SELECT g.queue, m.name, 'retention', m.le, sum(m.value)
+    FROM gone g CROSS JOIN LATERAL {schema}.jobfence_observation('lifecycle_lag', 'lag',
+                                                                 g.late) m
+    WHERE g.late IS NOT NULL
+    GROUP BY g.queue, m.name, m.le
+)
+SELECT job_id FROM gone;
 
 -- delete_old_events --
 -- Delete one bounded batch of audit events older than the audit retention, oldest first.

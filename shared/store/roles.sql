@@ -103,10 +103,13 @@ GRANT INSERT, UPDATE, DELETE ON {schema}.function_runs, {schema}.function_totals
     {schema}.function_status, {schema}.function_leases, {schema}.pod_snapshots,
     {schema}.orphan_pod_suspects TO {maintainer};
 GRANT INSERT, UPDATE ON {schema}.job_metrics TO {maintainer};
-GRANT DELETE ON {schema}.job_metric_deltas TO {maintainer};
+-- Lifecycle records how late it enforced what came due, in the statement that enforces it.
+GRANT INSERT, DELETE ON {schema}.job_metric_deltas TO {maintainer};
 GRANT EXECUTE ON FUNCTION {schema}.jobfence_reclaim(uuid[], text[], text[], float8, float8),
     {schema}.jobfence_reclaim(uuid[], text[], text[], float8, float8, boolean[]),
     {schema}.jobfence_release_stopped(integer),
     {schema}.jobfence_retry_delay(integer, float8, float8),
+    {schema}.jobfence_bucket(text, float8),
+    {schema}.jobfence_observation(text, text, float8),
     {schema}.resolve_waiting(uuid[]),
     {schema}.settle_dependents(uuid[], integer) TO {maintainer};

@@ -72,9 +72,10 @@ class Runs(Noun):
                      counts: dict[str, Any], duration_seconds: float,
                      error: str | None = None, gauges: Collection[str] = ()) -> None:
         """Close a run (succeeded, failed or interrupted), add its numeric counts to the
-        function's totals and set its last status (the last success survives failed runs),
-        in one transaction. The counts named in ``gauges`` are what the run saw at that
-        moment: kept as the function's last values (a successful run's), never summed."""
+        function's totals and its duration to the function's duration histogram, and set
+        its last status (the last success survives failed runs), in one transaction. The
+        counts named in ``gauges`` are what the run saw at that moment: kept as the
+        function's last values (a successful run's), never summed."""
         totals: dict[str, float] = {f"run:{status}": 1}
         numbers = {k: v for k, v in counts.items()
                    if isinstance(v, int | float) and not isinstance(v, bool)}
@@ -84,11 +85,17 @@ class Runs(Noun):
             self._execute("run_finished", {"run_id": run_id, "status": status,
                                            "counts": json.dumps(counts), "error": error})
             self.add_totals(function=function, totals=totals)
+            self.add_duration(function=function, seconds=duration_seconds)
             self.set_status(function=function, status=status, trigger=trigger,
                             duration_seconds=duration_seconds, values=values)
 
     def add_totals(self, *, function: str, totals: dict[str, float]) -> None:
         self._execute("add_totals", {"function": function, "totals": json.dumps(totals)})
+
+    def add_duration(self, *, function: str, seconds: float) -> None:
+        """Count a run's duration in the function's duration histogram (its totals'
+        ``duration:<upper bound>`` items, and ``duration:sum``)."""
+        self._execute("add_duration", {"function": function, "seconds": seconds})
 
     def set_status(self, *, function: str, status: str, trigger: str,
                    duration_seconds: float, values: dict[str, float] | None = None) -> None:
@@ -109,3 +116,14 @@ class Runs(Noun):
     def function_totals(self, function: str | None = None) -> list[FunctionTotal]:
         """Every function's totals (or one function's)."""
         return self._rows("function_totals", {"function": function}, FunctionTotal)
+
+    def latest_run_id(self) -> int:
+        """The newest run's id, of any function (0 when there is none): every run that
+        begins later has a larger one."""
+        row = self._one("latest_run_id")
+        return int(row["run_id"]) if row else 0
+
+    def runs_after(self, *, function: str, after: int, limit: int = 100) -> list[FunctionRun]:
+        """The function's runs begun after run ``after``, ended or not, oldest first."""
+        return self._rows("runs_after", {"function": function, "after": after,
+                                         "limit": limit}, FunctionRun)

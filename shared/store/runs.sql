@@ -23,6 +23,17 @@ INSERT INTO {schema}.function_totals (function, item, total)
 SELECT %(function)s, t.key, t.value::numeric FROM jsonb_each_text(%(totals)s::jsonb) AS t
 ON CONFLICT (function, item) DO UPDATE SET total = function_totals.total + excluded.total;
 
+-- add_duration --
+-- A run that ran (not a skipped one): one more in the bucket its duration falls in
+-- (`duration:<upper bound>`, buckets jobfence_buckets('pass')), and its duration to
+-- `duration:sum`. The function's duration histogram, kept with its totals.
+INSERT INTO {schema}.function_totals AS t (function, item, total)
+SELECT %(function)s,
+    CASE o.name WHEN 'duration' THEN 'duration:' || o.le::text ELSE 'duration:sum' END,
+    o.value::numeric
+FROM {schema}.jobfence_observation('duration', 'pass', %(seconds)s::float8) AS o
+ON CONFLICT (function, item) DO UPDATE SET total = t.total + excluded.total;
+
 -- set_status --
 -- The function's last run; the last success is kept across failed runs, and so are the
 -- values the last successful run saw. Failed runs since the last success are counted.
@@ -102,4 +113,18 @@ FROM {schema}.function_runs
 WHERE (%(function)s::text IS NULL OR function = %(function)s)
   AND (%(status)s::text IS NULL OR status = %(status)s)
 ORDER BY run_id DESC
+LIMIT %(limit)s;
+
+-- latest_run_id --
+-- The newest run's id (0 when there is none): runs begun later have larger ids.
+SELECT coalesce(max(run_id), 0) AS run_id FROM {schema}.function_runs;
+
+-- runs_after --
+-- A function's runs begun after a run id, ended or not, oldest first (a bounded page).
+SELECT run_id, function, trigger, triggered_by, trigger_reason, status, host, started_at,
+    finished_at, extract(epoch FROM finished_at - started_at)::float8 AS duration_seconds,
+    counts, error
+FROM {schema}.function_runs
+WHERE function = %(function)s AND run_id > %(after)s
+ORDER BY run_id
 LIMIT %(limit)s;

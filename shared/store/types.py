@@ -342,11 +342,13 @@ class JobMetric(NamedTuple):
 
     queue: str
     name: str
-    """finished, attempts, wait, run, wait_sum or run_sum."""
+    """finished, attempts; a histogram (wait, run, lifecycle_lag, finalize_lag) or its sum
+    (wait_sum, ...)."""
     label: str
-    """finished: the status; attempts: the outcome; '' otherwise."""
+    """finished: the status; attempts: the outcome; lifecycle_lag: what was enforced
+    (timeout, expiry, retention); '' otherwise."""
     le: float
-    """wait, run: the bucket's upper bound (per bucket, not cumulative); +Inf otherwise."""
+    """a histogram: the bucket's upper bound (per bucket, not cumulative); +Inf otherwise."""
     value: float
 
 

@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.embedded_pg import free_port
 from devtools.sqlconn import connect
+from jobfence.adapters.s3 import S3ObjectStore
 from jobfence.runner import detect_trigger
 from jobfence.settings import Settings
 from jobfence.store import Store
@@ -239,13 +240,54 @@ def test_runs_shows_recent_runs_with_who_and_why_for_a_manual_one(dsn: str) -> N
     assert run_cli(dsn, "runs", "--limit", "0").returncode == 2
 
 
-def test_metrics_exports_exactly_the_names_alerts_and_dashboards_may_use(dsn: str) -> None:
+def test_metrics_exports_exactly_the_names_alerts_and_dashboards_may_use(
+        dsn: str, s3_env: dict[str, str]) -> None:
     enqueue(dsn, 'command:{"argv": ["true"]}')
     assert run_cli(dsn, "worker").returncode == 0
     assert run_cli(dsn, "queue", "limit", "default", "5").returncode == 0
     assert run_cli(dsn, "orphan-cleanup", JOBFENCE_CLUSTER="local").returncode == 0
+    # A job that expires before a worker comes (lifecycle's lag), and a datum parent
+    # finalized after its one child (the finalization lag).
+    enqueue(dsn, 'sleep:{"seconds": 0}', "--queue", "idle", "--expires-in", "PT0.2S")
+    bucket = s3_env["JOBFENCE_S3_BUCKET"]
+    S3ObjectStore(endpoint_url=s3_env["JOBFENCE_S3_ENDPOINT_URL"]).put_bytes(
+        bucket, "in/one.txt", b"datum\n")
+    enqueue(dsn, 'sleep:{"seconds": 0}', "--inputs", f"s3://{bucket}/in/", **s3_env)
+    assert run_cli(dsn, "worker", **s3_env).returncode == 0
+    time.sleep(0.3)
+    assert run_cli(dsn, "lifecycle").returncode == 0
+    assert run_cli(dsn, "export-finalize", **s3_env).returncode == 0
     assert run_cli(dsn, "sweeper").returncode == 0
     names = {s.name for f in text_string_to_metric_families(run_cli(dsn, "metrics").stdout)
              for s in f.samples}
     # jobfence_database_up comes from the exporter's own scrape (test_prometheus.py).
     assert names | {"jobfence_database_up"} == METRICS
+
+
+def test_the_connection_gauges_move_as_connections_are_taken(dsn: str) -> None:
+    """The saturation signal (JobfenceDatabaseConnectionsNearLimit) as the reader role reads
+    it: ten connections taken show as ten more in use, and go when they are closed."""
+    def in_use() -> float:
+        got = samples(run_cli(dsn, "metrics").stdout)
+        return got[("jobfence_database_connections", ())]
+
+    def steady() -> float | None:
+        first, second = in_use(), in_use()
+        return first if first == second else None  # no connection of an earlier test ending
+
+    before = wait_for(steady)
+    held = [connect(dsn) for _ in range(10)]
+    try:
+        during = in_use()
+        assert during >= before + 10
+        with connect(dsn) as conn:
+            row = conn.execute("SELECT current_setting('max_connections')::int - "
+                               "current_setting('superuser_reserved_connections')::int "
+                               "AS allowed").fetchone()
+        got = samples(run_cli(dsn, "metrics").stdout)
+        assert row is not None
+        assert got[("jobfence_database_connections_available", ())] == row["allowed"]
+    finally:
+        for conn in held:
+            conn.close()
+    wait_for(lambda: in_use() <= during - 10)

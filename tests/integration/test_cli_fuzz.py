@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from devtools.sqlconn import connect
 from jobfence.functions import cli as entry
+from tests.factories import plugin_installed
 
 FUZZ = settings(max_examples=150, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -107,6 +108,19 @@ def test_enqueue_arguments(cli: Any, actions: list[str], extra: list[str]) -> No
 
 
 @FUZZ
+@given(st.sampled_from(["db.events", "db.users", "db.nope", "DB.events", ""]) | TEXT,
+       st.sampled_from(["tables", 'tables:{"mode": 1}', "sleep"]))
+def test_enqueue_with_an_action_that_checks_its_resource(cli: Any, resource: str,
+                                                         action: str) -> None:
+    """The test plugin's `tables` accepts db.events and db.users only: anything else is a
+    refusal (exit 2) naming the action, and nothing is written (checked by ``cli``)."""
+    with plugin_installed():
+        code = cli(["enqueue", action, "--resource", resource])
+    if action != "sleep" and resource not in ("db.events", "db.users"):
+        assert code == 2
+
+
+@FUZZ
 @given(st.one_of(
     JSONISH.map(lambda v: json.dumps(v).encode()),
     st.lists(JSONISH, max_size=3).map(lambda v: json.dumps(v).encode()),
@@ -160,6 +174,26 @@ def _float(text: str) -> float:
         return float(text)
     except ValueError:
         return -1.0
+
+
+FUNCTIONISH = st.sampled_from(["sweeper", "reconciliation", "lifecycle", "export-finalize",
+                               "orphan-cleanup", "worker", "Sweeper", "", "-"]) | TEXT
+
+
+@FUZZ
+@given(flags(("--wait", FUNCTIONISH), ("--timeout", NUMBERISH), ("--interval", NUMBERISH),
+             ("--function", FUNCTIONISH), ("--status", st.sampled_from(["failed", "x"])),
+             ("--limit", NUMBERISH), ("-o", st.sampled_from(["json", "text"]) | TEXT)))
+def test_runs(cli: Any, extra: list[str]) -> None:
+    """Nothing runs meanwhile: a wait for a next success either refuses its flags or times
+    out (7) — within a fifth of a second."""
+    if "--wait" in extra[::2]:
+        if "--timeout" not in extra[::2]:
+            extra += ["--timeout", "0"]
+        i = extra.index("--timeout")
+        if extra[i + 1] not in ("nan", "inf") and _float(extra[i + 1]) > 0.2:
+            extra[i + 1] = "0.2"
+    cli(["runs", *extra], allowed=frozenset({0, 2, 7}))
 
 
 @FUZZ

@@ -1,7 +1,7 @@
 """The queue's hot queries stay index scans however many finished jobs the table holds:
 no sequential scan of jobs in the claim, the reclaim, the KEDA count, drain status, or the
 comparisons with the cluster's pods and the object store's keys, or the lifecycle pass's
-timeouts, expiry and retention pages."""
+timeouts, expiry and retention pages and deletes, or the look for what it has not done yet."""
 
 from __future__ import annotations
 
@@ -104,6 +104,9 @@ def scanned_jobs_by(store: Store, query: LiteralString, params: dict[str, object
     ("maintenance", "reclaim_timed_out", {"batch_size": 500, "now": None, "base_seconds": 1.0,
                                    "cap_seconds": 1.0}),
     ("maintenance", "expire_pending", {"batch_size": 500, "now": None}),
+    ("maintenance", "delete_jobs", {"job_ids": [UUID(int=1)], "now": None,
+                                    "retention_seconds": 30 * 86400}),
+    ("job_metrics", "overdue", {"retention_seconds": 30 * 86400}),
     ("maintenance", "retention_due_with_ttl", {
         "now": None, "after_due": FIRST_DUE, "after_id": UUID(int=0), "limit": 500,
         "retention_seconds": 0}),

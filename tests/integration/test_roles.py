@@ -50,6 +50,10 @@ STATEMENTS: dict[str, LiteralString] = {
     "pause a queue": "INSERT INTO jobfence.queues (name, paused) VALUES ('q', true)",
     "record a function run": "INSERT INTO jobfence.function_runs (function, status) "
                              "VALUES ('sweeper', 'running')",
+    "record how late lifecycle was": "INSERT INTO jobfence.job_metric_deltas (queue, name, "
+                                     "label, le, value) SELECT 'q', o.name, 'timeout', o.le, "
+                                     "o.value FROM jobfence.jobfence_observation("
+                                     "'lifecycle_lag', 'lag', 3) o",
     "reclaim expired leases": "SELECT * FROM jobfence.jobfence_reclaim("
                               "ARRAY[%(job)s]::uuid[], ARRAY['x'], ARRAY['x'], 1, 1)",
     "settle dependents": "SELECT * FROM jobfence.settle_dependents(ARRAY[%(job)s]::uuid[], 10)",
@@ -77,6 +81,7 @@ ALLOWED: dict[str, set[str]] = {
     "worker": WORKER,
     "maintainer": READS | {"mark a running job succeeded", "delete jobs",
                            "delete the audit trail", "record a function run",
+                           "record how late lifecycle was",
                            "reclaim expired leases", "settle dependents"},
     # Its writes go through the functions of its commands: never a table-wide UPDATE, and
     # a job it inserts is born the way an enqueue makes one.

@@ -60,6 +60,16 @@ METRICS = {
     "jobfence_draining",
     "jobfence_database_connections",
     "jobfence_database_connections_available",
+    "jobfence_function_duration_seconds_bucket",
+    "jobfence_function_duration_seconds_count",
+    "jobfence_function_duration_seconds_sum",
+    "jobfence_lifecycle_lag_seconds_bucket",
+    "jobfence_lifecycle_lag_seconds_count",
+    "jobfence_lifecycle_lag_seconds_sum",
+    "jobfence_parent_finalize_lag_seconds_bucket",
+    "jobfence_parent_finalize_lag_seconds_count",
+    "jobfence_parent_finalize_lag_seconds_sum",
+    "jobfence_lifecycle_overdue_seconds",
 }
 
 # The vendored CRD of each custom kind the base uses (see tests/fixtures/crds/README.md).
