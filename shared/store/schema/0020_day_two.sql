@@ -345,9 +345,9 @@ CREATE FUNCTION {schema}.operator_reveal_env(p_job_id uuid, p_actor text, p_reas
 RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
 DECLARE
-    found jsonb;
+    acts jsonb;
 BEGIN
-    SELECT j.actions INTO found FROM {schema}.jobs j WHERE j.job_id = p_job_id;
+    SELECT j.actions INTO acts FROM {schema}.jobs j WHERE j.job_id = p_job_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'JF404', DETAIL = p_job_id::text,
             MESSAGE = format('job %s not found', p_job_id);
@@ -357,7 +357,7 @@ BEGIN
     RETURN (SELECT coalesce(jsonb_agg(jsonb_build_object(
                 'index', a.i - 1, 'name', a.x -> 'name', 'env', a.x -> 'params' -> 'env')
                 ORDER BY a.i), '[]'::jsonb)
-            FROM jsonb_array_elements(found) WITH ORDINALITY AS a (x, i)
+            FROM jsonb_array_elements(acts) WITH ORDINALITY AS a (x, i)
             WHERE jsonb_typeof(a.x -> 'params' -> 'env') = 'object');
 END;
 $$;
