@@ -14,8 +14,7 @@ from jobfence.errors import InvalidSpec
 from jobfence.limits import MAX_SPEC_BYTES
 from jobfence.schedules import Cron, job_template, schedule_name, schedule_spec
 from jobfence.spec import decode_spec_bytes, load_spec_text
-from jobfence.store.values import ScheduleRow
-from jobfence.views import shown_params
+from jobfence.views import schedule_view
 
 VERBS = "add|list|show|pause|resume|delete"
 
@@ -43,18 +42,6 @@ def parser() -> cli.Parser:
         s.add_argument("-o", "--output", choices=["text", "json"],
                        default="text" if verb == "show" else "json")
     return p
-
-
-def schedule_object(row: ScheduleRow) -> dict[str, Any]:
-    """A schedule as ``schedule show -o json`` prints it (env values masked)."""
-    spec = dict(row.spec)
-    spec["actions"] = [{**a, "params": shown_params(a.get("params"))}
-                       for a in spec.get("actions", [])]
-    return {"name": row.name, "cron": row.cron, "timezone": row.timezone,
-            "paused": row.paused, "next_tick_at": None if row.paused else row.next_tick_at,
-            "last_tick_at": row.last_tick_at, "last_job_id": row.last_job_id, "spec": spec,
-            "created_at": row.created_at, "created_by": row.created_by,
-            "changed_at": row.changed_at, "changed_by": row.changed_by}
 
 
 def _read_spec(path: str) -> object:
@@ -111,14 +98,14 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 rows, after = [], None
                 while page := schedules.page(after=after):
-                    rows += [schedule_object(r) for r in page]
+                    rows += [schedule_view(r) for r in page]
                     after = page[-1].name
                 if args.output == "json":
                     cli.emit(rows)
                 else:
                     _print(rows)
                 return 0
-        out = schedule_object(row)
+        out = schedule_view(row)
         if args.verb == "show":
             out["ticks"] = [t._asdict() for t in ticks]
             if args.output == "text":

@@ -175,3 +175,15 @@ def render_text(view: dict[str, Any]) -> str:
             lines += [f"         {label} | {line}" for line in tail]
         lines += [f"         output: {url}" for url in result.get("outputs") or []]
     return "\n".join(lines)
+
+
+def schedule_view(row: Any) -> dict[str, Any]:
+    """A schedule as ``schedule show -o json`` and the API show it (env values masked)."""
+    spec = dict(row.spec)
+    spec["actions"] = [{**a, "params": shown_params(a.get("params"))}
+                       for a in spec.get("actions", [])]
+    return {"name": row.name, "cron": row.cron, "timezone": row.timezone,
+            "paused": row.paused, "next_tick_at": None if row.paused else row.next_tick_at,
+            "last_tick_at": row.last_tick_at, "last_job_id": row.last_job_id, "spec": spec,
+            "created_at": row.created_at, "created_by": row.created_by,
+            "changed_at": row.changed_at, "changed_by": row.changed_by}

@@ -5,6 +5,10 @@ add up across short-lived pods, survive them, and outlive the audit trail's rete
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
 from jobfence.store.base import Noun
 from jobfence.store.types import JobMetric
 
@@ -24,3 +28,13 @@ class JobMetrics(Noun):
         """The upper bounds of the ``wait`` and ``run`` histograms' buckets, +Inf last."""
         row = self._one("buckets") or {}
         return {kind: [float(b) for b in row.get(kind) or []] for kind in ("wait", "run")}
+
+    def history(self, *, queue: str, since: datetime) -> list[dict[str, Any]]:
+        """A queue's folded minutes since ``since``: finished, wait (claims) and run rows
+        (``minute``, ``name``, ``label``, ``le``, ``value``)."""
+        return self._all("history", {"queue": queue, "since": since})
+
+    def claims(self, queues: Sequence[str]) -> dict[str, tuple[datetime | None, bool]]:
+        """Per queue: the last minute a claim was folded, and whether one ever was."""
+        return {r["queue"]: (r["last_claim"], bool(r["ever"]))
+                for r in self._all("claims", {"queues": list(queues)})}

@@ -42,3 +42,13 @@ SELECT queue, name, label, le, value FROM {schema}.job_metrics ORDER BY queue, n
 -- buckets --
 -- The upper bounds of each histogram's buckets, +Inf last.
 SELECT {schema}.jobfence_buckets('wait') AS wait, {schema}.jobfence_buckets('run') AS run;
+
+-- claims --
+-- Per queue: the last minute a claim was folded (history keeps a day), and whether a job
+-- of the queue was ever claimed.
+SELECT q.queue,
+       (SELECT max(h.minute) FROM {schema}.job_metric_history h
+        WHERE h.queue = q.queue AND h.name = 'wait') AS last_claim,
+       EXISTS (SELECT FROM {schema}.job_metrics m
+               WHERE m.queue = q.queue AND m.name = 'wait' AND m.value > 0) AS ever
+FROM unnest(%(queues)s::text[]) AS q (queue);
