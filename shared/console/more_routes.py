@@ -192,8 +192,14 @@ def queue_history(store: Store, call: Call) -> Answer:
 
 
 def queue_flags(store: Store, queues: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The queues with their warnings (``stalled``, ``never_served``, ``last_claim_at``)."""
+    """The queues with their warnings (``stalled``, ``never_served``, ``last_claim_at``),
+    and those idle now that finished or claimed anything in the last hour."""
     now = store.schedules.clock()
+    listed = {q["queue"] for q in queues}
+    queues = queues + [  # idle now, busy within the hour: the page charts them too
+        {"queue": name, "paused": False, "limit": None, "pending": 0, "scheduled": 0,
+         "running": 0, "waiting": 0, "oldest_ready_age_seconds": 0.0}
+        for name in store.job_metrics.recent_queues() if name not in listed]
     claims = store.job_metrics.claims([q["queue"] for q in queues])
     out = []
     for q in queues:

@@ -38,3 +38,7 @@ class JobMetrics(Noun):
         """Per queue: the last minute a claim was folded, and whether one ever was."""
         return {r["queue"]: (r["last_claim"], bool(r["ever"]))
                 for r in self._all("claims", {"queues": list(queues)})}
+
+    def recent_queues(self) -> list[str]:
+        """Queues with anything folded in the last hour."""
+        return [r["queue"] for r in self._all("recent_queues")]

@@ -52,3 +52,9 @@ SELECT q.queue,
        EXISTS (SELECT FROM {schema}.job_metrics m
                WHERE m.queue = q.queue AND m.name = 'wait' AND m.value > 0) AS ever
 FROM unnest(%(queues)s::text[]) AS q (queue);
+
+-- recent_queues --
+-- Queues that finished or claimed anything in the last hour (the queue page shows them,
+-- active jobs or not).
+SELECT DISTINCT queue FROM {schema}.job_metric_history
+WHERE minute >= now() - interval '1 hour' ORDER BY queue;

@@ -185,9 +185,11 @@ async function jobsPage() {
     el("span", { id: "selection-count" }, n ? plural(n, "job") + " selected"
                                             : "Nothing selected: act on every job the filters select"),
     button(n ? "Retry selected" : "Retry all matching", () => bulk("retry", filters),
-           { id: "bulk-retry" }),
+           { id: "bulk-retry", disabled: !n && filters.status
+                                         && !VERB_STATUSES.retry.includes(filters.status) }),
     button(n ? "Cancel selected" : "Cancel all matching", () => bulk("cancel", filters),
-           { id: "bulk-cancel", class: "danger" }),
+           { id: "bulk-cancel", class: "danger",
+             disabled: !n && filters.status && !VERB_STATUSES.cancel.includes(filters.status) }),
     n ? el("button", { id: "selection-clear", onclick: () => { state.selected.clear(); refresh(true); } },
            "Clear") : null) : null;
   const nav = el("div", { class: "pager" },

@@ -100,7 +100,9 @@ async function queuesPage() {
     el("li", { key: "warn-" + q.queue }, el("strong", {}, q.queue), ": ", q.stalled
       ? "ready work has waited over 5 minutes and nothing was claimed."
       : "it has work no worker has ever claimed — is there a pool serving it?"));
-  const cards = busiest.map(q => el("section", { class: "chart-card", key: "chart-" + q },
+  const charted = [...busiest].sort((a, b) => sum((histories[b] || []).map(m => sum(m.finished)))
+                                             - sum((histories[a] || []).map(m => sum(m.finished))));
+  const cards = charted.map(q => el("section", { class: "chart-card", key: "chart-" + q },
     el("h3", {}, q, el("span", { class: "muted" }, " — the last hour, a minute at a time")),
     el("div", { class: "chart", "data-queue": q, "data-morph": "skip" })));
   state.after.push(() => drawCharts(histories));

@@ -9,7 +9,8 @@ const EXAMPLE_SPEC = JSON.stringify({ actions: [{ name: "command",
 function addScheduleForm() {
   const form = el("form", { id: "schedule-form", class: "schedule-form", onsubmit: async (ev) => {
     ev.preventDefault();
-    const data = Object.fromEntries(new FormData(ev.currentTarget));
+    const form = ev.currentTarget;  // gone from the event once it has been handled
+    const data = Object.fromEntries(new FormData(form));
     let spec;
     try { spec = JSON.parse(data.spec); }
     catch (e) { flash("spec: not JSON: " + e.message, true); return; }
@@ -17,8 +18,8 @@ function addScheduleForm() {
       await post("/schedules", { name: data.name, cron: data.cron,
                                  timezone: data.timezone || "UTC", spec });
       flash(`schedule ${data.name} added`);
-      ev.currentTarget.reset();
-      ev.currentTarget.closest("details").open = false;
+      form.reset();
+      form.closest("details").open = false;
     } catch (e) { flash("add: " + e.message, true); }
     refresh(true);
   } },
