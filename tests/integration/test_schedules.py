@@ -199,3 +199,21 @@ def test_a_tick_not_due_by_the_databases_clock_is_refused(store: Store, dsn: str
     out = run(store, dsn, future + timedelta(hours=1))
     assert (out.enqueued, out.raced) == (0, 1)
     assert ticks(store, "ahead") == []
+
+
+def test_recorded_ticks_go_with_the_function_runs_retention(store: Store, dsn: str) -> None:
+    """The record of ticks is history (lifecycle deletes it after
+    JOBFENCE_FUNCTION_RUNS_RETENTION); the schedule's next tick, not the record, keeps
+    every tick once."""
+    import jobfence.functions.lifecycle as lifecycle
+
+    add(store, "old", "0 * * * *", utc(2025, 1, 1, 0, 0))
+    run(store, dsn, utc(2025, 1, 1, 0, 1))
+    run(store, dsn, utc(2025, 1, 1, 1, 1))
+    store.conn.execute("UPDATE jobfence.schedule_ticks SET at = now() - interval '40 days' "
+                       "WHERE tick_at = %s", (utc(2025, 1, 1, 0, 0),))
+    s = settings(dsn)
+    report = lifecycle.run_once(s, Deps(store, s))
+    assert report.schedule_ticks_deleted == 1
+    assert [t for t, _ in ticks(store, "old")] == [utc(2025, 1, 1, 1, 0)]
+    assert run(store, dsn, utc(2025, 1, 1, 1, 30)).enqueued == 0
