@@ -38,6 +38,8 @@ BENCHMARKS = {
     "pooler": "bench.bench_pooler",
     "sidecar": "bench.bench_sidecar",
     "console": "bench.bench_console",
+    "schedules": "bench.bench_schedules",
+    "bulk": "bench.bench_bulk",
 }
 
 OUT = REPO / "docs" / "BENCHMARKS.md"

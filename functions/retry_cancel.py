@@ -117,7 +117,7 @@ def _bulk(verb: str, args: object) -> int:
             sys.stdout.write("".join(f"{p.job_id}  {p.status:<9}  {p.queue}\n" for p in page))
 
     with cli.open_store(settings, verb) as store:
-        ceiling = bulk.ceiling_now()
+        ceiling = bulk.ceiling_now(store)
         limit = a["limit"]
         if a["dry_run"]:
             limit = bulk.MAX_LIMIT

@@ -2,8 +2,8 @@
 and the API (``POST /api/v1/jobs/retry|cancel``): the filters ``list`` has, a window of
 creation time, or explicit job ids.
 
-A selection is fixed when it begins: only jobs made before then (their time-ordered ids
-are below a ceiling), newest first, at most ``limit`` of them. It is walked a batch at a
+A selection is fixed when it begins: only jobs made by then (the database's clock), newest
+first, at most ``limit`` of them. It is walked a batch at a
 time (``JOBFENCE_BATCH_SIZE``, at most 1,000), and each batch is one transaction of the
 database's own ``operator_retry_many`` / ``operator_cancel_many`` — the rules of the
 one-job commands, job by job, audited with the caller in each job's trail — so no
@@ -104,13 +104,13 @@ class Selection:
                 "created_after": self.created_after}
 
 
-def ceiling_now() -> UUID:
-    """An id above every time-ordered job id made until now (see ``jobfence.ids``)."""
-    ms = int(datetime.now(UTC).timestamp() * 1000) + 1
-    return UUID(int=(ms & 0xFFFF_FFFF_FFFF) << 80)
+def ceiling_now(store: Store) -> datetime:
+    """Where a selection's window ends: now, by the database's clock (the clock that stamps
+    ``created_at``)."""
+    return store.jobs.clock()
 
 
-def count(store: Store, sel: Selection, *, ceiling: UUID, cap: int) -> int:
+def count(store: Store, sel: Selection, *, ceiling: datetime, cap: int) -> int:
     """How many jobs the selection holds (at most ``cap``)."""
     if sel.job_ids:
         return len(sel.job_ids)
@@ -123,7 +123,7 @@ def count(store: Store, sel: Selection, *, ceiling: UUID, cap: int) -> int:
     return total
 
 
-def pages(store: Store, sel: Selection, verb: str, *, ceiling: UUID, batch: int,
+def pages(store: Store, sel: Selection, verb: str, *, ceiling: datetime, batch: int,
           limit: int) -> Iterator[list[Selected]]:
     """The selection a page at a time, at most ``limit`` jobs in all."""
     if sel.job_ids:
@@ -172,7 +172,7 @@ class Outcome:
 
 
 def act(store: Store, verb: str, sel: Selection, *, reason: str, limit: int, batch: int,
-        dry_run: bool = False, ceiling: UUID | None = None,
+        dry_run: bool = False, ceiling: datetime | None = None,
         on_page: Callable[[list[Selected]], None] | None = None) -> Outcome:
     """Retry or cancel (``verb``) at most ``limit`` jobs of ``sel``, a transaction per
     batch; with ``dry_run``, only read what it would act on."""
@@ -181,7 +181,7 @@ def act(store: Store, verb: str, sel: Selection, *, reason: str, limit: int, bat
         raise InvalidSpec(f"limit must be between 1 and {MAX_LIMIT}")
     batch = max(1, min(batch, MAX_BATCH))
     out = Outcome(verb, dry_run)
-    for page in pages(store, sel, verb, ceiling=ceiling or ceiling_now(), batch=batch,
+    for page in pages(store, sel, verb, ceiling=ceiling or ceiling_now(store), batch=batch,
                       limit=limit):
         out.matched += len(page)
         out.batches += 1

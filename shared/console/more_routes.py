@@ -92,7 +92,7 @@ def act(server: Server, verb: str) -> Any:
         dry = body.get("dry_run", False)
         if not isinstance(dry, bool):
             raise InvalidSpec("dry_run must be true or false")
-        ceiling = bulk.ceiling_now()
+        ceiling = bulk.ceiling_now(store)
         matched = bulk.count(store, sel, ceiling=ceiling, cap=bulk.MAX_LIMIT)
         if not dry and matched > limit:
             raise Conflict(f"{matched} jobs match, more than the limit {limit}: send "

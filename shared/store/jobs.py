@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -188,20 +189,26 @@ class Jobs(Noun):
 
     # -- a selection, in bulk (jobfence.bulk pages through it) ----------------------------
 
-    def select_page(self, *, status: str, filters: Mapping[str, Any], ceiling: UUID,
+    def select_page(self, *, status: str, filters: Mapping[str, Any], ceiling: datetime,
                     after: UUID | None, limit: int) -> list[Selected]:
         """A page of the jobs of ``status`` that ``filters`` select (queue, resource,
-        parent_id, labels, created_before, created_after), newest first, below ``ceiling``
-        and ``after``."""
+        parent_id, labels, created_before, created_after), newest first, made no later than
+        ``ceiling``, after the job ``after``."""
         return self._rows("select_page", {**_filter_params(filters), "status": status,
                                           "ceiling": ceiling, "after": after,
                                           "limit": limit}, Selected)
 
-    def select_count(self, *, status: str, filters: Mapping[str, Any], ceiling: UUID,
+    def select_count(self, *, status: str, filters: Mapping[str, Any], ceiling: datetime,
                      cap: int) -> int:
         row = self._one("select_count", {**_filter_params(filters), "status": status,
                                          "ceiling": ceiling, "cap": cap})
         return int(row["n"]) if row else 0
+
+    def clock(self) -> datetime:
+        """The database's clock."""
+        row = self._one("clock")
+        assert row is not None
+        return row["now"]  # type: ignore[no-any-return]
 
     def statuses_of(self, job_ids: Sequence[UUID]) -> list[Selected]:
         return self._rows("statuses_of", {"job_ids": list(job_ids)}, Selected)

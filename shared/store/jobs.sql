@@ -111,8 +111,8 @@ SELECT * FROM {schema}.operator_retry(%(job_id)s::uuid, %(reason)s::text);
 
 -- select_page --
 -- A page of a bulk selection, newest first: jobs of one status, optionally by queue,
--- resource, parent, labels and a window of creation time; older than `after` (keyset) and
--- than `ceiling` (made before the selection began, so a growing queue cannot move it).
+-- resource, parent, labels and a window of creation time; after `after` (keyset) and made
+-- no later than `ceiling` (when the selection began, so a growing queue cannot move it).
 SELECT job_id, status, queue FROM {schema}.jobs
 WHERE status = %(status)s
   AND (%(resource)s::text IS NULL OR resource = %(resource)s)
@@ -121,7 +121,8 @@ WHERE status = %(status)s
   AND (%(labels)s::jsonb IS NULL OR (labels @> %(labels)s::jsonb AND labels <> '{{}}'::jsonb))
   AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s)
   AND (%(created_after)s::timestamptz IS NULL OR created_at >= %(created_after)s)
-  AND job_id < coalesce(%(after)s::uuid, %(ceiling)s::uuid)
+  AND created_at <= %(ceiling)s::timestamptz
+  AND (%(after)s::uuid IS NULL OR job_id < %(after)s)
 ORDER BY job_id DESC
 LIMIT %(limit)s;
 
@@ -137,7 +138,7 @@ SELECT count(*) AS n FROM (
            OR (labels @> %(labels)s::jsonb AND labels <> '{{}}'::jsonb))
       AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s)
       AND (%(created_after)s::timestamptz IS NULL OR created_at >= %(created_after)s)
-      AND job_id < %(ceiling)s::uuid
+      AND created_at <= %(ceiling)s::timestamptz
     LIMIT %(cap)s
 ) s;
 
@@ -162,3 +163,7 @@ FROM {schema}.operator_cancel_many(%(job_ids)s::uuid[], %(reason)s::text);
 -- A job's actions' env values, for an operator who asks: recorded with who and why.
 SELECT {schema}.operator_reveal_env(%(job_id)s::uuid, %(actor)s::text, %(reason)s::text)
     AS env;
+
+-- clock --
+-- The database's clock: where a bulk selection's window ends.
+SELECT clock_timestamp() AS now;
