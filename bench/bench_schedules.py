@@ -69,7 +69,9 @@ def run(bench: Bench) -> Section:
         "Times are wall times of the whole process (start-up included), as a CronJob pays "
         "them. Each batch (`JOBFENCE_BATCH_SIZE`, 500) is one statement of the database's "
         "`scheduler_fire`: the schedules moved on, the jobs inserted, the ticks recorded. The "
-        "cron expressions are evaluated in the pass (cronsim), once per due schedule.",
+        "cron expressions are evaluated in the pass (cronsim), once per distinct expression, "
+        "time zone and tick: here all share one; ten thousand distinct ones add about 2 s "
+        "(0.1 ms each, profiled).",
         "Peak memory is the pass's own (bench/peak.py reads the child's maximum resident set); "
         "it holds one batch at a time, so it stays flat as the schedules grow.",
     ]

@@ -53,6 +53,13 @@ def _cron(expr: str, timezone: str) -> Cron:
     return Cron(expr, zone(timezone))
 
 
+@lru_cache(maxsize=4096)
+def _due(cron: Cron, expected: datetime, now: datetime) -> tuple[datetime, datetime]:
+    """``due_tick``, once per distinct (expression, time zone, tick) of a pass: schedules
+    share a few expressions (``0 * * * *``), and each evaluation walks the calendar."""
+    return due_tick(cron, expected, now)
+
+
 def run_once(settings: Settings, deps: Deps) -> Report:
     store = deps.store
     if store.control.drain_status().draining:
@@ -71,7 +78,7 @@ def run_once(settings: Settings, deps: Deps) -> Report:
         ticks: list[tuple[DueSchedule, datetime, datetime, UUID]] = []
         for d in page:
             try:
-                tick, following = due_tick(_cron(d.cron, d.timezone), d.next_tick_at, now)
+                tick, following = _due(_cron(d.cron, d.timezone), d.next_tick_at, now)
             except (InvalidSpec, ValueError, OverflowError, StopIteration) as exc:
                 errors += 1
                 log.error("schedule_unreadable", schedule=d.name, error=str(exc))
@@ -83,14 +90,16 @@ def run_once(settings: Settings, deps: Deps) -> Report:
         for f in fired:
             if f.outcome == "enqueued":
                 enqueued += 1
-                log.info("tick_enqueued", schedule=f.name, tick=f.tick_at.isoformat(),
-                         job_id=str(f.job_id))
+                log.debug("tick_enqueued", schedule=f.name, tick=f.tick_at.isoformat(),
+                          job_id=str(f.job_id))
             elif f.outcome == "resource_busy":
                 busy += 1
                 log.warning("tick_skipped", schedule=f.name, tick=f.tick_at.isoformat(),
                             reason="its resource is held by an active job")
             else:
                 exists += 1
+        log.info("ticks_enqueued", schedules=len(page), enqueued=sum(
+            1 for f in fired if f.outcome == "enqueued"))
         after = page[-1]
         if len(page) < settings.batch_size:
             break
