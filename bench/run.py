@@ -39,6 +39,8 @@ BENCHMARKS = {
     "sidecar": "bench.bench_sidecar",
     "console": "bench.bench_console",
     "metrics": "bench.bench_metrics",
+    "schedules": "bench.bench_schedules",
+    "bulk": "bench.bench_bulk",
 }
 
 OUT = REPO / "docs" / "BENCHMARKS.md"

@@ -54,7 +54,7 @@ DEMO_ENV = {"JOBFENCE_LEASE_SECONDS": str(LEASE), "JOBFENCE_HEARTBEAT_SECONDS": 
             # job's code and the keys").
             "JOBFENCE_COMMAND_USER": "worker"}
 SCHEDULE = {"sweeper": 2.0, "reconciliation": 2.0, "export-finalize": 2.0,
-            "lifecycle": 5.0, "orphan-cleanup": 5.0}
+            "lifecycle": 5.0, "orphan-cleanup": 5.0, "schedules": 5.0}
 BUCKET = "jobfence-demo"
 DATUMS = 12
 # The pools the manifests ship, sized for one machine.

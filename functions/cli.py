@@ -9,35 +9,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn, cast
 
-# name -> (module in jobfence.functions:function, one line of help)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "enqueue": ("enqueue:main", "validate and insert job(s), print their ids"),
-    "worker": ("worker:main", "claim and run jobs under lease, heartbeat and fence"),
-    "sweeper": ("sweeper:main", "expired leases: rotate fence, retry or fail"),
-    "reconciliation": ("reconciliation:main",
-                       "claims whose worker pod is gone or dead: rotate fence, retry or fail"),
-    "orphan-cleanup": ("orphan_cleanup:main",
-                       "delete worker pods and S3 objects that nothing owns"),
-    "lifecycle": ("lifecycle:main",
-                  "run timeouts, pending expiry, retention of finished jobs and history"),
-    "export-finalize": ("export_finalize:main",
-                        "finalize parents whose children are done; release dependents"),
-    "migrate": ("ops:migrate_main", "apply database migrations"),
-    "status": ("ops:status_main", "show one job"),
-    "list": ("ops:list_main", "list jobs"),
-    "wait": ("ops:wait_main", "block until a job is terminal"),
-    "cancel": ("ops:cancel_main", "cancel a job (and a parent's children)"),
-    "retry": ("ops:retry_main", "run a failed or cancelled job again (new attempts)"),
-    "drain": ("ops:drain_main", "drain mode on|off|status"),
-    "info": ("ops:info_main", "which installation this is (schema, identity, version)"),
-    "queue": ("ops:queue_main", "a queue's state; pause, resume or limit it"),
-    "pools": ("pools:main", "render the KEDA ScaledJobs of the worker pools"),
-    "command-runner": ("command_runner:main",
-                       "the worker pod's command sidecar: run jobs' commands away from the keys"),
-    "metrics": ("observe:metrics_main", "print the metrics (Prometheus text), or serve them"),
-    "runs": ("observe:runs_main", "recent runs of the periodic functions: trigger, status, counts"),
-    "serve": ("serve:main", "the operators' web console and HTTP API"),
-}
+from jobfence.commands import COMMANDS
 
 
 def usage() -> str:

@@ -135,6 +135,7 @@ class HistoryReport:
     control_events_deleted: int
     function_runs_deleted: int
     function_triggers_deleted: int
+    schedule_ticks_deleted: int
 
 
 class History:
@@ -155,6 +156,9 @@ class History:
                 budget),
             function_triggers_deleted=History._delete_old(
                 m.delete_old_function_triggers, settings.function_runs_retention, settings,
+                deps, budget),
+            schedule_ticks_deleted=History._delete_old(
+                m.delete_old_schedule_ticks, settings.function_runs_retention, settings,
                 deps, budget))
 
     @staticmethod
@@ -190,6 +194,7 @@ class Report:
     control_events_deleted: int
     function_runs_deleted: int
     function_triggers_deleted: int
+    schedule_ticks_deleted: int
     batches: int
     longest_batch_seconds: float = snapshot()
     """Wall time of the longest single database batch: an upper bound on the longest

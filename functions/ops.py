@@ -1,5 +1,5 @@
-"""Operator commands over the fenced store: migrate, status, list, wait, cancel, drain,
-queue, info, metrics."""
+"""Operator commands over the fenced store: migrate, status, list, wait, drain, queue,
+info (cancel and retry: ``retry_cancel``; schedules: ``schedule``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from jobfence.spec import queue_name
 from jobfence.store import ACTIVE, TERMINAL, JobRow, Store
 from jobfence.store.migrations import migrate
 from jobfence.store.roles import connection_identity, setup_sql
-from jobfence.submit import cancelled_object
 from jobfence.views import job_views, render_text
 
 MAX_WAIT_SECONDS = 366 * 86_400.0
@@ -79,8 +78,13 @@ def status_main(argv: list[str]) -> int:
         p.add_argument("job_id")
         p.add_argument("-o", "--output", choices=["text", "json"], default="text")
         p.add_argument("--events", action="store_true", help="include the audit trail")
+        p.add_argument("--reveal-env", action="store_true", help="show the values of the "
+                       "actions' env (an operator's login; recorded with who asked and why)")
+        p.add_argument("--reason", help="why the env values are needed (recorded)")
         args = p.parse_args(argv)
         job_id = _job_id(args.job_id)
+        if args.reason is not None and not args.reveal_env:
+            raise InvalidSpec("--reason goes with --reveal-env")
         settings = cli.setup("status")
         with cli.open_store(settings, "status") as store:
             row = store.jobs.get(job_id)
@@ -89,6 +93,11 @@ def status_main(argv: list[str]) -> int:
             view = job_views(store, [row])[0]
             if args.events:
                 view["events"] = store.jobs.events(job_id)
+            if args.reveal_env:
+                revealed = store.jobs.reveal_env(job_id=job_id, actor=cli.actor(),
+                                                 reason=args.reason or "")
+                for r in revealed:
+                    view["actions"][r["index"]]["params"]["env"] = r["env"]
         if args.output == "json":
             cli.emit(view)
         else:
@@ -130,10 +139,10 @@ def list_main(argv: list[str]) -> int:
             cli.emit(views)
             return 0
         print(f"{'JOB_ID':<36}  {'STATUS':<9}  {'ATTEMPT':>7}  {'QUEUE':<12}  "
-              f"{'RESOURCE':<20}  ACTIONS")
+              f"{'RESOURCE':<20}  RUNS")
         now = datetime.now(UTC)
         for v in views:
-            actions = ",".join(a["name"] for a in v["actions"])
+            actions = v["summary"]
             status = v["status"]
             if status == "pending" and v["run_at"] and v["run_at"] > now:
                 status = "scheduled"
@@ -145,42 +154,6 @@ def list_main(argv: list[str]) -> int:
         return 0
 
     return cli.run_command("list", body)
-
-
-def cancel_main(argv: list[str]) -> int:
-    def body() -> int:
-        p = cli.Parser(prog="jobfence cancel",
-                       description="Cancel a job; a running job's command is stopped within "
-                                   "a second, and until its worker confirms it gone the job "
-                                   "keeps its resource.")
-        p.add_argument("job_id")
-        p.add_argument("--reason", default="cancelled by operator")
-        args = p.parse_args(argv)
-        job_id = _job_id(args.job_id)
-        settings = cli.setup("cancel")
-        with cli.open_store(settings, "cancel") as store:
-            done = store.jobs.cancel(job_id=job_id, reason=args.reason)
-        cli.emit(cancelled_object(job_id, done))
-        return 0
-
-    return cli.run_command("cancel", body)
-
-
-def retry_main(argv: list[str]) -> int:
-    def body() -> int:
-        p = cli.Parser(prog="jobfence retry", description="Run a failed or cancelled job "
-                       "again: pending at once, with a new attempt budget (audited).")
-        p.add_argument("job_id")
-        p.add_argument("--reason", default="retried by operator")
-        args = p.parse_args(argv)
-        job_id = _job_id(args.job_id)
-        settings = cli.setup("retry")
-        with cli.open_store(settings, "retry") as store:
-            t = store.jobs.retry(job_id=job_id, reason=args.reason)
-        cli.emit({"job_id": job_id, "status": t.status})
-        return 0
-
-    return cli.run_command("retry", body)
 
 
 def _queue(text: str) -> str:

@@ -96,7 +96,7 @@ INSTALLATION_LABEL = "jobfence.io/installation"
 
 
 PERIODIC_FUNCTIONS = ("sweeper", "reconciliation", "lifecycle", "export-finalize",
-                      "orphan-cleanup")
+                      "orphan-cleanup", "schedules")
 """The functions a CronJob schedules (manifests/cronjobs): those a manual trigger may start."""
 
 

@@ -277,6 +277,12 @@ def decode_spec_bytes(data: bytes, source: str = "spec") -> str:
 
 def parse_spec_text(text: str, source: str = "spec") -> list[JobSpec]:
     """Specs from JSON, or YAML when the text is not JSON."""
+    return parse_specs(load_spec_text(text, source))
+
+
+def load_spec_text(text: str, source: str = "spec") -> object:
+    """The data of a spec text: JSON, or YAML when the text is not JSON (not yet
+    validated)."""
     if len(text) > MAX_SPEC_BYTES:
         raise InvalidSpec(f"{source}: larger than {MAX_SPEC_BYTES // (1024 * 1024)} MiB")
     try:
@@ -296,7 +302,7 @@ def parse_spec_text(text: str, source: str = "spec") -> list[JobSpec]:
             raise InvalidSpec(f"{source}: not valid JSON ({where}) nor YAML") from None
         if isinstance(data, str | int | float) or data is None:
             raise InvalidSpec(f"{source}: not valid JSON ({where})") from None
-    return parse_specs(data)
+    return data
 
 
 def parse_action_arg(arg: str) -> dict[str, Any]:

@@ -18,6 +18,50 @@ _FIELDS = (
 )
 
 
+MASK = "<masked>"
+"""What an ``env`` value shows as: a command's environment often carries a secret, so only
+its names are shown; an operator may ask for the values (``status --reveal-env``, audited)."""
+
+SUMMARY_CHARS = 80
+
+
+def shown_params(params: Any) -> dict[str, Any]:
+    """An action's params as ``status``, the API and the console show them: everything but
+    the values of ``env`` (any action's), which are masked."""
+    if not isinstance(params, dict):
+        return {}
+    shown = dict(params)
+    env = shown.get("env")
+    if isinstance(env, dict):
+        shown["env"] = {name: MASK for name in env}
+    return shown
+
+
+def summary(actions: Sequence[dict[str, Any]]) -> str:
+    """A one-line summary of a job's first action, as ``list`` shows it: a command's argv
+    joined (quoted where a shell would need it), else the action's name and its params
+    (env masked); cut to 80 characters, and ``(+N)`` when more actions follow."""
+    import json
+    import shlex
+
+    if not actions:
+        return ""
+    first = actions[0]
+    params = first.get("params") or {}
+    argv = params.get("argv") if isinstance(params, dict) else None
+    if first.get("name") == "command" and isinstance(argv, list):
+        text = shlex.join(str(a) for a in argv)
+    else:
+        shown = shown_params(params)
+        text = str(first.get("name", ""))
+        if shown:
+            text += " " + json.dumps(shown, separators=(",", ":"), ensure_ascii=False)
+    text = " ".join(text.split())  # one line, whatever the argv holds
+    if len(text) > SUMMARY_CHARS:
+        text = text[:SUMMARY_CHARS - 1] + "…"
+    return text + (f" (+{len(actions) - 1})" if len(actions) > 1 else "")
+
+
 def action_statuses(job: JobRow, results: Sequence[ActionResult]) -> list[dict[str, Any]]:
     """Each action's status: succeeded if any attempt finished it; running if it is the
     first unfinished action of a running job; else its latest result; else pending (or
@@ -28,7 +72,8 @@ def action_statuses(job: JobRow, results: Sequence[ActionResult]) -> list[dict[s
     out = []
     for i, action in enumerate(job.actions):
         if job.is_parent:  # a parent runs nothing itself: its children do
-            out.append({"name": action["name"], "status": job.status})
+            out.append({"name": action["name"], "status": job.status,
+                        "params": shown_params(action.get("params"))})
             continue
         if i in succeeded:
             status = "succeeded"
@@ -38,7 +83,8 @@ def action_statuses(job: JobRow, results: Sequence[ActionResult]) -> list[dict[s
             status = latest[i].status
         else:
             status = "skipped" if job.status in TERMINAL else "pending"
-        entry: dict[str, Any] = {"name": action["name"], "status": status}
+        entry: dict[str, Any] = {"name": action["name"], "status": status,
+                                 "params": shown_params(action.get("params"))}
         if i in latest and latest[i].error and status != "succeeded":
             entry["error"] = latest[i].error
             if latest[i].error_detail:
@@ -78,6 +124,7 @@ def job_views(store: Store, rows: Sequence[JobRow]) -> list[dict[str, Any]]:
         view["lease_expires_at"] = (row.visible_at if row.status == "running"
                                     and not row.is_parent else None)
         view["actions"] = action_statuses(row, results.get(row.job_id, []))
+        view["summary"] = summary(row.actions)
         if row.is_parent:
             counts = store.jobs.children_counts(row.job_id)
             view["children"] = {"total": sum(counts.values()), **counts}
@@ -109,9 +156,34 @@ def render_text(view: dict[str, Any]) -> str:
         result = a.get("result") or {}
         code = f" (exit {result['exit_code']})" if "exit_code" in result else ""
         lines.append(f"    {i}. {a['name']:<12} {a['status']}{code}{err}")
+        params = a.get("params") or {}
+        if isinstance(params.get("argv"), list):
+            import shlex
+
+            lines.append(f"         argv: {shlex.join(str(x) for x in params['argv'])}")
+        env = params.get("env") or {}
+        if env and all(v == MASK for v in env.values()):
+            lines.append(f"         env: {', '.join(sorted(env))} (values masked)")
+        else:
+            lines += [f"         env: {k}={v}" for k, v in sorted(env.items())]
+        rest = {k: v for k, v in params.items() if k not in ("argv", "env")}
+        if rest:
+            lines.append(f"         params: {rest}")
         for label, text in (("stdout", result.get("stdout_tail")),
                             ("stderr", result.get("stderr_tail") or a.get("error_detail"))):
             tail = (text or "").rstrip().splitlines()[-5:]
             lines += [f"         {label} | {line}" for line in tail]
         lines += [f"         output: {url}" for url in result.get("outputs") or []]
     return "\n".join(lines)
+
+
+def schedule_view(row: Any) -> dict[str, Any]:
+    """A schedule as ``schedule show -o json`` and the API show it (env values masked)."""
+    spec = dict(row.spec)
+    spec["actions"] = [{**a, "params": shown_params(a.get("params"))}
+                       for a in spec.get("actions", [])]
+    return {"name": row.name, "cron": row.cron, "timezone": row.timezone,
+            "paused": row.paused, "next_tick_at": None if row.paused else row.next_tick_at,
+            "last_tick_at": row.last_tick_at, "last_job_id": row.last_job_id, "spec": spec,
+            "created_at": row.created_at, "created_by": row.created_by,
+            "changed_at": row.changed_at, "changed_by": row.changed_by}

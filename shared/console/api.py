@@ -33,7 +33,7 @@ from starlette.staticfiles import StaticFiles
 from jobfence import db, logs
 from jobfence.cli import to_jsonable
 from jobfence.cluster import PERIODIC_FUNCTIONS, Cluster
-from jobfence.console import params
+from jobfence.console import more_routes, params
 from jobfence.console.auth import Authenticator, Caller, check_write
 from jobfence.console.openapi import document
 from jobfence.errors import (
@@ -243,7 +243,8 @@ class Server:
     # -- queues and drain ---------------------------------------------------------------
 
     def list_queues(self, store: Store, call: Call) -> Answer:
-        return Answer({"queues": [r._asdict() for r in store.queues.status()]})
+        queues = [r._asdict() for r in store.queues.status()]
+        return Answer({"queues": more_routes.queue_flags(store, queues)})
 
     def queue_verb(self, verb: str) -> Callable[[Store, Call], Answer]:
         def handler(store: Store, call: Call) -> Answer:
@@ -373,7 +374,7 @@ class Server:
             self.route(f"{v1}/drain", self.drain, method="POST", operate=True),
             self.route(f"{v1}/functions", self.list_functions, query=FUNCTIONS_QUERY),
             self.route(f"{v1}/functions/{{name}}/trigger", self.trigger, method="POST",
-                       operate=True),
+                       operate=True), *more_routes.routes(self),
             Mount("/static", ConsoleFiles(directory=static), name="static"),
         ]
 

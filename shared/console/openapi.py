@@ -151,6 +151,7 @@ def document() -> dict[str, Any]:
                                                     "export-finalize or orphan-cleanup")],
                 body={"type": "object", "required": ["reason"],
                       "properties": {"reason": {"type": "string"}}})},
+            **more_paths(),
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
@@ -184,6 +185,84 @@ def document() -> dict[str, Any]:
                 "Trigger": {"type": "object", "required": [
                     "trigger_id", "function", "requested_by", "reason", "requested_at",
                     "outcome", "job_name"]},
+                "Bulk": {"type": "object", "required": ["verb", "dry_run", "matched",
+                                                        "refused", "batches"],
+                         "description": "what retry or cancel in bulk did: `retried` or "
+                                        "`cancelled` (and `children_cancelled`), `refused` "
+                                        "by why; a dry run's `job_ids` (at most 1,000)"},
+                "Selection": {"type": "object", "description": "job_ids (at most 1,000), or "
+                              "status (one or a list) with queue, resource, parent, label "
+                              "({key: value} or key=value), before/after (RFC 3339, or an "
+                              "ISO 8601 duration ago); limit (1000), dry_run, reason",
+                              "properties": {
+                                  "job_ids": {"type": "array", "items": {"type": "string"}},
+                                  "status": {"oneOf": [{"type": "string"}, {
+                                      "type": "array", "items": {"type": "string"}}]},
+                                  "queue": {"type": "string"},
+                                  "resource": {"type": "string"},
+                                  "parent": {"type": "string"},
+                                  "label": {"oneOf": [{"type": "string"},
+                                                      {"type": "object"}]},
+                                  "before": {"type": "string"}, "after": {"type": "string"},
+                                  "limit": {"type": "integer", "minimum": 1},
+                                  "dry_run": {"type": "boolean"},
+                                  "reason": {"type": "string"}}},
+                "Schedule": {"type": "object", "required": [
+                    "name", "cron", "timezone", "paused", "next_tick_at", "spec"]},
             },
         },
+    }
+
+
+NAME = _path("name", "a schedule's name")
+
+
+def more_paths() -> dict[str, Any]:
+    """The routes of ``jobfence.console.more_routes``."""
+    bulk = {**_ok("what was done (or, dry, would be)", _ref("Bulk")),
+            **_errors("400", "409", "503")}
+    schedule = _ok("the schedule", _ref("Schedule"))
+    return {
+        "/api/v1/jobs/retry": {"post": _op(
+            "retry a selection of failed or cancelled jobs, a batch per transaction, each "
+            "audited with the caller; 409 when more match than the limit", bulk,
+            operate=True, body=_ref("Selection"))},
+        "/api/v1/jobs/cancel": {"post": _op(
+            "cancel a selection of waiting, pending or running jobs (a parent's children "
+            "with it), a batch per transaction, each audited with the caller",
+            {**_ok("what was done (or, dry, would be)", _ref("Bulk")),
+             **_errors("400", "409")}, operate=True, body=_ref("Selection"))},
+        "/api/v1/jobs/{job_id}/env": {"post": _op(
+            "the values of a job's actions' env, recorded with who asked and why",
+            {**_ok("each action's env", {"type": "object"}), **_errors("400", "404")},
+            operate=True, params=[JOB_ID],
+            body={"type": "object", "required": ["reason"],
+                  "properties": {"reason": {"type": "string"}}})},
+        "/api/v1/schedules": {
+            "get": _op("every schedule", {**_ok("the schedules", {
+                "type": "object", "properties": {
+                    "schedules": {"type": "array", "items": _ref("Schedule")}}}),
+                **_errors()}),
+            "post": _op("add a schedule: name, cron (five fields), timezone (UTC), spec",
+                        {**_ok("the schedule", _ref("Schedule"), "201"),
+                         **_errors("400", "409")}, operate=True,
+                        body={"type": "object", "required": ["name", "cron", "spec"],
+                              "properties": {"name": {"type": "string"},
+                                             "cron": {"type": "string"},
+                                             "timezone": {"type": "string"},
+                                             "spec": _ref("JobSpec")}}),
+        },
+        "/api/v1/schedules/{name}": {"get": _op(
+            "one schedule and its recent ticks", {**schedule, **_errors("400", "404")},
+            params=[NAME])},
+        **{f"/api/v1/schedules/{{name}}/{verb}": {"post": _op(
+            what, {**schedule, **_errors("400", "404")}, operate=True, params=[NAME])}
+           for verb, what in (("pause", "enqueue nothing until resumed"),
+                              ("resume", "enqueue again from the next tick after now"),
+                              ("delete", "delete the schedule (its jobs stay)"))},
+        "/api/v1/queues/{queue}/history": {"get": _op(
+            "per minute of the last `minutes` (60): jobs finished by status, claims, run "
+            "time percentiles (p50, p95, p99) from the stored histograms",
+            {**_ok("the minutes", {"type": "object"}), **_errors("400")},
+            params=[QUEUE, _query("minutes", "1-1440 (60)", {"type": "integer"})])},
     }

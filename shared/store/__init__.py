@@ -18,6 +18,7 @@ pods          a pass's snapshot of the worker pods: dead claims, orphan suspects
 control       drain mode
 queues        each pool's KEDA trigger count, each queue's state and settings
 triggers      manual triggers of the periodic functions: one per interval, who and why
+schedules     users' schedules: add, pause, resume, delete; the due ticks, fired once each
 ============  ==========================================================================
 
 Callers never write SQL; they call these verbs with keyword arguments for ids and fences.
@@ -38,6 +39,7 @@ from jobfence.store.parents import Parents
 from jobfence.store.pods import Pods
 from jobfence.store.queues import Queues
 from jobfence.store.runs import Runs
+from jobfence.store.schedules import Schedules
 from jobfence.store.triggers import Triggers
 from jobfence.store.types import (
     ACTIVE,
@@ -115,3 +117,7 @@ class Store:
     @cached_property
     def triggers(self) -> Triggers:
         return Triggers(self)
+
+    @cached_property
+    def schedules(self) -> Schedules:
+        return Schedules(self)

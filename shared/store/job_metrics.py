@@ -7,7 +7,9 @@ short-lived pods, survive them, and outlive the audit trail's retention."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
 
 from jobfence.store.base import Noun
 from jobfence.store.types import JobMetric
@@ -39,3 +41,17 @@ class JobMetrics(Noun):
         seconds = None if default_retention is None else default_retention.total_seconds()
         return {r["kind"]: float(r["seconds"])
                 for r in self._all("overdue", {"retention_seconds": seconds})}
+
+    def history(self, *, queue: str, since: datetime) -> list[dict[str, Any]]:
+        """A queue's folded minutes since ``since``: finished, wait (claims) and run rows
+        (``minute``, ``name``, ``label``, ``le``, ``value``)."""
+        return self._all("history", {"queue": queue, "since": since})
+
+    def claims(self, queues: Sequence[str]) -> dict[str, tuple[datetime | None, bool]]:
+        """Per queue: the last minute a claim was folded, and whether one ever was."""
+        return {r["queue"]: (r["last_claim"], bool(r["ever"]))
+                for r in self._all("claims", {"queues": list(queues)})}
+
+    def recent_queues(self) -> list[str]:
+        """Queues with anything folded in the last hour."""
+        return [r["queue"] for r in self._all("recent_queues")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -22,6 +23,7 @@ from jobfence.store.types import (
     Transition,
     transitions,
 )
+from jobfence.store.values import Acted, Selected
 
 
 class Jobs(Noun):
@@ -184,3 +186,68 @@ class Jobs(Noun):
     def events(self, job_id: UUID) -> list[JobEvent]:
         """The audit trail of one job, oldest first."""
         return self._rows("events", {"job_id": job_id}, JobEvent)
+
+    # -- a selection, in bulk (jobfence.bulk pages through it) ----------------------------
+
+    def select_page(self, *, status: str, filters: Mapping[str, Any], ceiling: datetime,
+                    after: UUID | None, limit: int) -> list[Selected]:
+        """A page of the jobs of ``status`` that ``filters`` select (queue, resource,
+        parent_id, labels, created_before, created_after), newest first, made no later than
+        ``ceiling``, after the job ``after``."""
+        return self._rows("select_page", {**_filter_params(filters), "status": status,
+                                          "ceiling": ceiling, "after": after,
+                                          "limit": limit}, Selected)
+
+    def select_count(self, *, status: str, filters: Mapping[str, Any], ceiling: datetime,
+                     cap: int) -> int:
+        row = self._one("select_count", {**_filter_params(filters), "status": status,
+                                         "ceiling": ceiling, "cap": cap})
+        return int(row["n"]) if row else 0
+
+    def clock(self) -> datetime:
+        """The database's clock."""
+        row = self._one("clock")
+        assert row is not None
+        return row["now"]  # type: ignore[no-any-return]
+
+    def statuses_of(self, job_ids: Sequence[UUID]) -> list[Selected]:
+        return self._rows("statuses_of", {"job_ids": list(job_ids)}, Selected)
+
+    def retry_many(self, *, job_ids: Sequence[UUID], reason: str) -> list[Acted]:
+        """Retry up to 1,000 jobs in one transaction, each with ``retry``'s rules; a
+        refusal per job (``not_found``, ``not_failed_or_cancelled``, ``parent``,
+        ``stopping``, ``parent_not_running``, ``resource_busy``). ``Drained`` while
+        draining."""
+        with db.transaction(self.conn):
+            return self._rows("retry_many", {"job_ids": list(job_ids), "reason": reason},
+                              Acted)
+
+    def cancel_many(self, *, job_ids: Sequence[UUID], reason: str
+                    ) -> tuple[list[Transition], list[Acted]]:
+        """Cancel up to 1,000 jobs (and their parents' unfinished children) in one
+        transaction; then settle what waited on them. (what moved, what was refused:
+        ``not_found``, ``finished``)."""
+        with db.transaction(self.conn):
+            rows = self._all("cancel_many", {"job_ids": list(job_ids), "reason": reason})
+        done = transitions([r for r in rows if r["refusal"] is None])
+        refused = [Acted(r["job_id"], r["status"], r["refusal"]) for r in rows
+                   if r["refusal"] is not None]
+        self.store.dependencies.settle(done)
+        return done, refused
+
+    def reveal_env(self, *, job_id: UUID, actor: str, reason: str) -> list[dict[str, Any]]:
+        """Each action's env values (``index``, ``name``, ``env``), recorded with who asked
+        and why (``control_events``). ``JobNotFound``."""
+        with db.transaction(self.conn):
+            row = self._one("reveal_env", {"job_id": job_id, "actor": actor,
+                                           "reason": reason})
+        return list(row["env"]) if row else []
+
+
+def _filter_params(filters: Mapping[str, Any]) -> dict[str, Any]:
+    labels = filters.get("labels")
+    return {"queue": filters.get("queue"), "resource": filters.get("resource"),
+            "parent_id": filters.get("parent_id"),
+            "labels": json.dumps(dict(labels)) if labels else None,
+            "created_before": filters.get("created_before"),
+            "created_after": filters.get("created_after")}

@@ -108,3 +108,62 @@ DELETE FROM {schema}.job_watchers WHERE job_id = %(job_id)s;
 -- cancelled attempt is still stopping) runs again: operator_retry. Its resource must be
 -- free (the unique index decides); refused while draining.
 SELECT * FROM {schema}.operator_retry(%(job_id)s::uuid, %(reason)s::text);
+
+-- select_page --
+-- A page of a bulk selection, newest first: jobs of one status, optionally by queue,
+-- resource, parent, labels and a window of creation time; after `after` (keyset) and made
+-- no later than `ceiling` (when the selection began, so a growing queue cannot move it).
+SELECT job_id, status, queue FROM {schema}.jobs
+WHERE status = %(status)s
+  AND (%(resource)s::text IS NULL OR resource = %(resource)s)
+  AND (%(parent_id)s::uuid IS NULL OR parent_id = %(parent_id)s)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(labels)s::jsonb IS NULL OR (labels @> %(labels)s::jsonb AND labels <> '{{}}'::jsonb))
+  AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s)
+  AND (%(created_after)s::timestamptz IS NULL OR created_at >= %(created_after)s)
+  AND created_at <= %(ceiling)s::timestamptz
+  AND (%(after)s::uuid IS NULL OR job_id < %(after)s)
+ORDER BY job_id DESC
+LIMIT %(limit)s;
+
+-- select_count --
+-- How many jobs of one status a bulk selection holds (counting stops at `cap`).
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM {schema}.jobs
+    WHERE status = %(status)s
+      AND (%(resource)s::text IS NULL OR resource = %(resource)s)
+      AND (%(parent_id)s::uuid IS NULL OR parent_id = %(parent_id)s)
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+      AND (%(labels)s::jsonb IS NULL
+           OR (labels @> %(labels)s::jsonb AND labels <> '{{}}'::jsonb))
+      AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s)
+      AND (%(created_after)s::timestamptz IS NULL OR created_at >= %(created_after)s)
+      AND created_at <= %(ceiling)s::timestamptz
+    LIMIT %(cap)s
+) s;
+
+-- statuses_of --
+-- The status of each of some jobs (an explicit selection).
+SELECT job_id, status, queue FROM {schema}.jobs WHERE job_id = ANY(%(job_ids)s::uuid[])
+ORDER BY job_id DESC;
+
+-- retry_many --
+-- Retry up to 1,000 jobs with operator_retry's rules, a refusal per job instead of an
+-- error; refused as a whole while draining.
+SELECT job_id, status, refusal
+FROM {schema}.operator_retry_many(%(job_ids)s::uuid[], %(reason)s::text);
+
+-- cancel_many --
+-- Cancel up to 1,000 jobs (and their parents' unfinished children) with operator_cancel's
+-- rules, a refusal per job instead of an error.
+SELECT job_id, status, parent_id, refusal
+FROM {schema}.operator_cancel_many(%(job_ids)s::uuid[], %(reason)s::text);
+
+-- reveal_env --
+-- A job's actions' env values, for an operator who asks: recorded with who and why.
+SELECT {schema}.operator_reveal_env(%(job_id)s::uuid, %(actor)s::text, %(reason)s::text)
+    AS env;
+
+-- clock --
+-- The database's clock: where a bulk selection's window ends.
+SELECT clock_timestamp() AS now;

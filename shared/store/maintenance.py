@@ -133,3 +133,9 @@ class Maintenance(Noun):
         """Delete up to ``limit`` manual-trigger records made before ``older_than``."""
         return self._count("delete_old_function_triggers", {
             "now": now, "retention_seconds": older_than.total_seconds(), "limit": limit})
+
+    def delete_old_schedule_ticks(self, *, older_than: timedelta, limit: int,
+                                  now: datetime | None = None) -> int:
+        """Delete up to ``limit`` recorded schedule ticks older than ``older_than``."""
+        return self._count("delete_old_schedule_ticks", {
+            "now": now, "retention_seconds": older_than.total_seconds(), "limit": limit})

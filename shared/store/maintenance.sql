@@ -224,3 +224,14 @@ WHERE trigger_id IN (
     ORDER BY trigger_id
     LIMIT %(limit)s
 );
+
+-- delete_old_schedule_ticks --
+-- Delete one bounded batch of schedules' recorded ticks older than the function runs'
+-- retention (a schedule's exactly-once rests on its next tick, never on this record).
+DELETE FROM {schema}.schedule_ticks
+WHERE (schedule_id, tick_at) IN (
+    SELECT schedule_id, tick_at FROM {schema}.schedule_ticks
+    WHERE at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_seconds)s)
+    ORDER BY at
+    LIMIT %(limit)s
+);

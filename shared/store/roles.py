@@ -8,8 +8,10 @@ owner           own the schema and every object in it; run ``jobfence migrate``
 worker          run the worker's fenced verbs (``worker_*`` functions), nothing else: no
                 table, no other job's fence
 maintainer      the periodic functions: read everything, reclaim, time out, expire,
-                finalize, settle, retain; write their own runs, leases and snapshots
-operator        enqueue, cancel, wait, drain, queues; read everything
+                finalize, settle, retain, fire schedules' due ticks (only the job an
+                operator scheduled); write their own runs, leases and snapshots
+operator        enqueue, cancel, retry (one job or a selection), wait, drain, queues,
+                schedules; read everything
 reader          read everything: status, list, KEDA's queries, metrics
 ==============  ===========================================================================
 
@@ -37,9 +39,10 @@ ROLE_OF_COMMAND = {
     "worker": "worker",
     "sweeper": "maintainer", "reconciliation": "maintainer", "lifecycle": "maintainer",
     "export-finalize": "maintainer", "orphan-cleanup": "maintainer",
+    "schedules": "maintainer",
     "enqueue": "operator", "cancel": "operator", "retry": "operator", "wait": "operator",
     "drain": "operator",
-    "queue": "operator", "serve": "operator",
+    "queue": "operator", "serve": "operator", "schedule": "operator",
     "status": "reader", "list": "reader", "info": "reader", "metrics": "reader",
     "runs": "reader",
     "pools": "reader",

@@ -90,11 +90,19 @@ GRANT EXECUTE ON FUNCTION {schema}.resolve_waiting(uuid[]),
     {schema}.operator_configure_queue(text, boolean, boolean, integer, text, text),
     {schema}.operator_set_drain(boolean, text, text),
     {schema}.operator_trigger_request(text, text, text, float8),
-    {schema}.operator_trigger_outcome(bigint, text, text) TO {operator};
+    {schema}.operator_trigger_outcome(bigint, text, text),
+    {schema}.operator_retry_many(uuid[], text),
+    {schema}.operator_cancel_many(uuid[], text),
+    {schema}.operator_reveal_env(uuid, text, text),
+    {schema}.operator_schedule_add(text, text, text, jsonb, jsonb, timestamptz, text),
+    {schema}.operator_schedule_pause(text, boolean, timestamptz, text),
+    {schema}.operator_schedule_delete(text, text) TO {operator};
 
 -- maintainer: the periodic functions (sweeper, reconciliation, lifecycle, export-finalize,
--- orphan-cleanup): reclaim, time out, expire, finalize, settle, retain; their own runs,
--- leases, snapshots and suspects. Never an enqueue, never the drain switch.
+-- orphan-cleanup, schedules): reclaim, time out, expire, finalize, settle, retain; their
+-- own runs, leases, snapshots and suspects. Never an enqueue of its own making, never the
+-- drain switch: the schedules pass enqueues only what an operator scheduled, through
+-- scheduler_fire, once per tick already due.
 GRANT UPDATE, DELETE ON {schema}.jobs, {schema}.job_outputs TO {maintainer};
 GRANT DELETE ON {schema}.job_events, {schema}.job_action_results,
     {schema}.job_dependencies, {schema}.job_watchers TO {maintainer};
@@ -105,6 +113,8 @@ GRANT INSERT, UPDATE, DELETE ON {schema}.function_runs, {schema}.function_totals
 GRANT INSERT, UPDATE ON {schema}.job_metrics TO {maintainer};
 -- Lifecycle records how late it enforced what came due, in the statement that enforces it.
 GRANT INSERT, DELETE ON {schema}.job_metric_deltas TO {maintainer};
+GRANT INSERT, UPDATE, DELETE ON {schema}.job_metric_history TO {maintainer};
+GRANT DELETE ON {schema}.schedule_ticks TO {maintainer};
 GRANT EXECUTE ON FUNCTION {schema}.jobfence_reclaim(uuid[], text[], text[], float8, float8),
     {schema}.jobfence_reclaim(uuid[], text[], text[], float8, float8, boolean[]),
     {schema}.jobfence_release_stopped(integer),
@@ -112,4 +122,6 @@ GRANT EXECUTE ON FUNCTION {schema}.jobfence_reclaim(uuid[], text[], text[], floa
     {schema}.jobfence_bucket(text, float8),
     {schema}.jobfence_observation(text, text, float8),
     {schema}.resolve_waiting(uuid[]),
-    {schema}.settle_dependents(uuid[], integer) TO {maintainer};
+    {schema}.settle_dependents(uuid[], integer),
+    {schema}.scheduler_fire(uuid[], timestamptz[], timestamptz[], timestamptz[], uuid[])
+    TO {maintainer};

@@ -1,7 +1,10 @@
 """The console in a real headless Chromium (Debian's ``chromium`` and ``chromium-driver``,
 driven by Selenium), against a real ``jobfence serve`` and real workers: see a queue's depth,
 open a failed job and read its error and output tail, retry it and watch it succeed without
-reloading, pause a queue, cancel a running job and see its worker's child gone.
+reloading, pause a queue, cancel a running job and see its worker's child gone; what a job
+runs (argv, env masked, revealed on request), an open output block and a text selection
+that survive the refresh, a bulk retry and its confirmation, a schedule created and
+paused, the queue chart.
 
 Screenshots of each page go to ``JOBFENCE_SCREENSHOTS`` when set (``make screenshots``
 writes docs/console/ with it), else to the test's temporary folder."""
@@ -38,6 +41,7 @@ def browser() -> Iterator[Any]:
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 "--window-size=1360,900", "--force-device-scale-factor=1"):
         options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=str(DRIVER)), options=options)
     driver.set_page_load_timeout(30)
     try:
@@ -113,6 +117,7 @@ def test_operating_through_the_console(browser: Any, console: Served, dsn: str,
     browser.get(console.url + f"/#/jobs/{failed}")
     until(browser, "#job-facts dd[data-fact=status]", "failed")
     until(browser, "#actions .error", "exit")
+    click(browser, "#actions details.tail summary", "stdout")  # folded: not why it failed
     assert "loading rows" in until(browser, "#actions pre.tail-stdout").text
     assert "bad row 17: not a date" in until(browser, "#actions pre.tail-stderr").text
     assert "exit 3" in until(browser, "#actions .exit").text
@@ -122,6 +127,7 @@ def test_operating_through_the_console(browser: Any, console: Served, dsn: str,
     # Retry it, and watch it succeed while the page refreshes by itself.
     mark.touch()
     click(browser, "#retry-job")
+    click(browser, "#confirm-ok")  # every retry and cancel asks first
     until(browser, "#job-facts dd[data-fact=status]", "pending")
     worker = spawn(dsn, "worker", "--max-jobs", "1")
     try:
@@ -150,9 +156,8 @@ def test_operating_through_the_console(browser: Any, console: Served, dsn: str,
     assert json.loads(run_cli(dsn, "queue", "status", "reports", "-o", "json").stdout)[
         "pending"] == 3  # nothing claimed from a paused queue
     click(browser, "#queues tr[data-queue=reports] button[data-action=limit]")
-    limit = wait_for(lambda: _alert(browser), timeout=10)
-    limit.send_keys("2")
-    limit.accept()
+    until(browser, "#confirm-input").send_keys("2")
+    click(browser, "#confirm-ok")
     until(browser, "#queues tr[data-queue=reports] td.num", "2")
     assert json.loads(run_cli(dsn, "queue", "status", "reports", "-o", "json").stdout)[
         "limit"] == 2
@@ -169,6 +174,8 @@ def test_operating_through_the_console(browser: Any, console: Served, dsn: str,
         until(browser, "#job-facts dd[data-fact=status]", "running")
         browser.save_screenshot(str(shots / "job-running.png"))
         click(browser, "#cancel-job")
+        until(browser, "#confirm-message", "stopped within a second")
+        click(browser, "#confirm-ok")
         until(browser, "#job-facts dd[data-fact=status]", "cancelled")
         wait_for(lambda: not alive(child), timeout=15)
         assert worker.wait(timeout=30) == 1
@@ -179,27 +186,17 @@ def test_operating_through_the_console(browser: Any, console: Served, dsn: str,
     browser.get(console.url + "/#/functions")
     until(browser, "#functions tr[data-function=sweeper]")
     click(browser, "#functions tr[data-function=sweeper] button[data-action=trigger]")
-    alert = wait_for(lambda: _alert(browser), timeout=10)
-    alert.send_keys("checking leases after the deploy")
-    alert.accept()
+    until(browser, "#confirm-reason").send_keys("checking leases after the deploy")
+    click(browser, "#confirm-ok")
     until(browser, "#triggers", "checking leases after the deploy")
     until(browser, "#runs", "sweeper", timeout=40)
     browser.save_screenshot(str(shots / "functions.png"))
 
     # The drain switch.
     click(browser, "#drain-toggle")
-    wait_for(lambda: _alert(browser), timeout=10).accept()
+    click(browser, "#confirm-ok")
     until(browser, "#drain", "draining")
     assert run_cli(dsn, "enqueue", 'sleep:{"seconds": 0}').returncode == 4
-
-
-def _alert(browser: Any) -> Any:
-    from selenium.common.exceptions import NoAlertPresentException
-
-    try:
-        return browser.switch_to.alert
-    except NoAlertPresentException:
-        return None
 
 
 def test_a_parent_and_its_children(browser: Any, console: Served, dsn: str,
@@ -267,3 +264,128 @@ def test_signing_in_with_a_token_and_reading_only(browser: Any, dsn: str,
             buttons = row.find_elements("css selector", "button")
             assert buttons and not any(b.is_displayed() for b in buttons)
             assert not browser.find_elements("css selector", "#drain-toggle")
+
+
+def _errors(browser: Any) -> list[str]:
+    """What the page's scripts reported: uncaught errors and refusals by the page's own
+    Content-Security-Policy (an API call answered 4xx is the page's business, not one)."""
+    return [e["message"] for e in browser.get_log("browser")
+            if e["level"] == "SEVERE" and "/api/v1/" not in e["message"]]
+
+
+def _refreshed(browser: Any, times: int = 2) -> None:
+    """Wait until the page has refreshed itself ``times`` more times."""
+    seen = browser.execute_script("return document.getElementById('view').dataset.loadedAt")
+    for _ in range(times):
+        seen = wait_for(lambda s=seen: (v := browser.execute_script(
+            "return document.getElementById('view').dataset.loadedAt")) != s and v,
+            timeout=15)
+
+
+def test_the_second_day_in_the_console(browser: Any, console: Served, dsn: str,
+                                       shots: Path) -> None:
+    from devtools.sqlconn import connect
+
+    secret = "tok-4be1-never-on-screen"
+    cmd = json.dumps({"argv": ["sh", "-c", "seq 1 40; echo done"],
+                      "env": {"API_TOKEN": secret, "REGION": "eu-north-1"}})
+    ran = enqueue(dsn, f"command:{cmd}", "--queue", "reports")
+    assert run_cli(dsn, "worker", "--queue", "reports", **FAST).returncode == 0
+
+    # What the job runs: its argv, its env's names with the values masked.
+    browser.get(console.url + f"/#/jobs/{ran}")
+    until(browser, "#actions code.argv", "sh -c 'seq 1 40; echo done'")
+    env = until(browser, "#actions .env")
+    assert "API_TOKEN" in env.text and "<masked>" in env.text and secret not in env.text
+    assert secret not in browser.page_source
+    browser.save_screenshot(str(shots / "job-params.png"))
+
+    # An output block opened, and a selection in it, survive the refreshes.
+    click(browser, "#actions details.tail summary", "stdout")
+    pre = until(browser, "#actions pre.tail-stdout")
+    browser.execute_script("const r = document.createRange(); r.selectNodeContents("
+                           "arguments[0]); const s = getSelection(); s.removeAllRanges(); "
+                           "s.addRange(r);", pre)
+    _refreshed(browser)
+    assert browser.execute_script("return document.querySelector("
+                                  "'#actions details.tail').open") is True
+    assert "done" in browser.execute_script("return getSelection().toString()")
+    assert until(browser, "#actions pre.tail-stdout") == pre  # the same node, not a copy
+    browser.save_screenshot(str(shots / "job-output-open.png"))
+
+    # The values, for an operator who says why: recorded.
+    click(browser, "#actions button[data-action=reveal-env]")
+    until(browser, "#confirm-reason").send_keys("checking the region")
+    click(browser, "#confirm-ok")
+    until(browser, "#actions .env code.revealed", secret)
+    with connect(dsn) as conn:
+        row = conn.execute("SELECT actor, action FROM control_events").fetchone()
+    assert row == {"actor": "local", "action": "env_revealed"}
+
+    # A bulk retry of what failed last night: the confirmation names the count.
+    failed = [enqueue(dsn, f"command:{cmd}", "--label", "batch=nightly") for _ in range(12)]
+    with connect(dsn) as conn:
+        conn.execute("UPDATE jobs SET status = 'failed', finished_at = now(), error = 'exit 1' "
+                     "WHERE job_id = ANY(%s::uuid[])", (failed,))
+    browser.get(console.url + "/#/jobs?status=failed&label=batch%3Dnightly")
+    until(browser, "#jobs tbody tr")
+    click(browser, "#bulk-retry")
+    title = until(browser, "#confirm h2", "Retry 12 jobs")
+    assert "status=failed" in title.text and "label=batch=nightly" in title.text
+    until(browser, "#confirm-reason").send_keys("the upstream is back")
+    browser.save_screenshot(str(shots / "bulk-retry-confirm.png"))
+    click(browser, "#confirm-ok")
+    until(browser, "#flash", "retried 12 jobs")
+    with connect(dsn) as conn:
+        reasons = conn.execute("SELECT reason FROM job_events WHERE from_status = 'failed' "
+                               "AND to_status = 'pending'").fetchall()
+    assert [r["reason"] for r in reasons] == [
+        "retried by local (bulk): the upstream is back"] * 12
+    # Two ticked by hand, cancelled: the bar counts them, the dialog asks.
+    browser.get(console.url + "/#/jobs?status=pending&label=batch%3Dnightly")
+    until(browser, "#view[data-page=jobs] #job-filters select option[selected][value=pending]")
+    until(browser, "#jobs tbody tr", "pending")
+    for n in (1, 2):  # a refresh may land between finding a box and clicking it
+        click(browser, "#jobs tbody tr:not(.picked) input.pick")
+        until(browser, "#selection-count", f"{n} job{'s' if n > 1 else ''} selected")
+    browser.save_screenshot(str(shots / "jobs-selected.png"))
+    click(browser, "#bulk-cancel")
+    until(browser, "#confirm h2", "Cancel 2 selected jobs")
+    click(browser, "#confirm-ok")
+    until(browser, "#flash", "cancelled 2 jobs")
+
+    # A schedule, created and paused.
+    browser.get(console.url + "/#/schedules")
+    click(browser, "#new-schedule summary")
+    until(browser, "#schedule-name").send_keys("nightly-report")
+    until(browser, "#schedule-cron").send_keys("30 2 * * *")
+    until(browser, "#schedule-timezone").send_keys("Europe/Riga")
+    until(browser, "#schedule-add").click()
+    until(browser, "#schedules tr[data-schedule=nightly-report] .state", "active")
+    click(browser, "#schedules tr[data-schedule=nightly-report] button[data-action=pause]")
+    until(browser, "#schedules tr[data-schedule=nightly-report] .state", "paused")
+    browser.save_screenshot(str(shots / "schedules.png"))
+    shown = json.loads(run_cli(dsn, "schedule", "show", "nightly-report", "-o", "json").stdout)
+    assert (shown["paused"], shown["timezone"]) == (True, "Europe/Riga")
+
+    # The queue page: counts by state, the last hour's chart, a queue no worker serves.
+    enqueue(dsn, 'sleep:{"seconds": 0}', "--queue", "orphans")
+    with connect(dsn) as conn:
+        conn.execute("""
+            INSERT INTO job_metric_history (minute, queue, name, label, le, value)
+            SELECT date_trunc('minute', now()) - make_interval(mins => m), 'reports', x.name,
+                   x.label, x.le, x.v * (1 + (m % 7))
+            FROM generate_series(0, 59) AS m,
+                 (VALUES ('finished', 'succeeded', 'Infinity'::float8, 3::float8),
+                         ('finished', 'failed', 'Infinity', 0.34), ('wait', '', 1, 3),
+                         ('run', '', 5, 2), ('run', '', 30, 1), ('run', '', 60, 0.2))
+                 AS x (name, label, le, v)""")
+    browser.get(console.url + "/#/queues")
+    until(browser, "#queues tr[data-queue=orphans] .state", "no worker yet")
+    until(browser, "#queue-warnings", "orphans")
+    until(browser, ".chart[data-queue=reports] canvas")
+    _refreshed(browser)  # the chart is given new data, not drawn anew
+    assert len(browser.find_elements("css selector", ".chart[data-queue=reports] .uplot")) == 1
+    browser.save_screenshot(str(shots / "queue-chart.png"))
+    errors = _errors(browser)
+    assert errors == [], errors

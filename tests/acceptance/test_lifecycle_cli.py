@@ -30,7 +30,7 @@ COUNTS = ("timed_out_retried", "timed_out_failed", "expired_cancelled", "depende
           "parents_finalized", "retention_jobs_deleted", "retention_children_deleted",
           "retention_objects_deleted", "retention_failures", "events_deleted",
           "control_events_deleted", "function_runs_deleted", "function_triggers_deleted",
-          "batches", "longest_batch_seconds")
+          "schedule_ticks_deleted", "batches", "longest_batch_seconds")
 
 
 def lifecycle(dsn: str, **env: str) -> dict[str, Any]:

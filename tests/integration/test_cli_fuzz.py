@@ -60,6 +60,8 @@ def cli(dsn: str, monkeypatch: pytest.MonkeyPatch,
             " (SELECT count(*) FROM job_dependencies) AS c,"
             " (SELECT draining::int FROM jobfence_control) AS d,"
             " (SELECT count(*) FROM queues) AS e,"
+            " (SELECT count(*) FROM schedules) AS g,"
+            " (SELECT count(*) FROM control_events) AS h,"
             " (SELECT coalesce(max(changed_at)::text, '') FROM queues) AS f").fetchone()
         assert row is not None
         return tuple(row.values())
@@ -228,6 +230,54 @@ def test_worker_flags(cli: Any, extra: list[str]) -> None:
        flags(("-o", st.sampled_from(["json", "text"]) | TEXT), ("--reason", TEXT)))
 def test_queue(cli: Any, verb: str, rest: list[str], extra: list[str]) -> None:
     cli(["queue", verb, *rest, *extra])
+
+
+CRONISH = st.sampled_from(["* * * * *", "30 2 * * *", "0 0 30 2 *", "61 * * * *", "* * * *",
+                           "0 0 * * * *", "*/0 * * * *", "0 0 L * *", "0 0 * * MON#5",
+                           "0 0 29 2 *", "5-1 * * * *", "@daily", "", "* * * * 8"]) \
+    | st.lists(st.sampled_from(["*", "*/5", "1-5", "0", "L", "MON", "JAN", "99", "?", "#",
+                                "1,2", "-"]), min_size=0, max_size=7).map(" ".join) | TEXT
+TZISH = st.sampled_from(["UTC", "Europe/Riga", "America/New_York", "Mars/Olympus", "",
+                         "../../etc/passwd", "Etc/GMT+14", "utc", "posixrules", "/UTC",
+                         "Europe/", "Europe//Riga"]) | TEXT
+NAMEISH = QUEUEISH
+
+
+@FUZZ
+@given(NAMEISH, flags(("--cron", CRONISH), ("--timezone", TZISH),
+                      ("-o", st.sampled_from(["json", "text"]) | TEXT)),
+       st.one_of(st.just(b'{"actions": [{"name": "sleep", "params": {"seconds": 0}}]}'),
+                 JSONISH.map(lambda v: json.dumps(v).encode()), st.binary(max_size=100)))
+def test_schedule_add(cli: Any, name: str, extra: list[str], spec: bytes) -> None:
+    """Whatever the name, the cron expression, the time zone or the spec: exit 0 (added),
+    2 (refused: nothing written) or 3 (the name is taken)."""
+    cli(["schedule", "add", name, *extra, "--spec", "-"], stdin=spec)
+
+
+@FUZZ
+@given(st.sampled_from(["list", "show", "pause", "resume", "delete", "stop"]) | TEXT,
+       st.lists(NAMEISH, max_size=2), flags(("-o", st.sampled_from(["json", "text"]) | TEXT)))
+def test_schedule_verbs(cli: Any, verb: str, rest: list[str], extra: list[str]) -> None:
+    cli(["schedule", verb, *rest, *extra])
+
+
+@FUZZ
+@given(st.sampled_from(["retry", "cancel"]),
+       flags(("--status", st.sampled_from(["failed", "cancelled", "pending", "running",
+                                           "succeeded"]) | TEXT),
+             ("--queue", QUEUEISH), ("--label", st.sampled_from(["a=b", "=b", "x"]) | TEXT),
+             ("--resource", TEXT), ("--parent", UUIDISH), ("--before", TIMEISH | DURATIONISH),
+             ("--after", TIMEISH | DURATIONISH), ("--limit", NUMBERISH),
+             ("--reason", TEXT), ("-o", st.sampled_from(["json", "text"]) | TEXT)),
+       st.booleans())
+def test_bulk_retry_and_cancel(cli: Any, verb: str, extra: list[str], dry: bool) -> None:
+    cli([verb, *extra, *(["--dry-run"] if dry else [])])
+
+
+@FUZZ
+@given(st.sampled_from(["bash", "zsh", "fish"]) | TEXT)
+def test_completion(cli: Any, shell: str) -> None:
+    cli(["completion", shell], allowed=frozenset({0, 2}))
 
 
 @FUZZ

@@ -69,6 +69,20 @@ STATEMENTS: dict[str, LiteralString] = {
     "drop a table": "DROP TABLE jobfence.job_events",
     "alter a worker function": "ALTER FUNCTION jobfence.worker_fence(uuid, uuid) "
                                "SECURITY INVOKER",
+    "retry in bulk (its function)": "SELECT * FROM jobfence.operator_retry_many("
+                                    "ARRAY[%(job)s]::uuid[], 'x')",
+    "cancel in bulk (its function)": "SELECT * FROM jobfence.operator_cancel_many("
+                                     "ARRAY[%(job)s]::uuid[], 'x')",
+    "read env values (its function)": "SELECT jobfence.operator_reveal_env(%(job)s, 'a', 'x')",
+    "add a schedule (its function)": "SELECT * FROM jobfence.operator_schedule_add('s', "
+                                     "'* * * * *', 'UTC', '{}', '{}', now(), 'someone')",
+    "add a schedule": "INSERT INTO jobfence.schedules (name, cron, timezone, spec, job, "
+                      "next_tick_at) VALUES ('s', '* * * * *', 'UTC', '{}', '{}', now())",
+    "fire a schedule's tick (its function)": "SELECT * FROM jobfence.scheduler_fire("
+                                             "ARRAY[]::uuid[], ARRAY[]::timestamptz[], "
+                                             "ARRAY[]::timestamptz[], ARRAY[]::timestamptz[], "
+                                             "ARRAY[]::uuid[])",
+    "forget a tick": "DELETE FROM jobfence.schedule_ticks",
 }
 
 READS = {"read a job's fence", "read the audit trail", "read function runs",
@@ -82,12 +96,15 @@ ALLOWED: dict[str, set[str]] = {
     "maintainer": READS | {"mark a running job succeeded", "delete jobs",
                            "delete the audit trail", "record a function run",
                            "record how late lifecycle was",
-                           "reclaim expired leases", "settle dependents"},
+                           "reclaim expired leases", "settle dependents",
+                           "fire a schedule's tick (its function)", "forget a tick"},
     # Its writes go through the functions of its commands: never a table-wide UPDATE, and
     # a job it inserts is born the way an enqueue makes one.
     "operator": READS | {"enqueue (insert a job)", "cancel a job (its function)",
                          "switch drain mode (its function)", "pause a queue (its function)",
-                         "settle dependents"},
+                         "settle dependents", "retry in bulk (its function)",
+                         "cancel in bulk (its function)", "read env values (its function)",
+                         "add a schedule (its function)"},
     "reader": READS,
 }
 

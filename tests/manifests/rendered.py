@@ -30,6 +30,7 @@ PERIODIC: dict[str, str] = {
     "export-finalize": "* * * * *",
     "lifecycle": "*/5 * * * *",
     "orphan-cleanup": "*/10 * * * *",
+    "schedules": "* * * * *",
 }
 
 # Every metric jobfence exports (the names the alerts and dashboards may use); a test in

@@ -1,12 +1,14 @@
 // The jobfence console: a client of /api/v1 like any other. Every page is built from API
-// answers with DOM nodes and textContent (nothing a job carries is ever parsed as HTML),
-// and refreshed every two seconds while the tab is visible.
+// answers with DOM nodes and text nodes (dom.js: nothing a job carries is ever parsed as
+// HTML), and refreshed every two seconds while the tab is visible — in place: only what
+// changed is touched, so a selection, an open output block or a half-typed filter survive.
+// Every cancel, retry and bulk action asks first, naming what it will touch.
 "use strict";
 
 const API = "/api/v1";
 const REFRESH_MS = 2000;
 const state = { me: null, token: sessionStorage.getItem("jobfence-token"), timer: null,
-                cursors: [], lastKey: null };
+                cursors: [], lastKey: null, selected: new Set(), revealed: {}, after: [] };
 
 // -- talking to the API ------------------------------------------------------------------
 
@@ -30,29 +32,16 @@ async function api(path, options = {}) {
 
 function post(path, body) { return api(path, { method: "POST", body }); }
 
-// -- building DOM ------------------------------------------------------------------------
-
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (v === null || v === undefined || v === false) continue;
-    if (k === "onclick") node.addEventListener("click", v);
-    else if (k === "class") node.className = v;
-    else node.setAttribute(k, v === true ? "" : String(v));
-  }
-  for (const c of children.flat()) {
-    if (c === null || c === undefined || c === false) continue;
-    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
-  }
-  return node;
-}
+// -- small pieces --------------------------------------------------------------------------
 
 function table(headers, rows, attrs = {}) {
   return el("table", attrs, el("thead", {}, el("tr", {}, headers.map(h => el("th", {}, h)))),
             el("tbody", {}, rows));
 }
 
-function badge(status) { return el("span", { class: "badge s-" + status }, status); }
+function badge(status, title) {
+  return el("span", { class: "badge s-" + status, title }, status.replace(/_/g, " "));
+}
 
 function when(iso) {
   if (!iso) return "";
@@ -71,12 +60,16 @@ function human(secs) {
 
 function operator() { return state.me && state.me.may_operate; }
 
+// A button of an operator's verb: hidden from readers; says how it went.
 function button(label, action, attrs = {}) {
   return el("button", { ...attrs, hidden: !operator(), onclick: async (ev) => {
-    ev.target.disabled = true;
-    try { await action(); flash(label + ": done"); }
-    catch (e) { flash(label + ": " + e.message, true); }
-    finally { ev.target.disabled = false; refresh(true); }
+    const target = ev.currentTarget;
+    target.disabled = true;
+    try {
+      const said = await action();
+      if (said !== false) flash(typeof said === "string" ? said : label + ": done");
+    } catch (e) { flash(label + ": " + e.message, true); }
+    finally { target.disabled = false; refresh(true); }
   } }, label);
 }
 
@@ -89,39 +82,11 @@ function flash(text, bad = false) {
   flash.timer = setTimeout(() => { f.hidden = true; }, 6000);
 }
 
-// -- pages -------------------------------------------------------------------------------
+function plural(n, what) { return `${n.toLocaleString()} ${what}${n === 1 ? "" : "s"}`; }
 
-async function queuesPage() {
-  const { queues } = await api("/queues");
-  const rows = queues.map(q => el("tr", { "data-queue": q.queue },
-    el("td", {}, el("a", { href: "#/jobs?queue=" + encodeURIComponent(q.queue) }, q.queue)),
-    el("td", { class: "state" }, q.paused ? badge("paused") : badge("active")),
-    el("td", { class: "num" }, q.limit === null ? "-" : q.limit),
-    el("td", { class: "num depth" }, q.pending),
-    el("td", { class: "num" }, q.scheduled),
-    el("td", { class: "num running" }, q.running),
-    el("td", { class: "num" }, q.waiting),
-    el("td", { class: "num" }, human(Math.round(q.oldest_ready_age_seconds))),
-    el("td", { class: "row-verbs" }, q.paused
-      ? button("Resume", () => post(`/queues/${encodeURIComponent(q.queue)}/resume`),
-               { "data-action": "resume" })
-      : button("Pause", () => post(`/queues/${encodeURIComponent(q.queue)}/pause`,
-                                   { reason: "from the console" }),
-               { "data-action": "pause" }),
-      button("Limit", async () => {
-        const given = prompt(`At most how many running jobs of ${q.queue}, across every pod? ` +
-                             "(empty: no limit)", q.limit === null ? "" : String(q.limit));
-        if (given === null) throw new Error("unchanged");
-        const limit = given.trim() === "" ? null : Number(given);
-        if (limit !== null && !(Number.isInteger(limit) && limit >= 0)) {
-          throw new Error("give a whole number, or nothing");
-        }
-        await post(`/queues/${encodeURIComponent(q.queue)}/limit`, { limit });
-      }, { "data-action": "limit" }))));
-  return [el("h1", {}, "Queues"),
-          queues.length ? table(["queue", "state", "limit", "pending", "scheduled", "running",
-                                 "waiting", "oldest ready", ""], rows, { id: "queues" })
-                        : el("p", { class: "empty" }, "No queue has jobs yet.")];
+function refusals(out) {
+  const r = Object.entries(out.refused || {}).map(([k, v]) => `${k.replace(/_/g, " ")} ${v}`);
+  return r.length ? ` (left as they were: ${r.join(", ")})` : "";
 }
 
 function routeParams() {
@@ -129,16 +94,60 @@ function routeParams() {
   return new URLSearchParams(query);
 }
 
+// -- jobs ----------------------------------------------------------------------------------
+
+const VERB_STATUSES = { retry: ["failed", "cancelled"], cancel: ["waiting", "pending", "running"] };
+
+function filtersOf(params) {
+  const f = {};
+  for (const k of ["status", "queue", "resource", "label", "parent"]) {
+    if (params.get(k)) f[k] = params.get(k);
+  }
+  return f;
+}
+
+// Retry or cancel: the jobs ticked on this page, or every job the filters select (counted
+// first by a dry run, so that the confirmation names the number).
+async function bulk(verb, filters) {
+  const done = verb === "retry" ? "retried" : "cancelled";
+  let body;
+  let what;
+  if (state.selected.size) {
+    body = { job_ids: Array.from(state.selected) };
+    what = plural(body.job_ids.length, "selected job");
+  } else {
+    const statuses = filters.status ? [filters.status] : VERB_STATUSES[verb];
+    body = { ...filters, status: statuses.filter(s => VERB_STATUSES[verb].includes(s)) };
+    if (!body.status.length) throw new Error(`${verb} acts on ${VERB_STATUSES[verb].join(" or ")} jobs`);
+    const dry = await post(`/jobs/${verb}`, { ...body, dry_run: true });
+    if (!dry.matched) throw new Error("no job matches");
+    body.limit = dry.matched;
+    what = plural(dry.matched, "job") + " matching " + Object.entries({ ...filters,
+      status: body.status.join(",") }).map(([k, v]) => `${k}=${v}`).join(", ");
+  }
+  const ok = await confirmAction({ title: `${verb[0].toUpperCase() + verb.slice(1)} ${what}?`,
+    message: verb === "cancel" ? "Running commands are stopped within a second; a parent's "
+      + "children are cancelled with it." : "Each runs again with a new attempt budget.",
+    confirm: `${verb[0].toUpperCase() + verb.slice(1)} ${what.split(" matching")[0]}`,
+    danger: verb === "cancel", reason: true });
+  if (!ok) return false;
+  const out = await post(`/jobs/${verb}`, { ...body, reason: ok.reason || "from the console" });
+  state.selected.clear();
+  return `${done} ${plural(out[done], "job")}${refusals(out)}`;
+}
+
 async function jobsPage() {
   const params = routeParams();
-  const filters = new URLSearchParams();
-  for (const k of ["status", "queue", "resource", "label", "parent"]) {
-    if (params.get(k)) filters.set(k, params.get(k));
-  }
+  const filters = filtersOf(params);
   const after = params.get("after");
-  const page = await api("/jobs?" + filters.toString() + (after ? "&after=" + after : "")
-                         + "&limit=50");
-  const form = el("form", { id: "job-filters", class: "filters" },
+  const page = await api("/jobs?" + new URLSearchParams(filters).toString()
+                         + (after ? "&after=" + after : "") + "&limit=50");
+  const form = el("form", { id: "job-filters", class: "filters", onsubmit: (ev) => {
+    ev.preventDefault();
+    const next = new URLSearchParams();
+    for (const [k, v] of new FormData(ev.currentTarget)) if (v) next.set(k, v);
+    location.hash = "#/jobs?" + next.toString();
+  } },
     el("select", { name: "status", "aria-label": "status" },
        ["", "waiting", "pending", "running", "succeeded", "failed", "cancelled"].map(s =>
          el("option", { value: s, selected: s === (params.get("status") || "") },
@@ -147,19 +156,42 @@ async function jobsPage() {
       el("input", { name: k, placeholder: k === "label" ? "label key=value" : k,
                     value: params.get(k) || "" })),
     el("button", { type: "submit" }, "Filter"));
-  form.addEventListener("submit", (ev) => {
-    ev.preventDefault();
-    const next = new URLSearchParams();
-    for (const [k, v] of new FormData(form)) if (v) next.set(k, v);
-    location.hash = "#/jobs?" + next.toString();
-  });
-  const rows = page.jobs.map(j => el("tr", { "data-job": j.job_id },
+  const onPage = new Set(page.jobs.map(j => j.job_id));
+  for (const id of Array.from(state.selected)) if (!onPage.has(id)) state.selected.delete(id);
+  const tick = (id) => el("input", { type: "checkbox", class: "pick", "aria-label": "select",
+    checked: state.selected.has(id), onchange: (ev) => {
+      if (ev.currentTarget.checked) state.selected.add(id); else state.selected.delete(id);
+      refresh(true);
+    } });
+  const rows = page.jobs.map(j => el("tr", { key: j.job_id, "data-job": j.job_id,
+                                             class: state.selected.has(j.job_id) ? "picked" : null },
+    operator() ? el("td", { class: "pick-cell" }, tick(j.job_id)) : null,
     el("td", {}, el("a", { href: "#/jobs/" + j.job_id, class: "mono" }, j.job_id)),
     el("td", {}, badge(j.status)),
     el("td", { class: "num" }, `${j.attempt_count}/${j.max_attempts}`),
     el("td", {}, j.queue), el("td", {}, j.resource || ""),
-    el("td", {}, j.actions.map(a => a.name).join(", ")),
+    el("td", { class: "mono summary", title: j.summary }, j.summary),
     el("td", {}, when(j.created_at))));
+  const all = operator() && page.jobs.length ? el("input", { type: "checkbox", id: "pick-all",
+    "aria-label": "select the page", checked: page.jobs.every(j => state.selected.has(j.job_id)),
+    onchange: (ev) => {
+      for (const j of page.jobs) {
+        if (ev.currentTarget.checked) state.selected.add(j.job_id); else state.selected.delete(j.job_id);
+      }
+      refresh(true);
+    } }) : null;
+  const n = state.selected.size;
+  const bar = operator() ? el("div", { id: "selection-bar", class: "selection-bar" },
+    el("span", { id: "selection-count" }, n ? plural(n, "job") + " selected"
+                                            : "Nothing selected: act on every job the filters select"),
+    button(n ? "Retry selected" : "Retry all matching", () => bulk("retry", filters),
+           { id: "bulk-retry", disabled: !n && filters.status
+                                         && !VERB_STATUSES.retry.includes(filters.status) }),
+    button(n ? "Cancel selected" : "Cancel all matching", () => bulk("cancel", filters),
+           { id: "bulk-cancel", class: "danger",
+             disabled: !n && filters.status && !VERB_STATUSES.cancel.includes(filters.status) }),
+    n ? el("button", { id: "selection-clear", onclick: () => { state.selected.clear(); refresh(true); } },
+           "Clear") : null) : null;
   const nav = el("div", { class: "pager" },
     el("button", { disabled: !after, onclick: () => {
       const back = new URLSearchParams(filters);
@@ -173,130 +205,31 @@ async function jobsPage() {
       fwd.set("after", page.jobs[page.jobs.length - 1].job_id);
       location.hash = "#/jobs?" + fwd.toString();
     } }, "Older"));
-  return [el("h1", {}, "Jobs"), form,
-          table(["job", "status", "attempt", "queue", "resource", "actions", "created"], rows,
-                { id: "jobs" }),
+  const head = ["job", "status", "attempt", "queue", "resource", "runs", "created"];
+  const t = table(operator() ? ["", ...head] : head, rows, { id: "jobs" });
+  if (all) t.querySelector("th").append(all);
+  return [el("h1", {}, "Jobs"), form, bar, t,
           page.jobs.length ? null : el("p", { class: "empty" }, "No job matches."), nav];
 }
 
-function tail(label, text) {
-  if (!text) return null;
-  return el("details", { open: true, class: "tail" }, el("summary", {}, label),
-            el("pre", { class: "tail-" + label }, text));
-}
-
-function outputLink(url) {
-  return /^https?:\/\//.test(url) ? el("a", { href: url, rel: "noreferrer" }, url)
-                                  : el("code", {}, url);
-}
-
-async function jobPage(id) {
-  const j = await api("/jobs/" + encodeURIComponent(id));
-  const facts = [["status", badge(j.status)], ["attempts", `${j.attempt_count}/${j.max_attempts}`],
-    ["queue", j.queue], ["resource", j.resource], ["priority", j.priority],
-    ["scheduled for", j.run_at], ["claimed by", j.status === "running" ? j.claimed_by : null],
-    ["lease expires", j.lease_expires_at ? when(j.lease_expires_at) : null],
-    ["created", when(j.created_at)], ["started", when(j.started_at)],
-    ["finished", when(j.finished_at)], ["reason", j.reason], ["error", j.error],
-    ["parent", j.parent_id ? el("a", { href: "#/jobs/" + j.parent_id }, j.parent_id) : null],
-    ["labels", Object.keys(j.labels || {}).length ? JSON.stringify(j.labels) : null],
-    ["manifest", j.manifest]].filter(([, v]) => v !== null && v !== undefined && v !== "");
-  const actions = j.actions.map((a, i) => {
-    const r = a.result || {};
-    return el("li", { class: "action", "data-action-index": i },
-      el("div", { class: "action-head" }, el("strong", {}, `${i + 1}. ${a.name}`), " ",
-         badge(a.status), r.exit_code !== undefined ? el("span", { class: "exit" },
-                                                         ` exit ${r.exit_code}`) : null),
-      a.error ? el("p", { class: "error" }, a.error) : null,
-      tail("stdout", r.stdout_tail), tail("stderr", r.stderr_tail || a.error_detail),
-      (r.outputs || []).length ? el("ul", { class: "outputs" },
-                                    r.outputs.map(u => el("li", {}, outputLink(u)))) : null);
-  });
-  const attempts = (j.attempts || []).map(a => el("tr", {},
-    el("td", { class: "num" }, a.number), el("td", {}, a.claimed_by || ""),
-    el("td", {}, when(a.started_at)), el("td", {}, badge(a.outcome)),
-    el("td", {}, a.reason || ""), el("td", {}, when(a.ended_at))));
-  const events = (j.events || []).map(e => el("li", {},
-    el("time", { datetime: e.at }, new Date(e.at).toISOString().replace("T", " ").slice(0, 23)),
-    " ", e.from_status || "—", " → ", badge(e.to_status), " ", e.reason || ""));
-  let children = null;
-  if (j.children) {
-    const c = j.children, done = (c.succeeded || 0) + (c.failed || 0) + (c.cancelled || 0);
-    children = el("section", { id: "children" }, el("h2", {}, "Children"),
-      el("progress", { max: c.total || 1, value: done }),
-      el("p", {}, `${done} of ${c.total} done — `,
-         Object.entries(c).filter(([k]) => k !== "total").map(([k, v]) => `${k} ${v}`).join(", "),
-         " ", el("a", { href: "#/jobs?parent=" + j.job_id }, "list them")));
-  }
-  const active = ["waiting", "pending", "running"].includes(j.status);
-  const verbs = el("div", { class: "verbs" },
-    active ? button("Cancel", () => post(`/jobs/${j.job_id}/cancel`,
-                                         { reason: "from the console" }),
-                    { id: "cancel-job", class: "danger" }) : null,
-    ["failed", "cancelled"].includes(j.status) && !j.children
-      ? button("Retry", () => post(`/jobs/${j.job_id}/retry`, { reason: "from the console" }),
-               { id: "retry-job" }) : null);
-  return [el("h1", {}, "Job ", el("span", { class: "mono", id: "job-id" }, j.job_id)), verbs,
-          el("dl", { class: "facts", id: "job-facts" },
-             facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", { "data-fact": k }, v)])),
-          children,
-          el("h2", {}, "Actions"), el("ol", { class: "actions", id: "actions" }, actions),
-          el("h2", {}, "Attempts"),
-          attempts.length ? table(["#", "claimed by", "started", "ended as", "why", "ended"],
-                                  attempts, { id: "attempts" })
-                          : el("p", { class: "empty" }, j.children
-                               ? "A parent runs nothing itself: its children do."
-                               : "Not claimed yet."),
-          el("h2", {}, "Audit trail"), el("ol", { class: "timeline", id: "events" }, events)];
-}
-
-async function functionsPage() {
-  const f = await api("/functions");
-  const rows = f.functions.map(fn => el("tr", { "data-function": fn.function },
-    el("td", {}, fn.function),
-    el("td", {}, fn.last_status ? badge(fn.last_status) : "never run"),
-    el("td", {}, when(fn.last_run_at)), el("td", {}, when(fn.last_success_at)),
-    el("td", {}, fn.healthy === null ? badge("unknown")
-                                     : badge(fn.healthy ? "healthy" : "unhealthy")),
-    el("td", { class: "num" }, fn.consecutive_failures || 0),
-    el("td", {}, button("Run now", async () => {
-      const reason = prompt(`Why run ${fn.function} now? (recorded with the run)`);
-      if (!reason) throw new Error("a reason is needed");
-      await post(`/functions/${fn.function}/trigger`, { reason });
-    }, { "data-action": "trigger" }))));
-  const runs = f.runs.map(r => el("tr", {}, el("td", {}, r.function), el("td", {}, badge(r.status)),
-    el("td", {}, r.trigger + (r.triggered_by ? ` by ${r.triggered_by}` : "")),
-    el("td", {}, when(r.started_at)),
-    el("td", { class: "num" }, r.duration_seconds === null ? "" : r.duration_seconds.toFixed(2) + "s"),
-    el("td", {}, r.error || "")));
-  const triggers = f.triggers.map(t => el("tr", {}, el("td", {}, t.function),
-    el("td", {}, t.requested_by), el("td", {}, t.reason), el("td", {}, when(t.requested_at)),
-    el("td", {}, badge(t.outcome)), el("td", {}, t.job_name || t.error || "")));
-  return [el("h1", {}, "Periodic functions"),
-          table(["function", "last run", "when", "last success", "health",
-                 "failures in a row", ""], rows, { id: "functions" }),
-          el("h2", {}, "Recent runs"),
-          table(["function", "status", "trigger", "started", "took", "error"], runs,
-                { id: "runs" }),
-          el("h2", {}, "Manual triggers"),
-          triggers.length ? table(["function", "by", "why", "when", "outcome", "job"], triggers,
-                                  { id: "triggers" })
-                          : el("p", { class: "empty" }, "None yet.")];
-}
-
-// -- chrome: drain switch, identity, login -----------------------------------------------
+// -- chrome: drain switch, identity, login -------------------------------------------------
 
 async function header() {
   const d = await api("/drain");
   const pill = document.getElementById("drain");
-  pill.replaceChildren(d.draining ? "draining" : "accepting work",
+  update(pill, [d.draining ? "draining" : "accepting work",
     operator() ? el("button", { id: "drain-toggle", onclick: async () => {
       const on = !d.draining;
-      if (on && !confirm("Drain: refuse new work and let running jobs finish?")) return;
-      try { await post("/drain", { on, reason: "from the console" }); }
+      const ok = await confirmAction({
+        title: on ? "Drain?" : "Stop draining?",
+        message: on ? "Refuse new work and let running jobs finish: enqueues are refused, "
+                      + "nothing new is claimed." : "Accept and claim work again.",
+        confirm: on ? "Drain" : "Stop draining", danger: on, reason: true });
+      if (!ok) return;
+      try { await post("/drain", { on, reason: ok.reason || "from the console" }); }
       catch (e) { flash("drain: " + e.message, true); }
       refresh(true);
-    } }, d.draining ? "Stop draining" : "Drain") : null);
+    } }, d.draining ? "Stop draining" : "Drain") : null]);
   pill.className = "pill " + (d.draining ? "bad" : "good");
 }
 
@@ -325,13 +258,14 @@ document.getElementById("search").addEventListener("submit", (ev) => {
   }
 });
 
-// -- routing and live refresh ------------------------------------------------------------
+// -- routing and live refresh --------------------------------------------------------------
 
 function route() {
   const path = location.hash.replace(/^#/, "").split("?")[0] || "/queues";
   const job = path.match(/^\/jobs\/([0-9a-fA-F-]{36})$/);
   if (job) return ["jobs", () => jobPage(job[1])];
   if (path === "/jobs") return ["jobs", jobsPage];
+  if (path === "/schedules") return ["schedules", schedulesPage];
   if (path === "/functions") return ["functions", functionsPage];
   return ["queues", queuesPage];
 }
@@ -343,16 +277,20 @@ async function refresh(force = false) {
     a.classList.toggle("current", a.dataset.nav === name);
   }
   try {
+    state.after = [];
     const [nodes] = await Promise.all([page(), header()]);
     if (key !== location.hash) return;  // the user moved on meanwhile
     const view = document.getElementById("view");
     const focused = document.activeElement && view.contains(document.activeElement)
-      && document.activeElement.matches("input, select");
+      && document.activeElement.matches("input, select, textarea");
     if (focused && !force && key === state.lastKey) return;  // never under the user's typing
-    view.replaceChildren(...[nodes].flat().filter(Boolean));
+    const fresh = [nodes].flat().filter(Boolean);
+    if (key === state.lastKey) update(view, fresh);  // the same page: change what changed
+    else view.replaceChildren(...fresh);
     view.dataset.page = name;
     view.dataset.loadedAt = String(Date.now());
     state.lastKey = key;
+    for (const after of state.after) await after();
     document.getElementById("live").className = "live ok";
   } catch (e) {
     document.getElementById("live").className = "live stale";
@@ -374,5 +312,9 @@ async function start() {
   state.timer = setInterval(() => { if (!document.hidden) refresh(); }, REFRESH_MS);
 }
 
-window.addEventListener("hashchange", () => refresh(true));
+window.addEventListener("hashchange", () => {
+  state.selected.clear();
+  state.revealed = {};
+  refresh(true);
+});
 start();
