@@ -35,7 +35,7 @@ FLAGS: dict[str, str] = {
     "drain": "--reason",
     "command-runner": "--socket",
     "metrics": "--host --port --serve",
-    "runs": "--function --limit --output --status",
+    "runs": "--function --interval --limit --output --status --timeout --wait",
     "serve": "--host --port",
 }
 """Each command's flags (besides ``--help``)."""
