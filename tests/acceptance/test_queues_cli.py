@@ -123,7 +123,7 @@ def test_sigterm_between_two_jobs_makes_no_claim(dsn: str, tmp_path: Path) -> No
 
 def test_a_paused_queue_keeps_enqueueing_claims_nothing_and_lets_running_jobs_finish(
         dsn: str, tmp_path: Path) -> None:
-    running = enqueue(dsn, 'command:{"argv": ["sleep", "1.5"]}', "--queue", "reports")
+    running = enqueue(dsn, 'command:{"argv": ["sleep", "5"]}', "--queue", "reports")
     worker = spawn(dsn, "worker", "--queue", "reports")
     wait_for(lambda: job(dsn, running)["status"] == "running")
     r = run_cli(dsn, "queue", "pause", "reports", "--reason", "warehouse upgrade")
