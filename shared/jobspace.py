@@ -157,19 +157,22 @@ class LocalSpace:
 
     def close(self) -> None:
         user, self.user = self.user, None
-        try:
-            if user is not None:
-                user.kill_leftovers()
+
+        def remove() -> None:  # after the job's own processes are gone, before its uid is
             if "root" in self._fds:
                 remove_dir(self._fds["base"], self.name, self._fds["root"])
             if user is not None and self.sweep_base and "base" in self._fds \
                     and user.effective_uid == os.geteuid() != 0:
                 remove_owned(self._fds["base"], user.effective_uid)
+
+        try:
+            if user is not None:
+                user.release(then=remove)
+            else:
+                remove()
         finally:
             for fd in self._fds.values():
                 with contextlib.suppress(OSError):
                     os.close(fd)
             self._fds.clear()
             self.paths = None
-            if user is not None:
-                user.release()

@@ -14,9 +14,11 @@ configured, each running job — one attempt, all of its actions — gets a uid 
   machine: each holds ``flock`` on ``/run/jobfence-uids/<uid>`` (a directory only root may
   enter) for as long as its job runs, and the kernel lets go when the process dies, however
   it dies; uids are handed out round-robin, so one comes back only after all the others;
-- before a uid is handed out and again when its job is done, every process left with it is
-  killed (``kill(-1, SIGKILL)`` from a process of that uid: one atomic sweep that no fork
-  escapes) and what it left at the top of ``/tmp``, ``/var/tmp`` and ``/dev/shm`` is removed.
+- when its job is done, every process left with the uid is killed (``kill(-1, SIGKILL)``
+  from a process of that uid: one atomic sweep that no fork escapes), the job's directories
+  and what it left at the top of ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are removed, and
+  only then is the uid free again; a uid whose holder died before that is swept the same
+  way before it is handed out again (its lock file still says ``held``).
 
 ``JOBFENCE_COMMAND_USER`` set to a name or ``UID[:GID]`` runs every job as that one user
 instead; ``worker`` — and any process that is not root — keeps the process's own.
@@ -30,7 +32,7 @@ import grp
 import os
 import pwd
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -72,15 +74,14 @@ class JobUser:
             return {}
         return {"user": self.uid, "group": self.gid, "extra_groups": []}
 
-    def kill_leftovers(self) -> None:
-        """Kill every process still of this job's own uid (nothing for a shared one)."""
-        if self.lease is not None:
-            kill_uid(self.lease.uid)
-
-    def release(self) -> None:
-        if self.lease is not None:
-            self.lease.release()
-            self.lease = None
+    def release(self, then: Callable[[], object] = lambda: None) -> None:
+        """The job is done: kill every process of its own uid (nothing for a shared one),
+        run ``then`` (remove the job's directories), and only then let the uid go."""
+        lease, self.lease = self.lease, None
+        if lease is None:
+            then()
+            return
+        lease.release(then)
 
 
 class Users(Protocol):
@@ -218,11 +219,22 @@ class PerJobUsers:
                 os.close(cursor)
         lease = UidLease(uid, fd, self.swept)
         try:
-            lease.clean()  # what a job that held it before (and died with its worker) left
+            if os.pread(fd, 16, 0) == HELD:
+                lease.clean()  # its last holder died with it: what its job left goes now
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, HELD, 0)
         except BaseException:
-            lease.release()
+            os.close(fd)
             raise
         return JobUser(uid, uid, lease)
+
+
+HELD = b"held\n"
+"""What a uid's lock file says while a job has the uid. Still there when the lock is free,
+it says that the holder died before it cleaned up: the next holder does. (A new lock file
+is empty, one cleaned up after says ``released``: only root starts a process of a uid, so
+neither has anything to kill.)"""
+RELEASED = b"released\n"
 
 
 @dataclass
@@ -234,8 +246,9 @@ class UidLease:
     fd: int
     swept: tuple[Path, ...]
 
-    def clean(self) -> None:
+    def clean(self, then: Callable[[], object] = lambda: None) -> None:
         kill_uid(self.uid)
+        then()
         for path in self.swept:
             try:
                 fd = os.open(path, DIR_FLAGS)
@@ -246,9 +259,11 @@ class UidLease:
             finally:
                 os.close(fd)
 
-    def release(self) -> None:
+    def release(self, then: Callable[[], object] = lambda: None) -> None:
         try:
-            self.clean()
+            self.clean(then)
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, RELEASED, 0)
         finally:
             os.close(self.fd)  # the flock goes with it
 
