@@ -54,9 +54,13 @@ def _listen(path: Path) -> tuple[socket.socket, int]:
     """A listening socket at ``path``, in a directory only this process's user may write
     (made here when missing); the socket's inode."""
     parent = path.parent
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(parent, 0o755)
-    st = os.lstat(parent)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(parent, 0o755)
+        st = os.lstat(parent)
+    except OSError as exc:
+        raise ConfigError(f"JOBFENCE_COMMAND_SOCKET: cannot make {parent}: "
+                          f"{exc.strerror or exc}") from exc
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
         raise ConfigError(
             f"JOBFENCE_COMMAND_SOCKET: {parent} must be a directory that only the worker's "

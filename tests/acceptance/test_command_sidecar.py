@@ -386,6 +386,8 @@ def test_the_socket_directory_must_be_the_workers_alone(tmp_path: Path) -> None:
     (tmp_path / "mine" / "command.sock").write_text("not a socket")
     with pytest.raises(ConfigError, match="exists and is not a socket"):
         RunnerLink(tmp_path / "mine" / "command.sock")
+    with pytest.raises(ConfigError, match="cannot make"):
+        RunnerLink(tmp_path / "no" / "such" / "command.sock")
 
 
 def test_no_runner_is_a_clear_refusal(tmp_path: Path) -> None:
