@@ -182,8 +182,9 @@ class RunnerLink:
         (the runner never writes on it, so anything readable means it is gone)."""
         with self._lock:
             if self._lost is None and self._control is not None:
-                readable, _, _ = select.select([self._control.sock], [], [], 0)
-                if readable:
+                poller = select.poll()
+                poller.register(self._control.sock, select.POLLIN)
+                if poller.poll(0):
                     self._lost = "the command sidecar went away; this worker starts no more " \
                                  "commands"
             return self._lost is None
