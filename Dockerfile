@@ -29,8 +29,13 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     && pip install --no-cache-dir --no-index --find-links=/wheels jobfence \
     && groupadd --gid 10001 jobfence \
     && useradd --uid 10001 --gid 10001 --no-create-home \
-        --home-dir /tmp --shell /usr/sbin/nologin jobfence
-# Numeric, so that Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
+        --home-dir /tmp --shell /usr/sbin/nologin jobfence \
+    && groupadd --gid 10002 jobfence-jobs \
+    && useradd --uid 10002 --gid 10002 --no-create-home \
+        --home-dir /tmp --shell /usr/sbin/nologin jobfence-jobs
+# Numeric, so that Kubernetes' runAsNonRoot can verify it without reading /etc/passwd. The
+# worker pods' command sidecar, and so the jobs' commands, run as 10002 (jobfence-jobs):
+# never the worker's uid.
 USER 10001:10001
 # The root filesystem is read-only in the pods; /tmp is their one writable volume.
 ENV HOME=/tmp

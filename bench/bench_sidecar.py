@@ -1,9 +1,11 @@
-"""What the command sidecar costs: a job's `command` started through the sidecar's socket
-(as the shipped worker pods do) against the same command started by the worker itself,
-side by side in one run. Per command: start, wait for its exit and read its output
-(`true`), from the worker's side. Per job: a draining worker running one-action jobs
-(`command: true`) in the shipped configuration (log settings of manifests/config.yaml),
-with and without `JOBFENCE_COMMAND_SOCKET`."""
+"""What the command sidecar costs: a job's `command` started through the sidecar (as the
+shipped worker pods do: a channel passed over the runner's one connection) against the same
+command started by the worker itself, side by side in one run. Per command: start, wait for
+its exit and read its output (`true`), from the worker's side, in an open job space. Per
+job: a draining worker running one-action jobs (`command: true`) in the shipped
+configuration (log settings of manifests/config.yaml), with and without
+`JOBFENCE_COMMAND_SOCKET` (each job's space made, and removed, by the worker or by the
+sidecar)."""
 
 from __future__ import annotations
 
@@ -11,36 +13,37 @@ import json
 import subprocess
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 from bench.common import JOBFENCE, REPO, Bench, Section, median, p95
-from jobfence.sandbox import Child, Sandbox
+from jobfence.jobspace import JobSpace, LocalSpace
+from jobfence.jobuids import SameUser
+from jobfence.sandbox import Child
+from jobfence.sidecar_worker import RemoteSpace, RunnerLink
 
 
-def runner(shared: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    sock = shared / "runner.sock"
-    proc = subprocess.Popen([*JOBFENCE, "command-runner", "--socket", str(sock)],
+def runner(sock: Path, scratch: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """A command runner that dials ``sock`` whenever a worker listens there."""
+    scratch.mkdir()
+    return subprocess.Popen([*JOBFENCE, "command-runner", "--socket", str(sock),
+                             "--scratch", str(scratch)],
                             env={**env, "JOBFENCE_COMMAND_USER": "worker"}, cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while not sock.exists():
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("the command runner did not start")
-        time.sleep(0.01)
-    return proc
 
 
-def per_command(sandbox: Sandbox, cwd: Path, n: int) -> list[float]:
+def per_command(space: JobSpace, n: int) -> list[float]:
+    space.open()
     times = []
     for _ in range(n + 5):
         t0 = time.perf_counter()
-        child: Child = sandbox.start(["true"], cwd, {"PATH": "/usr/bin:/bin"})
+        child: Child = space.start(["true"], {"PATH": "/usr/bin:/bin"})
         while child.wait(0.001) is None:
             pass
         child.close()
         child.output()
         times.append(time.perf_counter() - t0)
+    space.close()
     return times[5:]  # the first few warm up the runner and the page cache
 
 
@@ -64,14 +67,19 @@ def run(bench: Bench) -> Section:
     n, jobs = (50, 100) if bench.quick else (300, 500)
     with tempfile.TemporaryDirectory() as tmp:
         shared = Path(tmp)
+        sock = shared / "worker" / "command.sock"
         env = bench.env("dbname=unused")
-        proc = runner(shared, env)
+        proc = runner(sock, shared / "scratch", env)
         try:
-            local = per_command(Sandbox(), shared, n)
-            remote = per_command(Sandbox(socket=shared / "runner.sock"), shared, n)
+            local = per_command(LocalSpace(shared, uuid.uuid4(), SameUser()), n)
+            link = RunnerLink(sock, connect_seconds=30)
+            try:
+                remote = per_command(RemoteSpace(link, uuid.uuid4()), n)
+            finally:
+                link.close()
             here = per_job(bench, jobs, JOBFENCE_COMMAND_USER="worker")
             there = per_job(bench, jobs, JOBFENCE_COMMAND_USER="worker",
-                            JOBFENCE_COMMAND_SOCKET=str(shared / "runner.sock"))
+                            JOBFENCE_COMMAND_SOCKET=str(sock))
         finally:
             proc.terminate()
             proc.wait(timeout=30)
@@ -84,7 +92,8 @@ def run(bench: Bench) -> Section:
                    f"{p95(remote) * 1000:.2f} ms", f"{p95(remote) / p95(local):.2f}×"])
     s.rows.append([f"draining worker, {jobs} jobs of `command: true`",
                    f"{here:.0f} jobs/s", f"{there:.0f} jobs/s", f"{there / here:.2f}×"])
-    s.notes.append("The sidecar adds a unix-socket connection and a JSON round trip per "
-                   "command; the child's own start (fork, exec) is the same. A job's "
-                   "database round trips are the same either way.")
+    s.notes.append("The sidecar adds a socket pair passed over the runner's connection and "
+                   "a JSON round trip per command, and per job the requests that make and "
+                   "remove its space; the child's own start (fork, exec) is the same. A "
+                   "job's database round trips are the same either way.")
     return s

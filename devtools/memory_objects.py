@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
+from typing import BinaryIO
 
 from jobfence.objectstore import DeleteFailure, ObjectInfo, ObjectStoreError
 
@@ -28,12 +28,12 @@ class MemoryObjectStore:
             if item is not None:
                 yield ObjectInfo(key, len(item[0]), item[1])
 
-    def download(self, bucket: str, key: str, dest: Path) -> None:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(self.get_bytes(bucket, key))
+    def download_to(self, bucket: str, key: str, dest: BinaryIO) -> None:
+        dest.write(self.get_bytes(bucket, key))
 
-    def upload(self, bucket: str, key: str, src: Path) -> None:
-        self.put_bytes(bucket, key, src.read_bytes())
+    def upload_from(self, bucket: str, key: str, src: BinaryIO) -> None:
+        src.seek(0)
+        self.put_bytes(bucket, key, src.read())
 
     def put_bytes(self, bucket: str, key: str, data: bytes,
                   content_type: str = "application/octet-stream") -> None:

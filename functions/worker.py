@@ -50,7 +50,8 @@ class Report:
     lost: int = 0
     terminated: bool = False
     stopped_by: str = ""
-    """Why the worker stopped claiming: nothing_ready, max_jobs, max_seconds or sigterm."""
+    """Why the worker stopped claiming: nothing_ready, max_jobs, max_seconds, sigterm, or
+    sidecar_lost (its command sidecar went away: no command can start here any more)."""
     jobs: list[dict[str, str]] = field(default_factory=list)
 
     def count(self, job_id: object, outcome: Outcome) -> None:
@@ -68,7 +69,8 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return self.succeeded == self.claimed and not self.terminated
+        return (self.succeeded == self.claimed and not self.terminated
+                and self.stopped_by != "sidecar_lost")
 
 
 class Worker(AttemptRunner):
@@ -85,7 +87,7 @@ class Worker(AttemptRunner):
 
         def another(claimed: int) -> bool:
             """Asked at a job's terminal write: whether to claim the next one with it."""
-            return claimed < max_jobs and time_left()
+            return claimed < max_jobs and time_left() and self.sandbox.ready()
 
         with on_termination(self._on_signal) as terminated:
             try:
@@ -97,6 +99,9 @@ class Worker(AttemptRunner):
                             break
                         if not time_left():
                             self.report.stopped_by = "max_seconds"
+                            break
+                        if not self.sandbox.ready():
+                            self.report.stopped_by = "sidecar_lost"
                             break
                         claims = self.store.attempts.claim(
                             worker_id=self.settings.worker, queue=self.queue,
@@ -113,6 +118,9 @@ class Worker(AttemptRunner):
                     self.report.claimed += 1
                     self.report.count(claim.job_id, self.run_attempt(claim))
                     pending, self.next_claim = self.next_claim, None
+                    if pending is None and not self.sandbox.ready():
+                        self.report.stopped_by = "sidecar_lost"
+                        break
                 else:
                     self.report.stopped_by = "max_jobs"
             finally:

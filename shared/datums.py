@@ -5,22 +5,27 @@ At enqueue, a job with ``inputs`` becomes a parent with one child per input obje
 memory at once.
 
 While an attempt runs, ``AttemptFiles`` downloads the child's inputs and publishes its
-outputs: every output is registered under the fence before upload (``running``) and
-confirmed after (``done``/``error``). A fenced-out attempt's registration matches nothing,
+outputs, through descriptors of the job's space (``jobfence.jobspace``): every output is
+registered under the fence before upload (``running``) and confirmed after
+(``done``/``error``). A fenced-out attempt's registration matches nothing,
 so it raises ``FenceLost`` and uploads nothing; whatever it uploaded before losing the fence
 lives under its own attempt prefix and is never listed as committed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path, PurePosixPath
-from typing import Any
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any, BinaryIO, TypeVar
 from uuid import UUID
 
 from jobfence.errors import ConfigError, FenceLost
+from jobfence.fsboundary import Listed, Refused
 from jobfence.ids import uuid7
+from jobfence.jobspace import JobSpace
 from jobfence.limits import Unstorable, check_text
 from jobfence.logs import get_logger
 from jobfence.objectstore import ObjectStore, ObjectStoreError, attempt_prefix, parse_s3_url, s3_url
@@ -30,6 +35,26 @@ log = get_logger("jobfence.datums")
 
 CHILD_BATCH = 1000
 TRANSFER_THREADS = 8
+FILES_AT_ONCE = 64
+"""Input or output files open at once (and handed over by the command sidecar in one
+message): jobfence.sidecar's MAX_FDS."""
+
+REFUSALS_KEPT = 100
+"""Refused outputs named in an action's result (the count says how many there were)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    urls: list[str]
+    refused: list[Refused]
+
+    def result(self) -> dict[str, Any]:
+        """What an action's result says of its outputs."""
+        out: dict[str, Any] = {"outputs": self.urls}
+        if self.refused:
+            out["outputs_refused"] = [r.as_dict() for r in self.refused[:REFUSALS_KEPT]]
+            out["outputs_refused_count"] = len(self.refused)
+        return out
 
 
 def input_base(prefix: str) -> str:
@@ -95,55 +120,79 @@ class AttemptFiles:
         self.bucket = bucket
         self._write = write
 
-    def download_inputs(self, dest: Path) -> list[str]:
-        """Download this datum's objects into ``dest``, keeping their names relative to
-        the input prefix; the relative names."""
+    def download_inputs(self, space: JobSpace) -> list[str]:
+        """Download this datum's objects into the space's ``inputs/``, keeping their names
+        relative to the input prefix, each into a new file the space made (never by a path
+        into the job's directory); the relative names."""
         if not self.inputs:
             return []
         bucket, base = self.inputs["bucket"], self.inputs.get("base", "")
         pairs = []
         for key in self.inputs["keys"]:
             rel = PurePosixPath(key[len(base):] if key.startswith(base) else key)
-            if rel.is_absolute() or ".." in rel.parts:
+            if rel.is_absolute() or ".." in rel.parts or not rel.parts:
                 raise ObjectStoreError(f"refusing input key {key!r}: it escapes the input dir")
-            pairs.append((key, dest / rel))
+            pairs.append((key, rel.as_posix()))
         store = self._objects()
-        with ThreadPoolExecutor(TRANSFER_THREADS) as pool:
-            list(pool.map(lambda kv: store.download(bucket, kv[0], kv[1]), pairs))
-        return [str(p.relative_to(dest)) for _, p in pairs]
+        for batch in _batches(pairs):
+            files = space.create_inputs([rel for _, rel in batch])
+            try:
+                with ThreadPoolExecutor(TRANSFER_THREADS) as pool:
+                    list(pool.map(lambda kf: store.download_to(bucket, kf[0], kf[1]),
+                                  [(key, f) for (key, _), f in zip(batch, files, strict=True)]))
+            finally:
+                for f in files:
+                    f.close()
+        return [rel for _, rel in pairs]
 
-    def publish_outputs(self, src: Path) -> list[str]:
-        """Upload every regular file under ``src`` to the attempt's prefix, registered and
-        confirmed under the fence; the URLs. Raises FenceLost if the fence is gone."""
-        files = sorted(p for p in src.rglob("*") if p.is_file() and not p.is_symlink())
-        if not files:
-            return []
+    def publish_outputs(self, space: JobSpace) -> Published:
+        """Upload every regular file of the job's under the space's ``outputs/`` to the
+        attempt's prefix, registered and confirmed under the fence; the URLs, and what was
+        refused (links, FIFOs, sockets, devices, hard links, files of other users) with why.
+        Raises FenceLost if the fence is gone."""
+        listed, refused = space.list_outputs()
+        if refused:
+            log.warning("outputs_refused", job_id=str(self.job_id), count=len(refused),
+                        first=refused[0].path, why=refused[0].why)
+        if not listed:
+            return Published([], refused)
         if not self.bucket:
             raise ConfigError("the job wrote outputs but JOBFENCE_S3_BUCKET is not set")
         prefix = attempt_prefix(self.installation, self.job_id, self.attempt_id)
-        entries = [(p.relative_to(src).as_posix(), p) for p in files]
-        for rel, _ in entries:
+        for item in listed:
             try:
-                check_text(rel, "output file name")
+                check_text(item.path, "output file name")
             except Unstorable as exc:
-                raise ObjectStoreError(f"{exc}: {rel.encode(errors='replace')!r}") from None
-        urls = [(rel, s3_url(self.bucket, prefix + rel)) for rel, _ in entries]
+                raise ObjectStoreError(f"{exc}: {item.path.encode(errors='replace')!r}") from None
+        urls = [(item.path, s3_url(self.bucket, prefix + item.path)) for item in listed]
         if not self._write(lambda s: s.attempts.register_outputs(
                 job_id=self.job_id, attempt_id=self.attempt_id, outputs=urls)):
             raise FenceLost(self.job_id, self.attempt_id, ": outputs not registered")
         store, bucket = self._objects(), self.bucket
 
-        def upload(entry: tuple[str, Path]) -> dict[str, Any]:
-            rel, path = entry
+        def upload(entry: tuple[Listed, BinaryIO | str]) -> dict[str, Any]:
+            item, f = entry
+            if isinstance(f, str):
+                return {"path": item.path, "status": "error", "size_bytes": None,
+                        "error": f"not uploaded: {f}"}
+            size = os.fstat(f.fileno()).st_size
             try:
-                store.upload(bucket, prefix + rel, path)
+                store.upload_from(bucket, prefix + item.path, f)
             except ObjectStoreError as exc:
-                return {"path": rel, "status": "error", "size_bytes": None, "error": str(exc)}
-            return {"path": rel, "status": "done", "size_bytes": path.stat().st_size,
-                    "error": None}
+                return {"path": item.path, "status": "error", "size_bytes": None,
+                        "error": str(exc)}
+            return {"path": item.path, "status": "done", "size_bytes": size, "error": None}
 
-        with ThreadPoolExecutor(TRANSFER_THREADS) as pool:
-            results = list(pool.map(upload, entries))
+        results: list[dict[str, Any]] = []
+        for batch in _batches(listed):
+            opened = space.open_outputs(batch)
+            try:
+                with ThreadPoolExecutor(TRANSFER_THREADS) as pool:
+                    results += pool.map(upload, zip(batch, opened, strict=True))
+            finally:
+                for f in opened:
+                    if not isinstance(f, str):
+                        f.close()
         if not self._write(lambda s: s.attempts.confirm_outputs(
                 job_id=self.job_id, attempt_id=self.attempt_id, outputs=results)):
             raise FenceLost(self.job_id, self.attempt_id, ": outputs not confirmed")
@@ -152,4 +201,13 @@ class AttemptFiles:
             raise ObjectStoreError(f"{len(failed)} of {len(results)} outputs failed to "
                                    f"upload, first: {failed[0]['path']}: {failed[0]['error']}")
         log.info("outputs_published", job_id=str(self.job_id), count=len(results))
-        return [u for _, u in urls]
+        return Published([u for _, u in urls], refused)
+
+
+T = TypeVar("T")
+
+
+def _batches(items: Sequence[T]) -> Iterator[Sequence[T]]:
+    """Files go through descriptors: at most FILES_AT_ONCE of them are open at once."""
+    for i in range(0, len(items), FILES_AT_ONCE):
+        yield items[i:i + FILES_AT_ONCE]

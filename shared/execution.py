@@ -16,16 +16,14 @@ and nothing else. A datum parent whose last child this was is finalized by
 
 from __future__ import annotations
 
-import tempfile
 import threading
 import traceback
 from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import StrEnum
-from pathlib import Path
 from typing import TypeVar
 
-from jobfence.actions import ActionContext, AttemptDirs, StopRequested, get_action
+from jobfence.actions import ActionContext, AttemptSpace, StopRequested, get_action
 from jobfence.actions.builtin import ActionFailed
 from jobfence.attempt import AttemptGuard, GuardThreads, SideChannel, StopReason
 from jobfence.datums import AttemptFiles
@@ -69,9 +67,10 @@ class AttemptRunner:
         self.queue = queue
         self.retry = RetryPolicy(settings.retry_base_seconds, settings.retry_max_seconds)
         try:
-            self.sandbox = Sandbox.configured(settings.command_user,
+            self.sandbox = Sandbox.configured(settings.command_user, settings.command_uids,
                                               settings.command_env.split(","),
-                                              settings.command_socket)
+                                              settings.command_socket,
+                                              settings.command_runner_uid)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.side = SideChannel(settings)
@@ -108,6 +107,7 @@ class AttemptRunner:
         self.guards.close()  # its threads end before the connections they use
         self.side.close_quietly()
         self._conn.close()
+        self.sandbox.close()
 
     def current_guard(self) -> AttemptGuard | None:
         """The attempt in hand (for the SIGTERM watcher), and from now on none may start."""
@@ -128,20 +128,20 @@ class AttemptRunner:
             if terminating:  # SIGTERM arrived while the claim was being made
                 guard.release_on_sigterm()
                 return Outcome.TERMINATED
-            dirs = AttemptDirs(Path(tempfile.gettempdir()) / f"jobfence-{claim.attempt_id}")
+            space = AttemptSpace(lambda: self.sandbox.space(claim.attempt_id))
             try:
                 with guard:
                     try:
-                        return self._run_actions(claim, guard, dirs)
+                        return self._run_actions(claim, guard, space)
                     except WriteRefused as exc:
                         return self._refused(claim, guard, exc)
             finally:
-                dirs.cleanup()
+                space.close()
         finally:
             with self._lock:
                 self._current = None
 
-    def _run_actions(self, claim: Claim, guard: AttemptGuard, dirs: AttemptDirs) -> Outcome:
+    def _run_actions(self, claim: Claim, guard: AttemptGuard, space: AttemptSpace) -> Outcome:
         # A first attempt has nothing to resume; a retry skips what earlier ones finished.
         done = (self.store.attempts.done_actions(claim.job_id, claim.attempt_id)
                 if claim.may_resume else set())
@@ -150,9 +150,7 @@ class AttemptRunner:
             log.info("resuming", job_id=str(claim.job_id), after_actions=sorted(done))
         if not todo:  # every action finished in an earlier attempt
             return self._finish(claim, guard, None)
-        env = {"JOBFENCE_JOB_ID": str(claim.job_id), "JOBFENCE_ATTEMPT_ID": str(claim.attempt_id),
-               "JOBFENCE_INPUT_DIR": str(dirs.root / "inputs"),
-               "JOBFENCE_OUTPUT_DIR": str(dirs.root / "outputs")}
+        env = {"JOBFENCE_JOB_ID": str(claim.job_id), "JOBFENCE_ATTEMPT_ID": str(claim.attempt_id)}
         self._unconfirmed = threading.Event()  # a child of this attempt not known gone
         files = AttemptFiles(job_id=claim.job_id, attempt_id=claim.attempt_id,
                              inputs=claim.inputs, objects=self.objects,
@@ -165,7 +163,7 @@ class AttemptRunner:
             try:
                 action = get_action(spec["name"])
                 ctx = ActionContext(job_id=claim.job_id, attempt_id=claim.attempt_id,
-                                    action_index=index, dirs=dirs, stop=guard.stop,
+                                    action_index=index, space=space, stop=guard.stop,
                                     track_process=guard.track, untrack_process=guard.untrack,
                                     files=files, env=env, sandbox=self.sandbox,
                                     unconfirmed=self._unconfirmed)

@@ -15,10 +15,10 @@ a page of children at a time, so memory does not grow with the number of childre
 
 from __future__ import annotations
 
+import io
 import json
 import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import IO
 from uuid import UUID
 
@@ -51,10 +51,12 @@ def finalize_parent(store: Store, objects: Callable[[], ObjectStore], bucket: st
     if bucket:
         key = manifest_key(installation, parent_id)
         manifest = s3_url(bucket, key)
-        with tempfile.NamedTemporaryFile("w+", suffix=".json", encoding="utf-8") as f:
+        with tempfile.TemporaryFile("w+b", suffix=".json") as raw:
+            f = io.TextIOWrapper(raw, encoding="utf-8", write_through=True)
             _write_manifest(f, store, parent, counts)
             f.flush()
-            objects().upload(bucket, key, Path(f.name))
+            objects().upload_from(bucket, key, raw)
+            f.detach()  # the TextIOWrapper must not close ``raw`` twice
     else:
         log.warning("manifest_skipped", job_id=str(parent_id),
                     reason="JOBFENCE_S3_BUCKET is not set")

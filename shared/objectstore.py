@@ -14,8 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 from uuid import UUID
 
 from jobfence.errors import ConfigError, InvalidSpec, ObjectStoreError
@@ -45,9 +44,14 @@ class ObjectStore(Protocol):
         memory however many there are)."""
         ...
 
-    def download(self, bucket: str, key: str, dest: Path) -> None: ...
+    def download_to(self, bucket: str, key: str, dest: BinaryIO) -> None:
+        """Write the object into ``dest``, a file open for writing (never a path: a job's
+        files are reached through descriptors, jobfence.fsboundary)."""
+        ...
 
-    def upload(self, bucket: str, key: str, src: Path) -> None: ...
+    def upload_from(self, bucket: str, key: str, src: BinaryIO) -> None:
+        """Upload what ``src``, a file open for reading, holds from its start."""
+        ...
 
     def put_bytes(self, bucket: str, key: str, data: bytes,
                   content_type: str = "application/octet-stream") -> None: ...

@@ -1,4 +1,4 @@
-"""A job's own code, kept away from the worker's keys (invariant 9).
+"""A job's own code, kept away from the worker's keys (invariant 9) and from other jobs.
 
 The ``command`` child gets:
 
@@ -7,10 +7,12 @@ The ``command`` child gets:
   ``_INPUT_DIR``, ``_OUTPUT_DIR``, the names the deployment lists in
   ``JOBFENCE_COMMAND_ENV``, and the spec's own ``env`` — never the database URL, the S3
   keys, or anything else the worker was given;
-- when the worker runs as root (a container's default, the demo, the tests): another user,
-  ``JOBFENCE_COMMAND_USER`` (``nobody`` unless set), with no supplementary groups. The
-  kernel then refuses it the worker's ``/proc/PID/environ`` and memory, and every file only
-  root may read; its working directory is handed over to it;
+- when the worker runs as root (the demo, a machine of its own): a uid of its own for as
+  long as its job runs, or the fixed ``JOBFENCE_COMMAND_USER`` (``jobfence.jobuids``), with
+  no supplementary groups. The kernel then refuses it the worker's ``/proc/PID/environ``
+  and memory, other jobs' processes and directories, and every file only root may read;
+- its space (``jobfence.jobspace``): directories made for it, owned by its user, that the
+  worker reaches only through descriptors (``jobfence.fsboundary``);
 - in any case a worker process that the kernel marks non-dumpable (``PR_SET_DUMPABLE`` 0):
   a process of the same user without CAP_SYS_PTRACE can neither read its ``environ`` nor
   attach to it.
@@ -31,18 +33,22 @@ import functools
 import os
 import pwd
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+from uuid import UUID
 
+from jobfence.jobuids import DEFAULT_UIDS, SameUser, Users, users_for
 from jobfence.proctree import DIE_WITH_PARENT, Tail, kill_group, pump
+
+if TYPE_CHECKING:
+    from jobfence.jobspace import JobSpace, SpacePaths
+    from jobfence.sidecar_worker import RunnerLink
 
 BASE_ENV = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TZ")
 """What a child gets of the worker's own environment whatever the deployment says."""
-
-SAME_USER = "worker"
-"""JOBFENCE_COMMAND_USER's value for a child that keeps the worker's user."""
 
 _PR_SET_DUMPABLE = 4
 
@@ -152,80 +158,60 @@ class LocalChild:
 
 @dataclass(frozen=True, slots=True)
 class Sandbox:
-    """How a job's child process is started."""
+    """How a job's child processes are started: in what space, as whom, with what of the
+    worker's environment."""
 
-    uid: int | None = None
-    """Run the child as this user (and ``gid``), when the worker may switch users."""
-    gid: int | None = None
+    users: Users = field(default_factory=SameUser)
+    """Who a child runs as where it starts as this process's own (jobfence.jobuids)."""
     passthrough: tuple[str, ...] = ()
     """Names of the worker's own variables a child also gets (JOBFENCE_COMMAND_ENV)."""
-    socket: Path | None = None
-    """The command sidecar's socket (JOBFENCE_COMMAND_SOCKET): children start there."""
+    sidecar: RunnerLink | None = None
+    """The command sidecar (JOBFENCE_COMMAND_SOCKET): children start there."""
 
     @classmethod
-    def configured(cls, user: str, passthrough: Iterable[str] = (),
-                   socket: Path | None = None) -> Sandbox:
-        """The sandbox for ``JOBFENCE_COMMAND_USER``, ``JOBFENCE_COMMAND_ENV`` and
-        ``JOBFENCE_COMMAND_SOCKET``: the user only matters where the child starts as this
-        process's own and this process runs as root (another cannot switch; the sidecar
-        applies its own), and ``worker`` keeps this process's user."""
+    def configured(cls, user: str | None, uids: str = DEFAULT_UIDS,
+                   passthrough: Iterable[str] = (), socket: Path | None = None,
+                   runner_uid: int | None = None) -> Sandbox:
+        """The sandbox for ``JOBFENCE_COMMAND_USER``, ``_UIDS``, ``_ENV``, ``_SOCKET`` and
+        ``_RUNNER_UID``. With a socket, the command sidecar chooses the user (its own
+        settings); else a root worker gives each job a uid of its own unless a fixed user is
+        set, and another keeps its own. ValueError when a setting is wrong."""
         names = tuple(n for n in passthrough if n)
-        if socket is not None or user == SAME_USER or os.geteuid() != 0:
-            return cls(passthrough=names, socket=socket)
-        uid, gid = resolve_user(user)
-        return cls(uid=uid, gid=gid, passthrough=names)
+        if socket is not None:
+            from jobfence.sidecar_worker import RunnerLink
 
-    def start(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str]) -> Child:
-        """Start the child in ``cwd`` (the attempt's directory, handed over to the child's
-        user) with exactly ``env``; ChildNotStarted says why it could not."""
-        if self.socket is not None:
-            from jobfence.sidecar import RemoteChild
+            return cls(passthrough=names, sidecar=RunnerLink(socket, runner_uid))
+        return cls(users=users_for(user, uids), passthrough=names)
 
-            return RemoteChild.start(self.socket, argv, cwd, env)
-        return self.start_here(argv, cwd, env)
+    def space(self, attempt_id: UUID) -> JobSpace:
+        """The (unopened) space of one attempt."""
+        if self.sidecar is not None:
+            from jobfence.sidecar_worker import RemoteSpace
 
-    def start_here(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str],
-                   sink: Callable[[str, bytes], None] | None = None) -> LocalChild:
-        """Start the child as this process's own (the worker's, or the command sidecar's,
-        which streams its output to ``sink``)."""
-        self.hand_over(cwd)
-        return LocalChild(argv, cwd, env, self.popen_args(), sink=sink)
+            return RemoteSpace(self.sidecar, attempt_id)
+        from jobfence.jobspace import LocalSpace
+
+        return LocalSpace(Path(tempfile.gettempdir()), attempt_id, self.users)
+
+    def ready(self) -> bool:
+        """Whether children can still be started (the command sidecar is still there)."""
+        return self.sidecar is None or self.sidecar.usable()
+
+    def close(self) -> None:
+        if self.sidecar is not None:
+            self.sidecar.close()
 
     def environment(self, job: Mapping[str, str], spec: Mapping[str, str],
-                    workdir: Path) -> dict[str, str]:
+                    paths: SpacePaths) -> dict[str, str]:
         """The child's whole environment (nothing else of the worker's)."""
         env = {k: os.environ[k] for k in (*BASE_ENV, *self.passthrough) if k in os.environ}
         env.setdefault("PATH", os.defpath)
-        env.update({"HOME": str(workdir), "TMPDIR": str(workdir)})
-        if self.uid is not None:
+        env.update({"HOME": paths.workdir, "TMPDIR": paths.workdir,
+                    "JOBFENCE_INPUT_DIR": paths.inputs, "JOBFENCE_OUTPUT_DIR": paths.outputs})
+        if paths.uid != os.geteuid() or self.sidecar is not None:
             with contextlib.suppress(KeyError):
-                name = pwd.getpwuid(self.uid).pw_name
+                name = pwd.getpwuid(paths.uid).pw_name
                 env.update({"USER": name, "LOGNAME": name})
         env.update(job)
         env.update(spec)
         return env
-
-    def hand_over(self, root: Path) -> None:
-        """Give the child's user the attempt's directory and all in it (inputs included)."""
-        if self.uid is None or self.gid is None:
-            return
-        for path in (root, *root.rglob("*")):
-            os.lchown(path, self.uid, self.gid)
-
-    def popen_args(self) -> dict[str, Any]:
-        """``subprocess.Popen`` arguments that start the child as the sandbox's user."""
-        if self.uid is None:
-            return {}
-        return {"user": self.uid, "group": self.gid, "extra_groups": []}
-
-
-def resolve_user(user: str) -> tuple[int, int]:
-    """``name`` or ``uid[:gid]`` → (uid, gid); ValueError when no such user."""
-    if user.replace(":", "").isdigit():
-        uid, _, gid = user.partition(":")
-        return int(uid), int(gid or uid)
-    try:
-        entry = pwd.getpwnam(user)
-    except KeyError:
-        raise ValueError(f"JOBFENCE_COMMAND_USER: no user named {user!r}") from None
-    return entry.pw_uid, entry.pw_gid

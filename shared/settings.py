@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from jobfence.durations import Duration
 from jobfence.errors import ConfigError
+from jobfence.jobuids import DEFAULT_UIDS, parse_uids
 from jobfence.limits import Unstorable, check_text, schema_refusal
 
 
@@ -110,10 +111,21 @@ class Settings(BaseSettings):
     queue: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
     """The queue a worker serves when it is not given ``--queue`` (a pool's pods are)."""
 
-    command_user: str = Field(default="nobody", max_length=64)
-    """The user a ``command`` child runs as when the worker runs as root (a name, or
-    ``UID[:GID]``); ``worker`` keeps the worker's own. A worker of another user cannot switch:
-    its child runs as itself (``jobfence.sandbox`` says what still keeps it out)."""
+    command_user: str | None = Field(default=None, max_length=64)
+    """Who a ``command`` child runs as when the worker runs as root without the command
+    sidecar. Unset: a uid of its own per running job, from ``JOBFENCE_COMMAND_UIDS``, so that
+    jobs sharing a machine cannot read each other's environment, signal each other or write
+    into each other's files. A name or ``UID[:GID]``: that one user for every job — jobs
+    then share it, and a job can read another running job's ``/proc/PID/environ`` (its
+    ``env`` secrets), signal its processes and write into its directories. ``worker`` keeps
+    the worker's own user (for a worker that is not root, the only choice)."""
+
+    command_uids: str = Field(default=DEFAULT_UIDS, pattern=r"^\d{4,10}-\d{4,10}$")
+    """The uids (``FIRST-LAST``) a root worker, or a root command sidecar, gives its jobs
+    one each, unique across every worker and installation on the machine (a lock file per
+    uid in ``/run/jobfence-uids``). The default is above the ranges that distributions,
+    systemd and container runtimes hand out and below 2^31; a uid that has an entry in the
+    user or group database is skipped."""
 
     command_env: str = Field(default="", max_length=4096)
     """Comma-separated names of the worker's own environment variables that a ``command``
@@ -126,9 +138,15 @@ class Settings(BaseSettings):
     pooler) the worker is also told at once, and asks only every 10th of these."""
 
     command_socket: Path | None = None
-    """The command sidecar's socket (``jobfence command-runner``, a second container of the
-    worker's pod that holds no Secret): when set, every ``command`` child runs there, not
-    as the worker's own child. The shipped worker pods set it."""
+    """Where the worker listens for its command sidecar (``jobfence command-runner``, a
+    second container of the worker's pod that holds no Secret), in a directory only the
+    worker's user may write: when set, every ``command`` child runs there, not as the
+    worker's own child. The shipped worker pods set it."""
+
+    command_runner_uid: int | None = Field(default=None, ge=0, le=0xFFFFFFFE)
+    """The uid the command sidecar runs as: the worker takes the sidecar's connection only
+    from it (``SO_PEERCRED``). Unset: only from root or the worker's own uid. The shipped
+    worker pods set it to the sidecar's ``runAsUser``."""
 
     worker_id: str | None = None
     """Claimer identity written on every claim; default the pod name from the downward API
@@ -260,6 +278,12 @@ class Settings(BaseSettings):
     def _schema(cls, value: str) -> str:
         if (why := schema_refusal(value)) is not None:
             raise ValueError(why)
+        return value
+
+    @field_validator("command_uids")
+    @classmethod
+    def _uids(cls, value: str) -> str:
+        parse_uids(value)
         return value
 
     @field_validator("database_url", "reader_database_url")

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 import subprocess
+import sys
+import sysconfig
 import time
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -99,6 +105,94 @@ def kill_quietly(p: subprocess.Popen[str]) -> None:
     p.communicate()
 
 
-__all__ = ["FAST", "action_results", "alive", "enqueue", "events", "job", "kill_quietly",
-           "log_events", "long_then_quick", "read_pid", "spawn", "wait_for"]
+SYSTEM_PYTHON = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable
+"""The system's Python: a job's command runs as another user, who may not enter root's own
+interpreter's directory."""
+
+
+@cache
+def jobfence_as(uid: int) -> tuple[str, ...]:
+    """The CLI as ``uid`` can run it: this interpreter when it may, else the system's with
+    this environment's packages (the same Python minor version)."""
+    site = sysconfig.get_paths()["purelib"]
+    code = (f"import site, sys; site.addsitedir({site!r}); "
+            "from jobfence.functions.cli import main; sys.exit(main(sys.argv[1:]))")
+    for python in (sys.executable, SYSTEM_PYTHON):
+        argv = (python, "-c", code)
+        try:
+            r = subprocess.run([*argv, "--version"], user=uid, group=uid, extra_groups=[],
+                               cwd="/", env={"PYTHONDONTWRITEBYTECODE": "1"},
+                               capture_output=True, timeout=60, check=False)
+        except PermissionError:
+            continue
+        if r.returncode == 0:
+            return argv
+    raise AssertionError(f"no Python here can run jobfence as uid {uid}")
+
+
+class Sidecar:
+    """The command runner as the shipped worker pod runs it: in a PID namespace of its own
+    (``unshare --pid --mount-proc``) under a small init, as the pod's tini (the namespace,
+    and every process in it, ends with the runner), with an environment that holds no key.
+    It dials the worker's socket in ``root/worker/`` (made by the worker, only the worker
+    may write it) and keeps the jobs' spaces in ``root/scratch``. As root its children get a
+    uid of their own per job; with ``uid``, it runs as that uid, and its children with it,
+    as in the restricted pod."""
+
+    def __init__(self, root: Path, uid: int | None = None, **env: str) -> None:
+        root.chmod(0o755)
+        self.uid = uid
+        self.socket = root / "worker" / "command.sock"
+        self.scratch = root / "scratch"
+        self.scratch.mkdir(mode=0o755)
+        runner: tuple[str, ...] = (*JOBFENCE,)
+        drop: list[str] = []
+        if uid is not None:
+            os.chown(self.scratch, uid, uid)
+            self.scratch.chmod(0o700)
+            runner = jobfence_as(uid)
+            drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+        # The init stays root (a changed uid would clear its parent-death signal).
+        self.proc = subprocess.Popen(
+            ["unshare", "--pid", "--mount-proc", "--kill-child=SIGKILL", "--",
+             "sh", "-c", '"$@" & wait $!', "init", *drop, *runner, "command-runner",
+             "--socket", str(self.socket), "--scratch", str(self.scratch)],
+            env={"PATH": os.environ["PATH"], "PYTHONDONTWRITEBYTECODE": "1", **env}, cwd="/",
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: self.runner_pid() is not None)
+
+    def worker_env(self) -> dict[str, str]:
+        """What a worker needs to drive this runner."""
+        env = {"JOBFENCE_COMMAND_SOCKET": str(self.socket)}
+        if self.uid is not None:
+            env["JOBFENCE_COMMAND_RUNNER_UID"] = str(self.uid)
+        return env
+
+    def runner_pid(self) -> int | None:
+        """The runner's pid (as this machine sees it): the init's child."""
+        for pid in _children(self.proc.pid):
+            for child in _children(pid):
+                return child
+        return None
+
+    def stop(self) -> tuple[int, str, str]:
+        """SIGTERM the runner, as the kubelet does once the worker's container is done."""
+        pid = self.runner_pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGTERM)
+        out, err = self.proc.communicate(timeout=20)
+        return self.proc.returncode, out, err
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(c) for c in text.split()]
+
+
+__all__ = ["FAST", "SYSTEM_PYTHON", "Sidecar", "action_results", "alive", "enqueue", "events",
+           "job", "jobfence_as", "kill_quietly", "log_events", "long_then_quick", "read_pid",
+           "spawn", "wait_for"]
 

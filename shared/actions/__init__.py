@@ -9,17 +9,19 @@ compact must exist, say, before anything is written.
 
 from __future__ import annotations
 
-import shutil
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from uuid import UUID
 
 from jobfence.errors import InvalidSpec
 from jobfence.sandbox import Sandbox
+
+if TYPE_CHECKING:
+    from jobfence.datums import Published
+    from jobfence.jobspace import JobSpace, SpacePaths
 
 ENTRY_POINT_GROUP = "jobfence.actions"
 
@@ -31,44 +33,35 @@ class StopRequested(Exception):
 class AttemptFiles(Protocol):
     """The job's S3 inputs and outputs for this attempt (see jobfence.datums)."""
 
-    def download_inputs(self, dest: Path) -> list[str]: ...
+    def download_inputs(self, space: JobSpace) -> list[str]: ...
 
-    def publish_outputs(self, src: Path) -> list[str]: ...
+    def publish_outputs(self, space: JobSpace) -> Published: ...
 
 
-class AttemptDirs:
-    """An attempt's scratch space — ``workdir`` with ``inputs/`` and ``outputs/`` in it —
-    created on first use, so that a job that never touches a file costs no mkdir (on some
-    container filesystems a mkdir costs more than the job's own database round trips)."""
+class AttemptSpace:
+    """An attempt's space (``jobfence.jobspace``: its directories and its user), opened on
+    first use, so that a job that never runs a command costs no mkdir and no uid (on some
+    container filesystems a mkdir costs more than the job's own database round trips); the
+    inputs are downloaded into it once, before its first child."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self._made = False
+    def __init__(self, make: Callable[[], JobSpace]) -> None:
+        self._make = make
+        self._space: JobSpace | None = None
+        self.paths: SpacePaths | None = None
+        self.inputs_ready = False
 
-    def _make(self) -> Path:
-        if not self._made:
-            self.root.mkdir(mode=0o700)  # never an existing path: the name is unguessable
-            (self.root / "inputs").mkdir()
-            (self.root / "outputs").mkdir()
-            self._made = True
-        return self.root
+    def open(self) -> tuple[JobSpace, SpacePaths]:
+        if self._space is None:
+            self._space = self._make()
+        if self.paths is None:
+            self.paths = self._space.open()
+        return self._space, self.paths
 
-    @property
-    def workdir(self) -> Path:
-        return self._make()
-
-    @property
-    def input_dir(self) -> Path:
-        return self._make() / "inputs"
-
-    @property
-    def output_dir(self) -> Path:
-        return self._make() / "outputs"
-
-    def cleanup(self) -> None:
-        if self._made:
-            shutil.rmtree(self.root, ignore_errors=True)
-            self._made = False
+    def close(self) -> None:
+        space, self._space, self.paths = self._space, None, None
+        self.inputs_ready = False
+        if space is not None:
+            space.close()
 
 
 @dataclass
@@ -80,7 +73,9 @@ class ActionContext:
     job_id: UUID
     attempt_id: UUID
     action_index: int
-    dirs: AttemptDirs
+    space: AttemptSpace
+    """The job's space, where its ``command`` children run (never a place for the worker's
+    own files: the job's code writes there)."""
     stop: threading.Event
     track_process: Callable[[int], None]
     untrack_process: Callable[[int], None]
@@ -91,21 +86,6 @@ class ActionContext:
     unconfirmed: threading.Event = field(default_factory=threading.Event)
     """Set by an action when a child it started could not be confirmed gone (a command
     sidecar that did not answer): the job must not run again before its lease ends."""
-
-    @property
-    def workdir(self) -> Path:
-        """The attempt's working directory (the ``command`` action's cwd)."""
-        return self.dirs.workdir
-
-    @property
-    def input_dir(self) -> Path:
-        """JOBFENCE_INPUT_DIR: where the job's S3 inputs are downloaded."""
-        return self.dirs.input_dir
-
-    @property
-    def output_dir(self) -> Path:
-        """JOBFENCE_OUTPUT_DIR: what is written here is uploaded when the action succeeds."""
-        return self.dirs.output_dir
 
     def check_stop(self) -> None:
         if self.stop.is_set():

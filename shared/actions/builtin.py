@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from jobfence.actions import Action, ActionContext, StopRequested
 from jobfence.durations import Duration
 from jobfence.errors import InvalidSpec
+from jobfence.fsboundary import BoundaryError
 from jobfence.sandbox import Child, ChildLost, ChildNotStarted
 
 
@@ -107,9 +108,11 @@ class CommandParams(BaseModel):
 
 class CommandAction:
     """Run ``argv`` (no shell unless the argv asks for one) in the job's sandbox
-    (``jobfence.sandbox``: its own environment, another user when the worker is root): the
-    job's S3 inputs are downloaded into JOBFENCE_INPUT_DIR first, and what the command
-    writes into JOBFENCE_OUTPUT_DIR is uploaded when it exits 0."""
+    (``jobfence.sandbox``: its own environment, a user of its own when the worker is root)
+    and space (``jobfence.jobspace``): the job's S3 inputs are downloaded into
+    JOBFENCE_INPUT_DIR before its first command, and the regular files the command writes
+    into JOBFENCE_OUTPUT_DIR are uploaded when it exits 0 — anything else found there is
+    refused, and the result says what and why (``outputs_refused``)."""
 
     name = "command"
     poll_seconds = 0.05
@@ -119,16 +122,17 @@ class CommandAction:
 
     def run(self, ctx: ActionContext, params: Mapping[str, Any]) -> Mapping[str, Any] | None:
         p = CommandParams.model_validate(params)
-        env = ctx.sandbox.environment(ctx.env, p.env, ctx.workdir)
         ctx.check_stop()
-        inputs, outputs = ctx.input_dir, ctx.output_dir  # the child may use both: make them
-        if ctx.files is not None:
-            ctx.files.download_inputs(inputs)
-            ctx.check_stop()
-        started = time.monotonic()
         try:
-            child = ctx.sandbox.start(p.argv, ctx.workdir, env)
-        except ChildNotStarted as exc:
+            space, paths = ctx.space.open()  # the child may use inputs/ and outputs/
+            env = ctx.sandbox.environment(ctx.env, p.env, paths)
+            if ctx.files is not None and not ctx.space.inputs_ready:
+                ctx.files.download_inputs(space)  # once: later actions see what it left
+                ctx.space.inputs_ready = True
+            ctx.check_stop()
+            started = time.monotonic()
+            child = space.start(p.argv, env)
+        except (ChildNotStarted, ChildLost, BoundaryError) as exc:
             raise ActionFailed(str(exc)) from exc
         if child.pgid is not None:
             ctx.track_process(child.pgid)
@@ -151,7 +155,10 @@ class CommandAction:
                                detail=stderr, result=result)
         ctx.check_stop()
         if ctx.files is not None:
-            result["outputs"] = ctx.files.publish_outputs(outputs)
+            try:
+                result.update(ctx.files.publish_outputs(space).result())
+            except (ChildNotStarted, ChildLost, BoundaryError) as exc:
+                raise ActionFailed(f"outputs not published: {exc}", result=result) from exc
         return result
 
     def _wait(self, child: Child, ctx: ActionContext, deadline: float | None,

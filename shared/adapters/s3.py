@@ -6,9 +6,9 @@ the service's error code when there is one, so every caller can count it and go 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import boto3
 from boto3.exceptions import Boto3Error
@@ -18,6 +18,12 @@ from botocore.exceptions import BotoCoreError, ClientError
 from jobfence.objectstore import DeleteFailure, ObjectInfo, ObjectStoreError
 
 PAGE_SIZE = 1000
+
+
+def _borrowed(f: BinaryIO, mode: str) -> BinaryIO:
+    """A second file object on ``f``'s descriptor: boto3 closes the file it is given, and
+    the caller's stays open."""
+    return cast(BinaryIO, os.fdopen(os.dup(f.fileno()), mode))
 
 
 class S3ObjectStore:
@@ -44,12 +50,15 @@ class S3ObjectStore:
                 return
             token = page["NextContinuationToken"]
 
-    def download(self, bucket: str, key: str, dest: Path) -> None:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        self._call("download_file", bucket, key, str(dest))
+    def download_to(self, bucket: str, key: str, dest: BinaryIO) -> None:
+        dest.flush()
+        with _borrowed(dest, "wb") as f:
+            self._call("download_fileobj", bucket, key, f)
 
-    def upload(self, bucket: str, key: str, src: Path) -> None:
-        self._call("upload_file", str(src), bucket, key)
+    def upload_from(self, bucket: str, key: str, src: BinaryIO) -> None:
+        with _borrowed(src, "rb") as f:
+            f.seek(0)
+            self._call("upload_fileobj", f, bucket, key)
 
     def put_bytes(self, bucket: str, key: str, data: bytes,
                   content_type: str = "application/octet-stream") -> None:

@@ -1,9 +1,14 @@
 """The command sidecar, as the shipped worker pod runs it (``jobfence.sidecar``).
 
-The runner runs as a container of its own would: in a PID namespace of its own (``unshare
---pid --mount-proc``: it sees only itself and its children), with an environment that holds
-no key, starting children as another user; the worker reaches it only through the socket
-in a directory both share. Each test drives a real worker against it.
+The runner runs as a container of its own would (``tests.procs.Sidecar``): in a PID
+namespace of its own under a small init, with an environment that holds no key, dialing the
+socket a real worker listens on in a directory only the worker may write. As root its
+children get a uid of their own per job; as a non-root uid (the restricted pod) its
+children share that uid. Each test drives a real worker against it: results come back, a
+failure, a cancel, a timeout and a worker killed outright leave nothing running, and a
+child of the runner's own uid can neither stand in for the runner nor deny later jobs. The
+link's own rules (one runner in a worker's life, from the expected uid; a directory of the
+worker's alone) and the protocol are tested in process.
 """
 
 from __future__ import annotations
@@ -12,10 +17,13 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,48 +31,40 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from jobfence.errors import ConfigError
+from jobfence.jobuids import SameUser
 from jobfence.proctree import Tail
-from jobfence.sandbox import ChildNotStarted, Sandbox
-from jobfence.sidecar import Channel, CommandRunner, ProtocolError, RemoteChild, parse_start
+from jobfence.sandbox import ChildNotStarted
+from jobfence.sidecar import Channel, ProtocolError, parse_request
+from jobfence.sidecar_runner import CommandRunner
+from jobfence.sidecar_worker import RemoteSpace, RunnerLink
 from jobfence.store import Store
 from tests.acceptance.test_least_privilege import SEARCH, servers
 from tests.conftest import JOBFENCE, Dsn, cli_env, run_cli
 from tests.factories import enqueue_one
-from tests.procs import FAST, action_results, events, job, kill_quietly, wait_for
+from tests.procs import (
+    FAST,
+    SYSTEM_PYTHON,
+    Sidecar,
+    action_results,
+    events,
+    job,
+    kill_quietly,
+    wait_for,
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                                 reason="a PID namespace of its own needs root and unshare")
 
-PYTHON = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or sys.executable
-"""The system's Python: the children run as ``nobody``, who may not enter root's own."""
-
-
-class Sidecar:
-    def __init__(self, shared: Path) -> None:
-        self.socket = shared / "runner.sock"
-        self.proc = subprocess.Popen(
-            ["unshare", "--pid", "--mount-proc", "--kill-child=SIGTERM", "--",
-             *JOBFENCE, "command-runner", "--socket", str(self.socket)],
-            env={"PATH": os.environ["PATH"], "JOBFENCE_COMMAND_USER": "nobody",
-                 "PYTHONDONTWRITEBYTECODE": "1"},
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_for(self.socket.exists)
-
-    def stop(self) -> tuple[int, str, str]:
-        """SIGTERM the runner, as the kubelet does once the worker's container is done
-        (unshare itself does not pass it on)."""
-        [runner] = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
-        os.kill(int(runner), signal.SIGTERM)
-        out, err = self.proc.communicate(timeout=20)
-        return self.proc.returncode, out, err
+RUNNER_UID = 10002
+"""The restricted pod's runner (and so its children): not the worker's uid."""
 
 
 @pytest.fixture
 def shared_dir() -> Iterator[Path]:
-    """The emptyDir both containers mount: the socket and the attempts' directories. Open
-    to the children's user (pytest's own temporary root is not)."""
+    """Where the pod's volumes would be: the worker's socket directory and the runner's
+    scratch (pytest's own temporary root is closed to other users)."""
     path = Path(tempfile.mkdtemp(prefix="jobfence-sidecar-"))
-    path.chmod(0o755)
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -76,9 +76,16 @@ def sidecar(shared_dir: Path) -> Iterator[Sidecar]:
     kill_quietly(runner.proc)
 
 
+@pytest.fixture
+def pod_sidecar(shared_dir: Path) -> Iterator[Sidecar]:
+    """The runner of the restricted pod: a uid of its own, which its children share."""
+    runner = Sidecar(shared_dir, uid=RUNNER_UID)
+    yield runner
+    kill_quietly(runner.proc)
+
+
 def worker_env(dsn: str, sidecar: Sidecar, **extra: str) -> dict[str, str]:
-    return cli_env(dsn, "worker", **FAST, JOBFENCE_COMMAND_SOCKET=str(sidecar.socket),
-                   TMPDIR=str(sidecar.socket.parent), **extra)
+    return cli_env(dsn, "worker", **FAST, **sidecar.worker_env(), **extra)
 
 
 def processes_with(marker: str) -> list[int]:
@@ -101,31 +108,33 @@ def test_a_command_in_the_sidecar_finds_no_key_and_its_results_come_back(
     other = enqueue_one(store)
     [claim] = store.attempts.claim(worker_id="another-worker", lease_seconds=300)
     before = (job(dsn, str(other)), events(dsn, str(other)))
-    drop = sidecar.socket.parent / "drop"
+    drop = sidecar.socket.parent.parent / "drop"
     drop.mkdir()
     drop.chmod(0o777)
     report = drop / "report.json"
-    home = sidecar.socket.parent / "home"
+    home = sidecar.socket.parent.parent / "home"
     home.mkdir()
     env = worker_env(dsn, sidecar)
     (home / ".pgpass").write_text(env["JOBFENCE_DATABASE_URL"] + "\n")
     (home / ".pgpass").chmod(0o600)
     hostile = enqueue_one(store, actions=[
-        {"name": "command", "params": {"argv": [PYTHON, "-c", SEARCH, str(report),
+        {"name": "command", "params": {"argv": [SYSTEM_PYTHON, "-c", SEARCH, str(report),
                                                 str(home), str(home), servers(dsn)]}},
         {"name": "command", "params": {"argv": [
-            "sh", "-c", "echo out-line; echo err-line >&2; ls /proc | grep -c '^[0-9]'"]}}])
+            "sh", "-c", "echo out-line; echo err-line >&2; cat /proc/[0-9]*/cmdline | "
+                        "tr '\\0' ' '"]}}])
     r = subprocess.run([*JOBFENCE, "worker"], env={**env, "HOME": str(home)}, cwd=home,
                        capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     found = json.loads(report.read_text())
     assert found["uid"] != 0 and found["found"] == [] and found["tried"] == [], found
     assert not any(k.startswith(("JOBFENCE_DATABASE", "AWS_", "PG")) for k in found["env"])
-    # Its own PID namespace: the runner, the shell and ls (the worker is not there).
+    # Its own PID namespace: the init, the runner, the shell and cat (the worker is not there).
     [_, second] = action_results(dsn, str(hostile))
     assert second["result"]["exit_code"] == 0
-    assert second["result"]["stdout_tail"].splitlines()[0] == "out-line"
-    assert int(second["result"]["stdout_tail"].splitlines()[1]) <= 4
+    lines = second["result"]["stdout_tail"].splitlines()
+    assert lines[0] == "out-line" and "command-runner" in lines[1]
+    assert " worker" not in lines[1], lines[1]
     assert second["result"]["stderr_tail"] == "err-line\n"
     assert job(dsn, str(hostile))["status"] == "succeeded"
     assert (job(dsn, str(other)), events(dsn, str(other))) == before
@@ -187,7 +196,7 @@ def test_a_worker_killed_outright_takes_its_child_in_the_sidecar_with_it(
         wait_for(lambda: not processes_with(f"sleep {marker}"), timeout=10)
     finally:
         kill_quietly(w)
-    # The runner serves the next worker, and stops on SIGTERM (exit 0, one JSON line).
+    # The runner dials the next worker, and stops on SIGTERM (exit 0, one JSON line).
     ok = enqueue_one(store, actions=[{"name": "command", "params": {"argv": ["true"]}}])
     assert run_cli(dsn, "cancel", str(killed)).returncode == 0
     r = subprocess.run([*JOBFENCE, "worker"], env=worker_env(dsn, sidecar),
@@ -196,71 +205,286 @@ def test_a_worker_killed_outright_takes_its_child_in_the_sidecar_with_it(
     code, out, err = sidecar.stop()
     assert code == 0, err
     assert json.loads(out) == {"function": "command-runner", "served": 2}
+    assert not list(sidecar.scratch.iterdir())  # every job's space is gone
 
 
-# -- the protocol, in-process ----------------------------------------------------------------
+# -- a child of the runner's own uid (the restricted pod) ------------------------------------
+
+PROBE = r'''
+import json, os, socket, sys
+path, report = sys.argv[1], sys.argv[2]
+tried = {}
+def attempt(name, fn):
+    try:
+        fn()
+        tried[name] = "done"
+    except OSError as exc:
+        tried[name] = type(exc).__name__
+attempt("connect", lambda: socket.socket(socket.AF_UNIX).connect(path))
+attempt("rename", lambda: os.rename(path, path + ".moved"))
+attempt("replace directory", lambda: os.rename(os.path.dirname(path),
+                                               os.path.dirname(path) + ".moved"))
+def plant():
+    os.unlink(path)
+    socket.socket(socket.AF_UNIX).bind(path)
+attempt("plant a listener", plant)
+attempt("new file beside it", lambda: open(os.path.join(os.path.dirname(path), "x"), "w"))
+with open(report, "w") as f:
+    json.dump({"uid": os.getuid(), "tried": tried}, f)
+'''
 
 
-@pytest.fixture
-def runner(tmp_path: Path) -> Iterator[CommandRunner]:
-    served = CommandRunner(tmp_path / "runner.sock", Sandbox())
-    thread = threading.Thread(target=served.serve, daemon=True)
-    thread.start()
-    wait_for(served.path.exists)
-    yield served
-    served.stop()
-    thread.join(timeout=5)
+def test_a_child_sharing_the_runners_uid_cannot_reach_the_socket_or_delay_later_jobs(
+        dsn: Dsn, store: Store, pod_sidecar: Sidecar, shared_dir: Path) -> None:
+    """The issue's item 8: in the pod a job's child has its runner's uid. Before, it could
+    rename the runner's socket and every later job of a draining worker waited 10 s and
+    failed an attempt. Now the socket is the worker's, gone once the runner dialed in, in a
+    directory the runner's uid cannot write."""
+    drop = shared_dir / "drop"
+    drop.mkdir(mode=0o777)
+    drop.chmod(0o777)
+    report = drop / "probe.json"
+    probe = enqueue_one(store, actions=[{"name": "command", "params": {"argv": [
+        SYSTEM_PYTHON, "-c", PROBE, str(pod_sidecar.socket), str(report)]}}])
+    later = [enqueue_one(store, actions=[{"name": "command", "params": {"argv": ["true"]}}])
+             for _ in range(3)]
+    started = time.monotonic()
+    r = subprocess.run([*JOBFENCE, "worker", "--max-jobs", "4"],
+                       env=worker_env(dsn, pod_sidecar), capture_output=True, text=True,
+                       timeout=60, check=False)
+    elapsed = time.monotonic() - started
+    assert r.returncode == 0, r.stderr
+    found = json.loads(report.read_text())
+    assert found["uid"] == RUNNER_UID
+    assert found["tried"] == {"connect": "FileNotFoundError",
+                              "rename": "FileNotFoundError",
+                              "replace directory": "PermissionError",
+                              "plant a listener": "FileNotFoundError",
+                              "new file beside it": "PermissionError"}, found
+    for job_id in (probe, *later):
+        row = job(dsn, str(job_id))
+        assert (row["status"], row["attempt_count"]) == ("succeeded", 1), row
+    assert elapsed < 10, elapsed
+    assert not os.path.exists(pod_sidecar.socket)
 
 
-def _raw(runner: CommandRunner, data: bytes) -> dict[str, object] | None:
-    import socket
+def test_a_child_that_kills_its_runner_fails_its_own_job_and_no_later_one(
+        dsn: Dsn, store: Store, pod_sidecar: Sidecar) -> None:
+    """A child may signal its runner (same uid). The runner's container then ends, and with
+    it every child; the worker fails the job in hand, claims nothing more, and exits: a
+    later job waits for another pod, not 10 s here, and no other job's attempt is spent."""
+    marker = f"sleep 38{os.getpid() % 1000:03d}"
+    killer = enqueue_one(store, max_attempts=1, actions=[{"name": "command", "params": {
+        "argv": ["sh", "-c", f"kill -KILL $PPID; {marker}"]}}])
+    later = enqueue_one(store, actions=[{"name": "command", "params": {"argv": ["true"]}}])
+    started = time.monotonic()
+    r = subprocess.run([*JOBFENCE, "worker", "--max-jobs", "2"],
+                       env=worker_env(dsn, pod_sidecar), capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert r.returncode == 1, r.stderr
+    assert time.monotonic() - started < 10
+    report = json.loads(r.stdout)
+    assert report["stopped_by"] == "sidecar_lost" and report["claimed"] == 1, report
+    assert job(dsn, str(killer))["status"] == "failed"
+    assert "command sidecar" in job(dsn, str(killer))["error"]
+    row = job(dsn, str(later))
+    assert (row["status"], row["attempt_count"]) == ("pending", 0)
+    pod_sidecar.proc.wait(timeout=10)  # the namespace ended with its runner...
+    assert not processes_with(marker)  # ...and took the child with it
 
+
+def test_a_child_that_stops_its_runner_is_cancelled_and_the_worker_takes_no_more_jobs(
+        dsn: Dsn, store: Store, pod_sidecar: Sidecar) -> None:
+    """A stopped runner answers nothing: the kill of a cancelled child is never confirmed.
+    The worker then treats the sidecar as lost instead of waiting on it with later jobs."""
+    marker = f"sleep 39{os.getpid() % 1000:03d}"
+    stopper = enqueue_one(store, actions=[{"name": "command", "params": {
+        "argv": ["sh", "-c", f"sleep 1; kill -STOP $PPID; exec {marker}"]}}])
+    later = enqueue_one(store, actions=[{"name": "command", "params": {"argv": ["true"]}}])
+    w = subprocess.Popen([*JOBFENCE, "worker", "--max-jobs", "2"],
+                         env=worker_env(dsn, pod_sidecar), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: processes_with(marker))
+        runner = pod_sidecar.runner_pid()
+        assert runner is not None
+        wait_for(lambda: Path(f"/proc/{runner}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                 == "T")
+        assert run_cli(dsn, "cancel", str(stopper)).returncode == 0
+        out, err = w.communicate(timeout=30)
+    finally:
+        kill_quietly(w)
+    assert w.returncode == 1, err
+    assert json.loads(out)["stopped_by"] == "sidecar_lost"
+    assert job(dsn, str(stopper))["status"] == "cancelled"
+    row = job(dsn, str(later))
+    assert (row["status"], row["attempt_count"]) == ("pending", 0)
+    kill_quietly(pod_sidecar.proc)  # the pod ends: its namespace and the child with it
+    wait_for(lambda: not processes_with(marker), timeout=10)
+
+
+# -- the link's own rules, in process --------------------------------------------------------
+
+
+def dial(path: Path, hello: bool = True) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(str(runner.path))
+        sock.connect(str(path))
     except OSError:
         sock.close()
         raise
-    sock.sendall(data)
-    sock.shutdown(socket.SHUT_WR)
-    channel = Channel(sock)
+    if hello:
+        sock.sendall(b'{"runner":{"version":1}}\n')
+    return sock
+
+
+def test_the_worker_takes_one_runner_and_then_leaves_nothing_to_connect_to(
+        tmp_path: Path) -> None:
+    link = RunnerLink(tmp_path / "worker" / "command.sock", connect_seconds=5)
+    first = dial(link.path)
+    try:
+        control = link.request(open={"attempt": str(uuid.uuid4())})
+        control.close()
+        assert not link.path.exists()
+        with pytest.raises(FileNotFoundError):
+            dial(link.path)
+        assert link.usable()
+    finally:
+        first.close()
+    wait_for(lambda: not link.usable())  # the runner went: never another
+    with pytest.raises(ChildNotStarted, match="starts no more commands"):
+        link.request(open={"attempt": str(uuid.uuid4())})
+    link.close()
+
+
+def test_a_runner_of_another_uid_is_refused(tmp_path: Path) -> None:
+    link = RunnerLink(tmp_path / "worker" / "command.sock", runner_uid=RUNNER_UID,
+                      connect_seconds=5)
+    impostor = dial(link.path)  # root here, not the runner's uid
+    try:
+        with pytest.raises(ChildNotStarted, match=f"refused a command runner of uid 0 .*"
+                                                  f"expected {RUNNER_UID}"):
+            link.request(open={"attempt": str(uuid.uuid4())})
+        assert not link.usable() and not link.path.exists()
+    finally:
+        impostor.close()
+        link.close()
+
+
+def test_the_socket_directory_must_be_the_workers_alone(tmp_path: Path) -> None:
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    with pytest.raises(ConfigError, match="only the worker's user may write"):
+        RunnerLink(open_dir / "command.sock")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, RUNNER_UID, RUNNER_UID)
+    with pytest.raises(ConfigError, match="only the worker's user may write"):
+        RunnerLink(theirs / "command.sock")
+    (tmp_path / "mine").mkdir(mode=0o755)
+    (tmp_path / "mine" / "command.sock").write_text("not a socket")
+    with pytest.raises(ConfigError, match="exists and is not a socket"):
+        RunnerLink(tmp_path / "mine" / "command.sock")
+    with pytest.raises(ConfigError, match="cannot make"):
+        RunnerLink(tmp_path / "no" / "such" / "command.sock")
+
+
+def test_no_runner_is_a_clear_refusal(tmp_path: Path) -> None:
+    link = RunnerLink(tmp_path / "worker" / "command.sock", connect_seconds=0.2)
+    with pytest.raises(ChildNotStarted, match=r"did not connect .* within 0\.2 s"):
+        link.request(open={"attempt": str(uuid.uuid4())})
+    assert not link.usable()
+    link.close()
+
+
+# -- the protocol, in process ----------------------------------------------------------------
+
+
+@pytest.fixture
+def link(tmp_path: Path) -> Iterator[RunnerLink]:
+    """A worker's link to a runner serving in a thread of this process."""
+    tmp_path.chmod(0o755)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    served = RunnerLink(tmp_path / "worker" / "command.sock", connect_seconds=5)
+    runner = CommandRunner(served.path, SameUser(), scratch)
+    thread = threading.Thread(target=runner.serve, daemon=True)
+    thread.start()
+    yield served
+    served.close()
+    runner.stop()
+    thread.join(timeout=5)
+
+
+def _raw(link: RunnerLink, data: bytes) -> dict[str, object] | None:
+    channel = link.channel()
+    channel.sock.sendall(data)
+    channel.sock.shutdown(socket.SHUT_WR)
     try:
         return channel.receive()
     finally:
         channel.close()
 
 
-def test_the_runner_refuses_what_is_not_the_protocol_and_goes_on(
-        runner: CommandRunner, tmp_path: Path) -> None:
+def test_the_runner_refuses_what_is_not_the_protocol_and_goes_on(link: RunnerLink) -> None:
     for data in (b"not json\n", b"[1]\n", b'{"start": {"argv": []}}\n',
-                 b'{"start": {"argv": ["x"], "cwd": "relative", "env": {}}}\n',
-                 b'{"kill": true}\n'):
-        reply = _raw(runner, data)
-        assert reply is not None and str(reply["error"]).startswith("command sidecar:"), data
-    assert _raw(runner, b"") is None  # a connection closed at once: nothing to say
-    child = RemoteChild.start(runner.path, ["sh", "-c", "printf '%s' \"$X\"; exit 4"],
-                              tmp_path, {"X": "from the env", "PATH": os.defpath})
+                 b'{"start": {"attempt": "x", "argv": ["x"], "env": {}}}\n',
+                 b'{"open": {"attempt": "../../etc"}}\n', b'{"kill": true}\n',
+                 b'{"inputs": {"attempt": "' + str(uuid.uuid4()).encode()
+                 + b'", "paths": ["a"]}}\n'):
+        reply = _raw(link, data)
+        assert reply is not None and str(reply["error"]), data
+    assert _raw(link, b"") is None  # a channel closed at once: nothing to say
+    space = RemoteSpace(link, uuid.uuid4())
+    paths = space.open()
+    child = space.start(["sh", "-c", "printf '%s' \"$X\"; pwd; exit 4"],
+                        {"X": "from the env", "PATH": os.defpath})
     assert wait_for(lambda: child.wait(0.1) is not None) and child.wait(0) == 4
     child.close()
-    assert child.output() == ("from the env", "")
-    assert runner.served == 1
+    assert child.output() == (f"from the env{paths.workdir}\n", "")
+    space.close()
 
 
-def test_a_remote_childs_output_keeps_its_tail(runner: CommandRunner, tmp_path: Path) -> None:
-    child = RemoteChild.start(runner.path, [sys.executable, "-c",
-                              "import sys; sys.stdout.write('x' * 300000 + 'END')"],
-                              tmp_path, {})
+def test_inputs_and_outputs_cross_as_descriptors(link: RunnerLink) -> None:
+    space = RemoteSpace(link, uuid.uuid4())
+    paths = space.open()
+    [a, b] = space.create_inputs(["a.txt", "deep/b.txt"])
+    with a, b:
+        a.write(b"alpha")
+        b.write(b"beta")
+    child = space.start(["sh", "-c", 'cat "$0"/a.txt "$0"/deep/b.txt > "$1"/out.txt; '
+                                     'ln -s /etc/passwd "$1"/link; mkfifo "$1"/fifo; '
+                                     'mkdir "$1"/sub && echo x > "$1"/sub/y',
+                         paths.inputs, paths.outputs], {"PATH": os.defpath})
+    assert wait_for(lambda: child.wait(0.1) is not None)
+    assert child.wait(0) == 0
+    child.close()
+    listed, refused = space.list_outputs()
+    assert [i.path for i in listed] == ["out.txt", "sub/y"]
+    assert {r.path: r.why for r in refused} == {"fifo": "a FIFO", "link": "a symbolic link"}
+    opened = space.open_outputs(listed)
+    contents = []
+    for f in opened:
+        assert not isinstance(f, str)
+        with f:
+            contents.append(f.read())
+    assert contents == [b"alphabeta", b"x\n"]
+    space.close()
+    assert not any(Path(paths.workdir).parent.iterdir())
+
+
+def test_a_remote_childs_output_keeps_its_tail(link: RunnerLink) -> None:
+    space = RemoteSpace(link, uuid.uuid4())
+    space.open()
+    child = space.start([sys.executable, "-c",
+                         "import sys; sys.stdout.write('x' * 300000 + 'END')"], {})
     assert wait_for(lambda: child.wait(0.1) == 0)
     child.close()
     tail = Tail()
     tail.add(b"x" * 300000 + b"END")
     assert child.output()[0] == tail.text() and child.output()[0].endswith("END")
-
-
-def test_no_runner_on_the_socket_is_a_clear_refusal(tmp_path: Path) -> None:
-    with pytest.raises(ChildNotStarted, match=r"is not answering after 0\.2 s"):
-        RemoteChild.start(tmp_path / "nobody-listens.sock", ["true"], tmp_path, {},
-                          connect_seconds=0.2)
+    space.close()
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
@@ -268,14 +492,37 @@ def test_no_runner_on_the_socket_is_a_clear_refusal(tmp_path: Path) -> None:
                     lambda inner: st.lists(inner, max_size=4)
                     | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=20)
        | st.fixed_dictionaries({"start": st.fixed_dictionaries({
-           "argv": st.lists(st.text(), max_size=3), "cwd": st.text(),
-           "env": st.dictionaries(st.text(), st.text(), max_size=3)})}))
-def test_a_first_message_is_a_start_or_a_protocol_error(message: object) -> None:
+           "attempt": st.uuids().map(str) | st.text(), "argv": st.lists(st.text(), max_size=3),
+           "env": st.dictionaries(st.text(), st.text(), max_size=3)})})
+       | st.fixed_dictionaries({"inputs": st.fixed_dictionaries({
+           "attempt": st.uuids().map(str), "paths": st.lists(st.text(), max_size=3)})}))
+def test_a_first_message_is_a_request_or_a_protocol_error(message: object) -> None:
     if not isinstance(message, dict):
-        return  # Channel.receive refuses anything but an object before parse_start
+        return  # Channel.receive refuses anything but an object before parse_request
     try:
-        start = parse_start(message)
+        kind, args = parse_request(message)
     except ProtocolError:
         return
-    assert start.argv and start.argv[0] and start.cwd.is_absolute()
-    assert all("=" not in k and k for k in start.env)
+    assert uuid.UUID(args["attempt"])
+    if kind == "start":
+        assert args["argv"] and args["argv"][0]
+        assert all("=" not in k and k for k in args["env"])
+
+
+def test_a_channel_carries_descriptors_with_their_message() -> None:
+    a, b = socket.socketpair()
+    left, right = Channel(a), Channel(b)
+    with tempfile.TemporaryFile() as f1, tempfile.TemporaryFile() as f2:
+        left.send(fds=[f1.fileno(), f2.fileno()], files=2)
+        left.send(plain=True)
+        got = right.receive_with_fds()
+        assert got is not None and got[0] == {"files": 2} and len(got[1]) == 2
+        for fd, f in zip(got[1], (f1, f2), strict=True):
+            assert os.fstat(fd).st_ino == os.fstat(f.fileno()).st_ino
+            os.close(fd)
+        assert right.receive() == {"plain": True}
+        left.send(fds=[f1.fileno()], sneaky=True)
+        with pytest.raises(ProtocolError, match="descriptors where none belong"):
+            right.receive()
+    left.close()
+    right.close()

@@ -39,9 +39,12 @@ def test_put_get_and_files(objects: tuple[ObjectStore, str], tmp_path: Path) -> 
     assert store.get_bytes(bucket, "a/b.txt") == b"hello"
     src = tmp_path / "src.bin"
     src.write_bytes(b"\x00" * 100)
-    store.upload(bucket, "a/c.bin", src)
-    store.download(bucket, "a/c.bin", tmp_path / "deep" / "dest.bin")
-    assert (tmp_path / "deep" / "dest.bin").read_bytes() == b"\x00" * 100
+    with src.open("rb") as f:
+        f.read(10)  # uploaded from its start whatever was read
+        store.upload_from(bucket, "a/c.bin", f)
+    with (tmp_path / "dest.bin").open("wb") as f:
+        store.download_to(bucket, "a/c.bin", f)
+    assert (tmp_path / "dest.bin").read_bytes() == b"\x00" * 100
     with pytest.raises(ObjectStoreError):
         store.get_bytes(bucket, "missing")
 

@@ -161,7 +161,7 @@ def test_readiness_asks_the_database_and_liveness_never_does(overlay: list[Obj])
 POD_POLICIES: list[Callable[[list[Obj]], None]] = [
     policies.test_every_pod_runs_non_root_with_runtime_default_seccomp,
     policies.test_every_container_is_read_only_without_capabilities,
-    policies.test_every_pod_writes_only_to_an_emptydir_tmp,
+    policies.test_every_pod_writes_only_to_bounded_emptydirs_of_its_own,
     policies.test_every_container_has_requests_and_limits,
     policies.test_every_pod_knows_its_name_and_namespace,
     policies.test_every_pod_takes_its_settings_from_the_configmap,

@@ -11,6 +11,7 @@ import copy
 import re
 import subprocess
 import tomllib
+from pathlib import PurePosixPath
 from typing import Any
 
 import pytest
@@ -199,15 +200,21 @@ def test_every_container_is_read_only_without_capabilities(base: list[Obj]) -> N
             assert sc.get("runAsNonRoot", True) is True, where
 
 
-def test_every_pod_writes_only_to_an_emptydir_tmp(base: list[Obj]) -> None:
+def test_every_pod_writes_only_to_bounded_emptydirs_of_its_own(base: list[Obj]) -> None:
+    """Each container writes to its own /tmp (an emptyDir with a size limit) and, for a
+    worker, to the directory it listens in for its sidecar; no volume is writable by two
+    containers."""
     for where, template in pod_templates(base):
         volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+        writers: dict[str, list[str]] = {}
         for c in containers(template):
             [tmp] = [m for m in c["volumeMounts"] if m["mountPath"] == "/tmp"]
-            assert "emptyDir" in volumes[tmp["name"]], where
-            assert volumes[tmp["name"]]["emptyDir"].get("sizeLimit"), where
             writable = [m for m in c["volumeMounts"] if not m.get("readOnly")]
-            assert writable == [tmp], where
+            assert tmp in writable, where
+            for m in writable:
+                assert volumes[m["name"]]["emptyDir"].get("sizeLimit"), (where, m)
+                writers.setdefault(m["name"], []).append(c["name"])
+        assert all(len(w) == 1 for w in writers.values()), (where, writers)
 
 
 def test_every_container_has_requests_and_limits(base: list[Obj]) -> None:
@@ -260,8 +267,10 @@ def test_the_dsn_comes_only_from_the_secret_of_the_functions_role(base: list[Obj
 
 def test_a_worker_pods_commands_run_in_a_sidecar_that_holds_no_key(base: list[Obj]) -> None:
     """The command sidecar: a native sidecar (an init container that keeps running) with no
-    Secret, no configuration, no API token and its own PID namespace; the worker reaches it
-    through a socket on the one volume both share."""
+    Secret, no configuration, no API token, its own PID namespace and a uid of its own; it
+    dials the worker's socket in a volume the worker alone writes (mounted read-only in the
+    sidecar), the only volume both mount; the worker takes its connection from that uid
+    only."""
     workers = 0
     for where, template in pod_templates(base):
         spec = template["spec"]
@@ -274,12 +283,25 @@ def test_a_worker_pods_commands_run_in_a_sidecar_that_holds_no_key(base: list[Ob
         assert sidecar["name"] == SIDECAR and sidecar["restartPolicy"] == "Always", where
         assert sidecar["args"][:2] == ["command-runner", "--socket"], where
         socket = sidecar["args"][2]
-        assert env_of(worker)["JOBFENCE_COMMAND_SOCKET"]["value"] == socket, where
+        assert sidecar["args"][3:] == ["--scratch", "/tmp"], where
+        env = env_of(worker)
+        assert env["JOBFENCE_COMMAND_SOCKET"]["value"] == socket, where
         assert "env" not in sidecar and "envFrom" not in sidecar, where
-        [mount] = sidecar["volumeMounts"]
-        assert mount in worker["volumeMounts"] and socket.startswith(mount["mountPath"] + "/")
-        assert set(spec["volumes"][0]) == {"name", "emptyDir"} and len(spec["volumes"]) == 1
+        runner_uid = sidecar["securityContext"]["runAsUser"]
+        assert runner_uid not in (0, spec["securityContext"]["runAsUser"]), where
+        assert worker["securityContext"].get("runAsUser") in (
+            None, spec["securityContext"]["runAsUser"]), where
+        assert env["JOBFENCE_COMMAND_RUNNER_UID"]["value"] == str(runner_uid), where
+        shared = [m for m in sidecar["volumeMounts"]
+                  if m["name"] in {w["name"] for w in worker["volumeMounts"]}]
+        [control] = shared
+        assert control["readOnly"] is True, where
+        assert socket.startswith(control["mountPath"] + "/"), where
+        # The socket's own directory is made by the worker (the emptyDir's root is 0777).
+        assert PurePosixPath(socket).parent != PurePosixPath(control["mountPath"]), where
+        assert all(set(v) == {"name", "emptyDir"} for v in spec["volumes"]), where
         assert not spec.get("shareProcessNamespace"), where
+        assert "fsGroup" not in spec["securityContext"], where  # no group both share
         assert spec["automountServiceAccountToken"] is False, where
     assert workers == len(POOLS.pools)
 

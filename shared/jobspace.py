@@ -1,0 +1,178 @@
+"""A job's space: one attempt's directories and the user its children run as.
+
+Each attempt gets ``jobfence-ATTEMPT_ID/`` (its children's working directory, ``HOME`` and
+``TMPDIR``) with ``inputs/`` and ``outputs/`` in it, all owned by the job's user
+(``jobfence.jobuids``) and closed to everyone else (0700). Whoever starts the children makes
+them and keeps their descriptors: the worker itself (``LocalSpace``), or the command
+sidecar on the worker's behalf (``jobfence.sidecar_worker.RemoteSpace``, which the sidecar
+serves with a ``LocalSpace`` of its own). Either way every access after a child may have
+run goes through those descriptors (``jobfence.fsboundary``):
+
+- inputs are written once per attempt, before its first child starts, into files created
+  anew under the ``inputs/`` descriptor (later actions see what earlier ones left);
+- outputs are listed from the ``outputs/`` descriptor — if the job moved or replaced that
+  directory, nothing is uploaded and the result says so — and each accepted file is opened
+  again through descriptors and checked to be the inode that was listed;
+- the space is removed through descriptors, after every process of the job's own uid is
+  killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Protocol
+from uuid import UUID
+
+from jobfence.fsboundary import (
+    DIR_FLAGS,
+    BoundaryError,
+    Listed,
+    Refused,
+    create_file,
+    list_files,
+    make_dir,
+    open_listed,
+    remove_dir,
+    remove_owned,
+    same_entry,
+)
+from jobfence.jobuids import JobUser, Users
+from jobfence.sandbox import Child, LocalChild
+
+OUTPUTS_MOVED = Refused(".", "the output directory was moved or replaced: nothing in it is "
+                             "uploaded")
+
+
+@dataclass(frozen=True, slots=True)
+class SpacePaths:
+    """Where a job's children find their space (the names they see; the worker uses them
+    for their environment only) and the uid they run as."""
+
+    workdir: str
+    inputs: str
+    outputs: str
+    uid: int
+
+
+class JobSpace(Protocol):
+    """One attempt's space, wherever its children run."""
+
+    def open(self) -> SpacePaths:
+        """Make the space (and take the job's user); its paths."""
+        ...
+
+    def create_inputs(self, paths: Sequence[str]) -> list[BinaryIO]:
+        """New files under ``inputs/``, open for writing, in the order of ``paths``;
+        BoundaryError when one cannot be made there."""
+        ...
+
+    def list_outputs(self) -> tuple[list[Listed], list[Refused]]:
+        """The regular files of the job's under ``outputs/``; what was refused and why."""
+        ...
+
+    def open_outputs(self, items: Sequence[Listed]) -> list[BinaryIO | str]:
+        """Each listed file open for reading, or why it is not any more."""
+        ...
+
+    def start(self, argv: Sequence[str], env: Mapping[str, str]) -> Child:
+        """Start a child in the space with exactly ``env``; ChildNotStarted says why not."""
+        ...
+
+    def close(self) -> None:
+        """Kill what is left of the job's processes, remove the space, release the user."""
+        ...
+
+
+class LocalSpace:
+    """A space this process makes, under ``base`` (a directory the job cannot write: the
+    system's temporary directory, or the command sidecar's scratch volume)."""
+
+    def __init__(self, base: Path, attempt_id: UUID | str, users: Users, *,
+                 sweep_base: bool = False) -> None:
+        self.base = base
+        self.name = f"jobfence-{UUID(str(attempt_id))}"
+        self.users = users
+        self.sweep_base = sweep_base
+        """Remove whatever the job's user left in ``base`` when the space closes (the
+        command sidecar's own scratch volume, whose children share its uid)."""
+        self.user: JobUser | None = None
+        self.paths: SpacePaths | None = None
+        self._fds: dict[str, int] = {}
+
+    def open(self) -> SpacePaths:
+        if self.paths is not None:
+            return self.paths
+        user = self.users.take()
+        self.user = user
+        try:
+            self._fds["base"] = os.open(self.base, DIR_FLAGS)
+            self._fds["root"] = make_dir(self._fds["base"], self.name, 0o700, user.owner)
+            for sub in ("inputs", "outputs"):
+                self._fds[sub] = make_dir(self._fds["root"], sub, 0o700, user.owner)
+        except BaseException:
+            self.close()
+            raise
+        root = self.base / self.name
+        self.paths = SpacePaths(str(root), str(root / "inputs"), str(root / "outputs"),
+                                user.effective_uid)
+        return self.paths
+
+    def _opened(self) -> tuple[JobUser, SpacePaths]:
+        if self.user is None or self.paths is None:
+            raise BoundaryError("the job's space is not open")
+        return self.user, self.paths
+
+    def create_inputs(self, paths: Sequence[str]) -> list[BinaryIO]:
+        user, _ = self._opened()
+        if not same_entry(self._fds["root"], "inputs", self._fds["inputs"]):
+            raise BoundaryError("the input directory was moved or replaced")
+        made: list[BinaryIO] = []
+        try:
+            for rel in paths:
+                made.append(create_file(self._fds["inputs"], rel, 0o644, user.owner))
+        except BaseException:
+            for f in made:
+                f.close()
+            raise
+        return made
+
+    def list_outputs(self) -> tuple[list[Listed], list[Refused]]:
+        _, paths = self._opened()
+        if not same_entry(self._fds["root"], "outputs", self._fds["outputs"]):
+            return [], [OUTPUTS_MOVED]
+        return list_files(self._fds["outputs"], paths.uid)
+
+    def open_outputs(self, items: Sequence[Listed]) -> list[BinaryIO | str]:
+        _, paths = self._opened()
+        return [open_listed(self._fds["outputs"], item, paths.uid) for item in items]
+
+    def start(self, argv: Sequence[str], env: Mapping[str, str],
+              sink: Callable[[str, bytes], None] | None = None) -> LocalChild:
+        user, paths = self._opened()
+        return LocalChild(argv, Path(paths.workdir), env, user.popen_args(), sink=sink)
+
+    def close(self) -> None:
+        user, self.user = self.user, None
+
+        def remove() -> None:  # after the job's own processes are gone, before its uid is
+            if "root" in self._fds:
+                remove_dir(self._fds["base"], self.name, self._fds["root"])
+            if user is not None and self.sweep_base and "base" in self._fds \
+                    and user.effective_uid == os.geteuid() != 0:
+                remove_owned(self._fds["base"], user.effective_uid)
+
+        try:
+            if user is not None:
+                user.release(then=remove)
+            else:
+                remove()
+        finally:
+            for fd in self._fds.values():
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._fds.clear()
+            self.paths = None

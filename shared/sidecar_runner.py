@@ -1,0 +1,261 @@
+"""The command sidecar's side (``jobfence command-runner``): dial the worker, then serve its
+channels one at a time (the protocol: ``jobfence.sidecar``).
+
+The runner keeps one job's space at a time (``jobfence.jobspace.LocalSpace`` under its
+scratch directory): it makes the directories, hands the worker descriptors of new input
+files and of the job's accepted output files, and starts the children there, as the job's
+user (a uid of its own per job where the runner may switch users; in the shipped pod, which
+may not, its own uid). It never listens: a child has nothing to connect to. It is
+non-dumpable (``protect_worker``): the start messages it received (jobs' ``env``) cannot be
+read from its memory by a child of its own uid.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import socket
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from jobfence.fsboundary import BoundaryError, Listed
+from jobfence.jobspace import LocalSpace
+from jobfence.jobuids import Users
+from jobfence.logs import get_logger
+from jobfence.proctree import kill_descendants
+from jobfence.sandbox import ChildNotStarted, LocalChild
+from jobfence.sidecar import (
+    FIRST_MESSAGE_SECONDS,
+    LISTED_PER_MESSAGE,
+    Channel,
+    ProtocolError,
+    close_all,
+    parse_request,
+)
+
+log = get_logger("jobfence.sidecar")
+
+DIAL_SECONDS = 0.05
+"""How often the runner tries the worker's socket until the worker listens."""
+
+
+class CommandRunner:
+    """Dials ``path`` and serves the worker there until ``stop`` (SIGTERM: the pod is going
+    away) kills the child in hand; after a worker goes, dials again for the next."""
+
+    def __init__(self, path: Path, users: Users, scratch: Path | None = None) -> None:
+        self.path = path
+        self.users = users
+        self.scratch = scratch
+        """The runner's own directory for the jobs' spaces, emptied of what the children's
+        user left there when a job ends (the pod's scratch volume); default: the temporary
+        directory, not emptied."""
+        self.stopping = threading.Event()
+        self.served = 0
+        self._lock = threading.Lock()
+        self._child: LocalChild | None = None
+        self._space: LocalSpace | None = None
+
+    def stop(self) -> None:
+        self.stopping.set()
+        with self._lock:
+            child = self._child
+        if child is not None and child.kill():
+            kill_descendants(reap_children=False)
+
+    # -- the control connection ------------------------------------------------------------
+
+    def serve(self) -> None:
+        log.info("command_runner_dialing", socket=str(self.path))
+        while not self.stopping.is_set():
+            control = self._dial()
+            if control is None:
+                break
+            log.info("command_runner_connected", socket=str(self.path))
+            try:
+                self._serve_control(control)
+            finally:
+                control.close()
+                self._close_space()
+
+    def _dial(self) -> Channel | None:
+        while not self.stopping.is_set():
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(str(self.path))
+            except OSError:
+                sock.close()
+                self.stopping.wait(DIAL_SECONDS)
+                continue
+            channel = Channel(sock)
+            try:
+                channel.send(runner={"version": 1, "pid": os.getpid()})
+            except OSError:
+                channel.close()
+                continue
+            return channel
+        return None
+
+    def _serve_control(self, control: Channel) -> None:
+        control.sock.settimeout(0.2)  # to see ``stopping``
+        while not self.stopping.is_set():
+            try:
+                got = control.receive_with_fds()
+            except TimeoutError:
+                continue
+            except (OSError, ProtocolError) as exc:
+                log.warning("command_runner_control_failed", error=str(exc))
+                return
+            if got is None:
+                log.info("command_runner_worker_gone")
+                return
+            message, fds = got
+            if message != {"channel": 1} or len(fds) != 1:
+                close_all(fds)
+                log.warning("command_runner_control_refused", message=str(message)[:200])
+                return
+            try:
+                channel = Channel(socket.socket(fileno=fds[0]))
+            except OSError:
+                close_all(fds)
+                continue
+            self.handle(channel)
+
+    # -- one channel -----------------------------------------------------------------------
+
+    def handle(self, channel: Channel) -> int | None:
+        """Serve the one request of a channel; a started child's exit status (None if
+        none ran)."""
+        channel.sock.settimeout(FIRST_MESSAGE_SECONDS)  # a silent peer is not waited for
+        try:
+            message = channel.receive()
+            if message is None:
+                channel.close()
+                return None
+            kind, args = parse_request(message)
+        except ProtocolError as exc:
+            self._refuse(channel, f"command sidecar: {exc}")
+            return None
+        except OSError:
+            channel.close()
+            return None
+        channel.sock.settimeout(None)
+        try:
+            if kind == "start":
+                return self._start(channel, args)
+            self._answer(channel, kind, args)
+        except (BoundaryError, ChildNotStarted, OSError, ValueError) as exc:
+            self._refuse(channel, str(exc))
+            return None
+        channel.close()
+        return None
+
+    @staticmethod
+    def _refuse(channel: Channel, why: str) -> None:
+        with contextlib.suppress(OSError):
+            channel.send(error=why)
+        channel.close()
+
+    def _space_of(self, attempt: str, *, make: bool = False) -> LocalSpace:
+        space = self._space
+        if space is not None and space.name == f"jobfence-{attempt}":
+            return space
+        if not make:
+            raise BoundaryError(f"no open space for attempt {attempt}")
+        self._close_space()  # one job at a time: whatever an earlier one left goes now
+        space = LocalSpace(self.scratch or Path(tempfile.gettempdir()), attempt, self.users,
+                           sweep_base=self.scratch is not None)
+        self._space = space
+        return space
+
+    def _close_space(self) -> None:
+        space, self._space = self._space, None
+        if space is not None:
+            space.close()
+
+    def _answer(self, channel: Channel, kind: str, args: dict[str, Any]) -> None:
+        attempt = str(args["attempt"])
+        if kind == "close":
+            if self._space is not None and self._space.name == f"jobfence-{attempt}":
+                self._close_space()
+            channel.send(closed=True)
+            return
+        space = self._space_of(attempt, make=kind == "open")
+        if kind == "open":
+            paths = space.open()
+            channel.send(space={"workdir": paths.workdir, "inputs": paths.inputs,
+                                "outputs": paths.outputs, "uid": paths.uid})
+        elif kind == "inputs":
+            files = space.create_inputs(args["paths"])
+            try:
+                channel.send(fds=[f.fileno() for f in files], created=len(files))
+            finally:
+                for f in files:
+                    f.close()
+        elif kind == "outputs":
+            listed, refused = space.list_outputs()
+            for i in range(0, len(listed), LISTED_PER_MESSAGE):
+                channel.send(listed=[{"path": f.path, "size": f.size, "dev": f.dev,
+                                      "ino": f.ino} for f in listed[i:i + LISTED_PER_MESSAGE]])
+            channel.send(refused=[r.as_dict() for r in refused], done=True)
+        elif kind == "open_outputs":
+            opened = space.open_outputs([Listed(**item) for item in args["items"]])
+            files = [f for f in opened if not isinstance(f, str)]
+            try:
+                channel.send(fds=[f.fileno() for f in files],
+                             opened=[f if isinstance(f, str) else None for f in opened])
+            finally:
+                for file in files:
+                    file.close()
+
+    def _start(self, channel: Channel, args: dict[str, Any]) -> int | None:
+        space = self._space_of(str(args["attempt"]))
+        announced = threading.Event()  # output goes out after "started", never before
+
+        def stream(name: str, chunk: bytes) -> None:
+            announced.wait()
+            message: dict[str, Any] = {name: base64.b64encode(chunk).decode()}
+            with contextlib.suppress(OSError):  # the worker is gone: keep draining the pipe
+                channel.send(**message)
+
+        child = space.start(args["argv"], args["env"], sink=stream)
+        with self._lock:
+            self._child = child
+        if self.stopping.is_set():
+            child.kill()
+        self.served += 1
+        log.debug("command_started", pid=child.pid, program=args["argv"][0])
+        with contextlib.suppress(OSError):
+            channel.send(started=child.pid)
+        announced.set()
+        follower = threading.Thread(target=self._follow, args=(channel, child), daemon=True)
+        follower.start()
+        code = child.wait(None)
+        child.close()  # its group, then its pipes drained
+        kill_descendants(reap_children=True)  # what left its group (setsid, daemons)
+        with self._lock:
+            self._child = None
+        with contextlib.suppress(OSError):
+            channel.send(exit=code)
+        channel.close()
+        follower.join(timeout=1)
+        log.debug("command_exited", pid=child.pid, exit_code=code)
+        return code
+
+    @staticmethod
+    def _follow(channel: Channel, child: LocalChild) -> None:
+        """The worker's side of a running child: kill it when asked, and when the worker
+        goes away (the channel closes)."""
+        while True:
+            try:
+                message = channel.receive()
+            except (OSError, ProtocolError):
+                message = None
+            if (message is None or message.get("kill") is True) and child.kill():
+                kill_descendants(reap_children=False)
+            if message is None:
+                return
+
