@@ -33,7 +33,7 @@ FLAGS: dict[str, str] = {
     "retry": "--after --before --dry-run --label --limit --output --parent --queue "
              "--reason --resource --status --yes",
     "drain": "--reason",
-    "command-runner": "--socket",
+    "command-runner": "--scratch --socket",
     "metrics": "--host --port --serve",
     "runs": "--function --interval --limit --output --status --timeout --wait",
     "serve": "--host --port",
