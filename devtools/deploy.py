@@ -273,8 +273,11 @@ def apply(kubectl: Kubectl, *, timeout: float, where: Path = OVERLAY) -> None:
         raise DeployError("\n".join(found))
     [namespace] = sorted({o["metadata"]["namespace"] for o in objects
                           if o["metadata"].get("namespace")})
-    kubectl.run("-n", namespace, "delete", "job", MIGRATE_JOB, "--ignore-not-found",
-                "--wait=true")
+    migrate = [o["metadata"]["name"] for o in objects if o["kind"] == "Job"
+               and o["metadata"]["name"].startswith(MIGRATE_JOB)]
+    for name in migrate:
+        kubectl.run("-n", namespace, "delete", "job", name, "--ignore-not-found",
+                    "--wait=true")
     # The deploy owns every field it applies: one changed by hand (kubectl edit, another
     # apply) is set back rather than reported as a conflict.
     out = kubectl.run("apply", "--server-side", f"--field-manager={FIELD_MANAGER}",
@@ -282,8 +285,8 @@ def apply(kubectl: Kubectl, *, timeout: float, where: Path = OVERLAY) -> None:
     print(out.stdout, end="", flush=True)
     if out.stderr.strip():
         print(out.stderr, end="", file=sys.stderr, flush=True)
-    if any(o["kind"] == "Job" and o["metadata"]["name"] == MIGRATE_JOB for o in objects):
-        wait_for_job(kubectl, namespace, MIGRATE_JOB, timeout)
+    for name in migrate:
+        wait_for_job(kubectl, namespace, name, timeout)
 
 
 def main(argv: Sequence[str]) -> int:

@@ -43,7 +43,7 @@ SCHEDULER = Identity("scheduler", "system:kube-scheduler")
 
 def node(name: str) -> Identity:
     """A kubelet's identity: the Node authorizer and NodeRestriction judge it."""
-    return Identity("node", f"system:node:{name}", ("system:nodes",))
+    return Identity(f"node-{name}", f"system:node:{name}", ("system:nodes",))
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -61,7 +61,18 @@ def _write(path: Path, data: bytes, mode: int = 0o600) -> None:
 
 
 class Authority:
-    """The cluster's CA, written to ``directory`` as ca.crt/ca.key."""
+    """The cluster's CA, written to ``directory`` as ca.crt/ca.key (or read from there)."""
+
+    @classmethod
+    def load(cls, directory: Path) -> Authority:
+        """The CA a cluster already has (to issue one more identity: another node)."""
+        ca = cls.__new__(cls)
+        ca.dir = directory
+        key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), None)
+        assert isinstance(key, ec.EllipticCurvePrivateKey)
+        ca.key = key
+        ca.cert = x509.load_pem_x509_certificate((directory / "ca.crt").read_bytes())
+        return ca
 
     def __init__(self, directory: Path) -> None:
         self.dir = directory

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from devtools.cluster.processes import ClusterError
+from devtools.cluster.processes import ClusterError, wait_until
 
 
 @dataclass(frozen=True)
@@ -79,9 +79,15 @@ def install(kubectl: Path, kubeconfig: Path) -> None:
             raise ClusterError(f"applying {source.module}'s CRDs: {apply.stderr.strip()}")
     names = ["scaledjobs.keda.sh", "triggerauthentications.keda.sh",
              "prometheusrules.monitoring.coreos.com"]
-    wait = subprocess.run([str(kubectl), "--kubeconfig", str(kubeconfig), "wait",
-                           "--for=condition=Established", "--timeout=60s",
-                           *(f"crd/{n}" for n in names)], capture_output=True, text=True,
-                          check=False)
-    if wait.returncode != 0:
-        raise ClusterError(f"the CRDs did not become established: {wait.stderr.strip()}")
+
+    def established() -> bool:
+        out = subprocess.run([str(kubectl), "--kubeconfig", str(kubeconfig), "get", "crd",
+                              *names, "-o", "json"], capture_output=True, text=True,
+                             check=False)
+        if out.returncode != 0:
+            return False
+        return all(any(c["type"] == "Established" and c["status"] == "True"
+                       for c in (crd.get("status") or {}).get("conditions") or [])
+                   for crd in json.loads(out.stdout)["items"])
+
+    wait_until(established, what="the CRDs established", timeout=60)

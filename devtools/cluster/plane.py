@@ -69,8 +69,12 @@ AUDIT_POLICY = {
     "rules": [{"level": "Request", "verbs": ["delete", "deletecollection"],
                "resources": [{"group": "", "resources": ["pods"]},
                              {"group": "batch", "resources": ["jobs"]}]},
+              {"level": "Metadata", "verbs": ["create"],
+               "resources": [{"group": "authentication.k8s.io",
+                              "resources": ["tokenreviews"]}]},
               {"level": "None"}]}
-"""Who deleted which pod or Job, with the request body (its preconditions): the tests read it."""
+"""Who deleted which pod or Job, with the request body (its preconditions), and who asked
+for TokenReviews: the tests read it."""
 
 
 @dataclass(frozen=True)
@@ -270,6 +274,15 @@ class Plane:
                         user=who.user)
         shutil.copyfile(self.component_kubeconfig(certs.ADMIN), self.kubeconfig)
         (self.pki / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
+
+    def node_identity(self, name: str) -> Path:
+        """The client certificate and kubeconfig of another node (a second node agent)."""
+        ca = certs.Authority.load(self.pki)
+        who = certs.node(name)
+        crt, key = ca.client(who)
+        _kubeconfig(self.component_kubeconfig(who), self.server, ca.ca_file, crt, key,
+                    user=who.user)
+        return self.component_kubeconfig(who)
 
     def _etcd(self, binary: Path) -> Started:
         client, peer = (f"http://127.0.0.1:{self.ports.etcd}",

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -46,20 +47,43 @@ def _start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+_DETACH = """
+import os, sys
+log, argv = sys.argv[1], sys.argv[2:]
+pid = os.fork()
+if pid:
+    print(pid, flush=True)
+    os._exit(0)
+os.setsid()
+fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(null, 0)
+os.dup2(fd, 1)
+os.dup2(fd, 2)
+try:
+    os.execvp(argv[0], argv)
+except OSError as exc:
+    print(f"cannot start {argv[0]}: {exc}", file=sys.stderr)
+    os._exit(127)
+"""
+"""Start ``argv`` detached: in a session of its own, not a child of the starting process
+(which may end long before it, or be a test process that must leave no child behind)."""
+
+
 def start(argv: Sequence[str], *, log: Path, env: dict[str, str] | None = None,
           cwd: Path | None = None) -> Started:
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                env=env, cwd=cwd, start_new_session=True)
+    launcher = subprocess.run([sys.executable, "-c", _DETACH, str(log), *argv], env=env,
+                              cwd=cwd, capture_output=True, text=True, check=False)
+    if launcher.returncode != 0 or not launcher.stdout.strip().isdigit():
+        raise ClusterError(f"could not start {argv[0]}: {launcher.stderr.strip()}")
+    pid = int(launcher.stdout)
     for _ in range(100):
-        started = _start_time(proc.pid)
+        started = _start_time(pid)
         if started is not None:
-            return Started(proc.pid, started, str(log))
-        if proc.poll() is not None:
-            break
+            return Started(pid, started, str(log))
         time.sleep(0.01)
-    raise ClusterError(f"{argv[0]} exited at once (exit {proc.poll()}): see {log}")
+    raise ClusterError(f"{argv[0]} exited at once: see {log}\n{_tail(log)}")
 
 
 def stop(proc: Started, *, grace: float = 10.0) -> None:

@@ -91,8 +91,8 @@ def render_with(*components: str, **settings: Any) -> list[Obj]:
     REPO.joinpath("build").mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=REPO / "build", prefix="render-") as tmp:
         settings.setdefault("runbook_url", RUNBOOK_URL)
-        overlay(namespace="jobfence", image="jobfence:0.1.0", components=components,
-                where=Path(tmp), **settings)
+        settings.setdefault("namespace", "jobfence")
+        overlay(image="jobfence:0.1.0", components=components, where=Path(tmp), **settings)
         return render(Path(tmp))
 
 

@@ -20,6 +20,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--dir", type=Path, required=True)
     parser.add_argument("--node", required=True)
     parser.add_argument("--api-port", type=int, required=True)
+    parser.add_argument("--root", type=Path, default=None,
+                        help="where its pods' files go (default: DIR/agent)")
+    parser.add_argument("--no-bind", action="store_true",
+                        help="run only the pods bound to this node; bind none (a second node)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(message)s")
@@ -28,9 +32,9 @@ def main(argv: list[str]) -> int:
     def rest(who: certs.Identity) -> Rest:
         return Rest(Credentials.from_kubeconfig(pki / f"{who.file}.kubeconfig"))
 
-    agent = Agent(root=args.dir / "agent", node=args.node, node_api=rest(certs.node(args.node)),
-                  scheduler_api=rest(certs.SCHEDULER), admin_api=rest(certs.ADMIN),
-                  api_port=args.api_port)
+    agent = Agent(root=args.root or args.dir / "agent", node=args.node,
+                  node_api=rest(certs.node(args.node)), scheduler_api=rest(certs.SCHEDULER),
+                  admin_api=rest(certs.ADMIN), api_port=args.api_port, binds=not args.no_bind)
 
     def stop(_signum: int, _frame: Any) -> None:
         agent.stopping = True

@@ -375,7 +375,10 @@ class PodRun:
             log.warning("%s/%s: event %s: %s", self.ns, self.name, reason, exc)
 
     def finished(self) -> bool:
-        return (self.gone or self.deleted) and not self.running()
+        """Gone from the API and nothing left running: forgotten. A pod deleted by the agent
+        but still there (a finalizer not removed yet) stays known, so that it is not
+        deleted again."""
+        return self.gone and not self.running()
 
     def clean(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -390,8 +393,8 @@ def _without_times(status: Obj) -> Obj:
 
 class Agent:
     def __init__(self, *, root: Path, node: str, node_api: Rest, scheduler_api: Rest,
-                 admin_api: Rest, api_port: int) -> None:
-        self.root, self.node, self.api_port = root, node, api_port
+                 admin_api: Rest, api_port: int, binds: bool = True) -> None:
+        self.root, self.node, self.api_port, self.binds = root, node, api_port, binds
         self.node_api, self.scheduler_api, self.admin_api = node_api, scheduler_api, admin_api
         self.events: queue.Queue[Any] = queue.Queue()
         self.runs: dict[str, PodRun] = {}
@@ -517,9 +520,12 @@ class Agent:
         previous agent) are Failed, as the kubelet reports containers it cannot find."""
         listed = self.node_api.get("/api/v1/pods", fieldSelector=f"spec.nodeName={self.node}")
         for pod in listed.get("items") or []:
-            phase = (pod.get("status") or {}).get("phase")
-            if phase in ("Succeeded", "Failed"):
-                continue
+            status = pod.get("status") or {}
+            started = [c for c in [*(status.get("initContainerStatuses") or []),
+                                   *(status.get("containerStatuses") or [])]
+                       if "waiting" not in (c.get("state") or {"waiting": {}})]
+            if status.get("phase") in ("Succeeded", "Failed") or not started:
+                continue  # finished, or never started: nothing was lost
             run = PodRun(self, pod)
             for p in run.procs:
                 p.exit_code, p.reason, p.finished_at = 137, "ContainerStatusUnknown", now_iso()
@@ -563,10 +569,12 @@ class Agent:
         self.recover()
         self.watchers = [
             Watcher(self.node_api, "/api/v1/pods",
-                    {"fieldSelector": f"spec.nodeName={self.node}"}, self.events, "node"),
-            Watcher(self.scheduler_api, "/api/v1/pods",
-                    {"fieldSelector": "spec.nodeName=,status.phase!=Succeeded,"
-                                      "status.phase!=Failed"}, self.events, "scheduler")]
+                    {"fieldSelector": f"spec.nodeName={self.node}"}, self.events, "node")]
+        if self.binds:
+            self.watchers.append(Watcher(
+                self.scheduler_api, "/api/v1/pods",
+                {"fieldSelector": "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"},
+                self.events, "scheduler"))
         for w in self.watchers:
             w.start()
         beat = time.monotonic()

@@ -82,6 +82,7 @@ class Mounts:
         self.scratch = scratch
         self.overlaid: list[str] = []
         self.covered: list[str] = []
+        self.rebased: list[str] = []
 
     def mountpoint(self, target: str) -> str:
         """``target`` as a directory that exists in this view (made in an overlay when the
@@ -92,8 +93,9 @@ class Mounts:
         ancestor = real
         while not os.path.isdir(ancestor):
             ancestor = os.path.dirname(ancestor)
-        if ancestor == "/":
-            raise OSError(f"cannot make {target}: only / is above it")
+        if ancestor == "/":  # made in the root of our own (see rebase)
+            os.makedirs(real)
+            return real
         if ancestor not in self.overlaid:
             layer = self.scratch / f"overlay-{len(self.overlaid)}"
             (layer / "upper").mkdir(parents=True)
@@ -130,12 +132,41 @@ class Mounts:
         mount(held, path, None, MS_BIND | MS_REC)
         mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
 
+    def rebase(self) -> None:
+        """A root of the container's own, for a mount point at the top level (``/shared``):
+        a tmpfs into which every top-level entry of the host's root is bound, then
+        ``chroot``. Everything stays where it was; new top-level directories can be made."""
+        root = self.scratch / "root"
+        root.mkdir()
+        mount("tmpfs", str(root), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+        for entry in os.scandir("/"):
+            target = root / entry.name
+            if entry.is_symlink():
+                os.symlink(os.readlink(entry.path), target)
+            elif entry.is_dir():
+                target.mkdir()
+                mount(entry.path, str(target), None, MS_BIND | MS_REC)
+                if entry.name not in ("proc", "sys", "dev"):
+                    self.rebased.append("/" + entry.name)
+            else:
+                target.touch()
+                mount(entry.path, str(target), None, MS_BIND)
+        os.chroot(root)
+        os.chdir("/")
+
     def seal(self) -> None:
         """readOnlyRootFilesystem: the root and what was made for mount points become
         read-only; the volumes stay as the container mounted them."""
         mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY)
-        for ancestor in [*self.overlaid, *self.covered]:
-            mount(None, ancestor, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+        for where in [*self.rebased, *self.overlaid, *self.covered]:
+            mount(None, where, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+
+
+def _top_level_missing(target: str) -> bool:
+    """Whether making ``target`` takes a new directory directly under /."""
+    real = os.path.realpath(target)
+    return not os.path.exists("/" + Path(real).parts[1]) if len(Path(real).parts) > 1 \
+        else False
 
 
 def _may_enter(st: os.stat_result, uid: int, gids: set[int]) -> bool:
@@ -164,6 +195,8 @@ def init(spec: dict[str, Any]) -> int:
             [*(m["source"] for m in spec["mounts"]), *spec.get("expose", [])]}
     mounts = Mounts(Path(f"/proc/self/fd/{os.open(spec['scratch'], os.O_PATH)}"))
     gids = {spec["gid"], *spec["groups"]}
+    if any(_top_level_missing(m["target"]) for m in spec["mounts"]):
+        mounts.rebase()
     for path in sorted(spec.get("expose", []), key=len):
         mounts.expose(f"/proc/self/fd/{held[path]}", path, spec["uid"], gids)
     for m in sorted(spec["mounts"], key=lambda m: m["target"].count("/")):
