@@ -37,6 +37,7 @@ BENCHMARKS = {
     "pooler": "bench.bench_pooler",
     "sidecar": "bench.bench_sidecar",
     "console": "bench.bench_console",
+    "controlplane": "bench.bench_controlplane",
 }
 
 OUT = REPO / "docs" / "BENCHMARKS.md"

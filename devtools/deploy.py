@@ -266,7 +266,9 @@ def wait_for_job(kubectl: Kubectl, namespace: str, name: str, timeout: float) ->
     raise RuntimeError(f"the migration Job {name} did not complete within {timeout:.0f} s")
 
 
-def apply(kubectl: Kubectl, *, timeout: float, where: Path = OVERLAY) -> None:
+def apply(kubectl: Kubectl, *, timeout: float, where: Path = OVERLAY
+          ) -> subprocess.CompletedProcess[str]:
+    """Check, apply, wait; what the server-side apply said (its warnings on stderr)."""
     objects = rendered(kubectl, where)
     found = problems(kubectl, objects)
     if found:
@@ -287,6 +289,7 @@ def apply(kubectl: Kubectl, *, timeout: float, where: Path = OVERLAY) -> None:
         print(out.stderr, end="", file=sys.stderr, flush=True)
     for name in migrate:
         wait_for_job(kubectl, namespace, name, timeout)
+    return out
 
 
 def main(argv: Sequence[str]) -> int:

@@ -207,6 +207,8 @@ class Installation:
     schema: str = "jobfence"
     suffix: str = ""
     """The overlay's nameSuffix: a second installation in the namespace."""
+    applied: str = ""
+    """What the server-side apply said on stderr (warnings: PodSecurity...)."""
 
     def api(self) -> Rest:
         return self.cluster.admin()
@@ -323,8 +325,8 @@ def install(cluster: ControlPlane, namespace: str, dsn: str, *,
             runbook_url="https://runbook.test/docs/RUNBOOK.md", where=where, config=settings,
             name_suffix=name_suffix, secrets=secrets if name_suffix else None)
     env_kubectl = Kubectl(str(cluster.kubectl), kubeconfig=str(cluster.kubeconfig))
-    apply(env_kubectl, timeout=180, where=where)
-    return Installation(cluster, namespace, dsn, identity, schema, name_suffix)
+    out = apply(env_kubectl, timeout=180, where=where)
+    return Installation(cluster, namespace, dsn, identity, schema, name_suffix, out.stderr)
 
 
 def superuser(dsn: str) -> str:

@@ -203,7 +203,19 @@ def _size(p: Path) -> str:
     return f"{p.stat().st_size / 1e6:.0f} MB"
 
 
-def build(names: Sequence[str] = NAMES, *, env: dict[str, str] | None = None) -> dict[str, Path]:
+def compile_one(go: str, component: Component, out: Path, env: dict[str, str]) -> Path:
+    """``go build`` one component into ``out`` (atomically: a half-written binary is never
+    there)."""
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        target = Path(tmp) / component.name
+        run_go(go, "build", *FLAGS, "-o", str(target), component.package, env=env)
+        os.replace(target, out / component.name)
+    return out / component.name
+
+
+def build(names: Sequence[str] = NAMES, *, env: dict[str, str] | None = None,
+          links: bool = True) -> dict[str, Path]:
     """Build each of ``names`` that is not in the cache yet; their paths. Prints each step
     with its time."""
     unknown = [n for n in names if n not in NAMES]
@@ -232,23 +244,17 @@ def build(names: Sequence[str] = NAMES, *, env: dict[str, str] | None = None) ->
             started = time.monotonic()
             run_go(go, "mod", "download", env=env)
             say(f"modules downloaded in {time.monotonic() - started:.0f} s")
-            out.mkdir(parents=True, exist_ok=True)
             for c in missing:
                 started = time.monotonic()
                 say(f"building {c.name} ({c.what}) ...")
-                with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
-                    target = Path(tmp) / c.name
-                    run_go(go, "build", *FLAGS, "-o", str(target), c.package, env=env)
-                    os.replace(target, out / c.name)
-                say(f"built {c.name} in {time.monotonic() - started:.0f} s "
-                    f"({_size(out / c.name)})")
-            (out.parent / "key").write_text(_module_digest() + "\n")
+                built = compile_one(go, c, out, env)
+                say(f"built {c.name} in {time.monotonic() - started:.0f} s ({_size(built)})")
             (out.parent / "built.json").write_text(json.dumps(
                 {"go": version, "flags": FLAGS, "kubernetes": KUBERNETES, "etcd": ETCD},
                 indent=2) + "\n")
-        elif not (out.parent / "key").exists():
-            (out.parent / "key").write_text(_module_digest() + "\n")
-    link(out)
+        (out.parent / "key").write_text(_module_digest() + "\n")
+    if links:
+        link(out)
     return {c.name: out / c.name for c in wanted}
 
 

@@ -25,16 +25,19 @@ def test_the_base_and_every_component_are_accepted_without_a_warning(
     optional component, into a restricted namespace. (Under a nameSuffix: the console's
     ClusterRoleBinding is cluster-wide, and tests/cluster/test_console.py has the name.)"""
     inst = install(kube, namespace, dsn, components=ALL, name_suffix="-all")
-    out = kube.run("apply", "--server-side", "--field-manager=jobfence-deploy",
-                   "--dry-run=server", "-f", "-",
-                   input=_yaml(render_with(*ALL, namespace=namespace, name_suffix="-all",
-                                           installation=inst.installation)))
-    assert out.returncode == 0, out.stderr
-    assert "Warning" not in out.stderr, out.stderr
-    kinds = {line.split("/")[0] for line in out.stdout.splitlines()}
-    assert {"cronjob.batch", "scaledjob.keda.sh", "triggerauthentication.keda.sh",
-            "prometheusrule.monitoring.coreos.com", "deployment.apps",
-            "clusterrolebinding.rbac.authorization.k8s.io"} <= kinds
+    assert "Warning" not in inst.applied, inst.applied
+    paths = ("/apis/batch/v1/namespaces/{ns}/cronjobs",
+             "/apis/keda.sh/v1alpha1/namespaces/{ns}/scaledjobs",
+             "/apis/keda.sh/v1alpha1/namespaces/{ns}/triggerauthentications",
+             "/apis/monitoring.coreos.com/v1/namespaces/{ns}/prometheusrules",
+             "/apis/apps/v1/namespaces/{ns}/deployments",
+             "/api/v1/namespaces/{ns}/services",
+             "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets")
+    with kube.admin() as api:
+        for path in paths:
+            assert api.get(path.format(ns=namespace))["items"], path
+        assert api.exists("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/"
+                          "jobfence-console-auth-delegator-all")
     # The migration Job's pod ran under the restricted level's enforcement.
     [pod] = inst.pods_of_job("jobfence-migrate-all")
     assert pod["status"]["phase"] == "Succeeded"

@@ -95,7 +95,8 @@ def test_a_container_gets_the_environment_a_kubelet_gives(kube: ControlPlane,
 
 
 SCRIPT = """
-test -e /shared/sidecar-started || { echo "no sidecar first"; exit 5; }
+for i in $(seq 100); do test -e /shared/sidecar-started && break; sleep 0.1; done
+test -e /shared/sidecar-started || { echo "nothing from the sidecar"; exit 5; }
 echo "uid=$(id -u) gid=$(id -g)"
 echo "hostname=$(hostname)"
 echo "namespace=$(cat /var/run/secrets/kubernetes.io/serviceaccount/namespace)"
@@ -132,7 +133,10 @@ def test_sidecar_first_shared_emptydir_token_user_and_read_only_root(
     assert "root=read-only" in out and "shared=writable" in out
     assert "stopped" in kube.container_log(namespace, created, "sidecar")  # SIGTERM, after
     [side] = done["status"]["initContainerStatuses"]
+    [container] = done["status"]["containerStatuses"]
     assert side["state"]["terminated"]["exitCode"] == 0
+    assert side["state"]["terminated"]["startedAt"] <= container["state"]["terminated"][
+        "startedAt"]
 
 
 def test_no_token_when_the_pod_does_not_automount_and_exit_codes_are_reported(

@@ -173,8 +173,11 @@ class PodRun:
                     if p.proc is None:
                         self.launch(p)
                     return
-            elif p.kind == "sidecar" and p.proc is None:
-                self.launch(p)
+            elif p.kind == "sidecar":
+                if p.proc is None:
+                    self.launch(p)
+                if not p.started:
+                    return  # what comes after a sidecar starts once it has started
         for p in self.mains:
             if p.proc is None:
                 self.launch(p)

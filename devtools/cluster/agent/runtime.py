@@ -57,6 +57,14 @@ class Process:
     def done(self) -> bool:
         return self.exit_code is not None
 
+    pid_file: Path | None = None
+
+    @property
+    def started(self) -> bool:
+        """Its container exists: namespaces made, its PID 1 forked (what a runtime's
+        "started" means; nothing says the program inside has done anything yet)."""
+        return self.done or (self.pid_file is not None and self.pid_file.exists())
+
     def start(self, *, directory: Path, log: Path, user: User, argv: list[str],
               env: dict[str, str], cwd: str, mounts: list[dict[str, Any]],
               hostname: str) -> None:
@@ -70,6 +78,7 @@ class Process:
                 "noNewPrivileges": user.no_new_privileges,
                 "env": env, "argv": argv, "cwd": cwd,
                 "uid": user.uid, "gid": user.gid, "groups": list(user.groups)}
+        self.pid_file = directory / f"{self.name}.pid"
         spec_file = directory / f"{self.name}.json"
         spec_file.write_text(json.dumps(spec))
         spec_file.chmod(0o600)
