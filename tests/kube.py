@@ -80,6 +80,9 @@ def end_session() -> None:
         with contextlib.suppress(OSError):
             Path(where).rmdir()
         Path(f"{where}.lock").unlink(missing_ok=True)
+        import shutil
+
+        shutil.rmtree(REPO / "build" / "test-deploy", ignore_errors=True)
 
 
 @dataclass

@@ -39,6 +39,8 @@ ADMIN = Identity("admin", "jobfence-admin", ("system:masters",))
 CONTROLLER_MANAGER = Identity("controller-manager", "system:kube-controller-manager")
 SCHEDULER = Identity("scheduler", "system:kube-scheduler")
 """The node agent binds pods as the scheduler would, with the scheduler's own identity."""
+KUBELET_CLIENT = Identity("apiserver-kubelet-client", "kube-apiserver-kubelet-client")
+"""The API server's identity towards a node (``kubectl logs``): the agent serves only it."""
 
 
 def node(name: str) -> Identity:
@@ -125,6 +127,14 @@ class Authority:
             x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
             server=True, names=SERVING_NAMES, ips=("127.0.0.1", SERVICE_IP))
         return self._save(file, crt, key)
+
+    def kubelet_serving(self, node: str) -> tuple[Path, Path]:
+        """A node agent's serving certificate (127.0.0.1, where the API server reaches it
+        for ``kubectl logs``)."""
+        crt, key = self._issue(
+            x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node}")]),
+            server=True, names=(node, "localhost"), ips=("127.0.0.1",))
+        return self._save(f"kubelet-{node}", crt, key)
 
     def client(self, who: Identity) -> tuple[Path, Path]:
         subject = x509.Name([

@@ -18,7 +18,8 @@ kube-apiserver              RBAC and the Node authorizer, ServiceAccount tokens,
                             an audit log of deletes of pods and Jobs
 kube-controller-manager     the controllers jobfence's objects need (``CONTROLLERS``), each
                             with its own ServiceAccount's credentials, as in a real cluster
-node-agent                  the stand-in for the kubelet (``devtools.cluster.agent``)
+node-agent                  the stand-in for the kubelet (``devtools.cluster.agent``), its
+                            logs endpoint reached by the API server (``kubectl logs``)
 postgres                    a throwaway PostgreSQL with jobfence migrated, a login per role and
                             the role Secrets the manifests read, in namespace ``jobfence``
 crds                        KEDA's CRDs (ScaledJob, TriggerAuthentication...) and
@@ -272,6 +273,8 @@ class Plane:
             crt, key = ca.client(who)
             _kubeconfig(self.component_kubeconfig(who), self.server, ca.ca_file, crt, key,
                         user=who.user)
+        ca.client(certs.KUBELET_CLIENT)
+        ca.kubelet_serving(NODE)
         shutil.copyfile(self.component_kubeconfig(certs.ADMIN), self.kubeconfig)
         (self.pki / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
 
@@ -279,6 +282,7 @@ class Plane:
         """The client certificate and kubeconfig of another node (a second node agent)."""
         ca = certs.Authority.load(self.pki)
         who = certs.node(name)
+        ca.kubelet_serving(name)
         crt, key = ca.client(who)
         _kubeconfig(self.component_kubeconfig(who), self.server, ca.ca_file, crt, key,
                     user=who.user)
@@ -307,6 +311,10 @@ class Plane:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={p / 'sa.key'}",
             f"--service-account-signing-key-file={p / 'sa.key'}",
+            f"--kubelet-client-certificate={p / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={p / 'apiserver-kubelet-client.key'}",
+            f"--kubelet-certificate-authority={p / 'ca.crt'}",
+            "--kubelet-preferred-address-types=InternalIP",
             f"--audit-policy-file={p / 'audit-policy.yaml'}",
             f"--audit-log-path={self.logs / 'audit.log'}", "--audit-log-format=json",
             "--audit-log-maxsize=200", "--profiling=false", "--v=0"],
@@ -372,7 +380,8 @@ The local cluster is up (node {NODE}, API server {self.server}).
   kubectl get nodes,pods -A
   make deploy KUBECONFIG={rel}/kubeconfig
   kubectl -n {NAMESPACE} create job --from=cronjob/jobfence-sweeper once
-Containers' output: {rel}/agent/logs/. Logs of the components: {rel}/logs/.
+  kubectl -n {NAMESPACE} logs job/once
+Containers' output also in {rel}/agent/logs/; the components' logs in {rel}/logs/.
 `make cluster-down` stops it all and removes {rel}.""", flush=True)
 
     # -- state -----------------------------------------------------------------------------

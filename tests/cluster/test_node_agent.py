@@ -213,3 +213,19 @@ def test_restarted_it_reports_the_pods_it_no_longer_runs_failed(
     [c] = failed["status"]["containerStatuses"]
     assert c["state"]["terminated"]["reason"] == "ContainerStatusUnknown"
     assert c["state"]["terminated"]["exitCode"] == 137
+
+
+def test_kubectl_logs_reaches_the_containers_output_through_the_api_server(
+        kube: ControlPlane, namespace: str) -> None:
+    """The API server proxies pods/log to the node agent (its client certificate, the
+    node's serving certificate): `kubectl logs`, `--tail` and `-f` until the end."""
+    pod = pod_body("talker", labels={}, command=["sh", "-c", "echo one; sleep 1; echo two"])
+    with kube.admin() as api:
+        create(api, namespace, pod)
+        phase_of(api, namespace, "talker", "Running", "Succeeded")
+    followed = kube.run("-n", namespace, "logs", "-f", "talker")
+    assert followed.returncode == 0 and followed.stdout == "one\ntwo\n", followed.stderr
+    tail = kube.run("-n", namespace, "logs", "talker", "--tail=1")
+    assert tail.stdout == "two\n"
+    missing = kube.run("-n", namespace, "logs", "talker", "-c", "nothere")
+    assert missing.returncode != 0

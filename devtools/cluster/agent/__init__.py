@@ -31,7 +31,11 @@ What it does, as a kubelet does:
   the pod with grace 0 and a UID precondition; it never removes a finalizer (the Job
   controller's ``batch.kubernetes.io/job-tracking`` is the Job controller's to remove);
 * restarted, it reports the pods bound to it that it no longer runs (their processes died
-  with the previous agent) as Failed, ``ContainerStatusUnknown``, exit code 137.
+  with the previous agent) as Failed, ``ContainerStatusUnknown``, exit code 137;
+* serves the containers' logs to the API server (``kubectl logs``, ``-f``, ``--tail``;
+  ``logs``), with the node's serving certificate, to the API server's client certificate
+  only. A container's output is also in
+  ``<cluster>/agent/logs/<namespace>_<pod>_<uid>/<container>.log``.
 
 What it does not model: images (nothing is pulled; only ``jobfence…`` maps to anything),
 resource requests and limits (no cgroups; the Node's capacity is nominal), probes, restart
@@ -39,7 +43,7 @@ policies other than Never (a container is not restarted; ``OnFailure`` behaves a
 networking (every pod shares the host's network and 127.0.0.1; no Services, no DNS, no
 NetworkPolicy), ``hostPath``, persistent and CSI volumes (refused), seccomp and capabilities
 beyond dropping root, sizeLimit of emptyDirs, token rotation (a pod's token lives an hour),
-node pressure and eviction, ``kubectl logs``/``exec``/``port-forward`` (no kubelet API: a
-container's output is in ``<cluster>/agent/logs/<namespace>_<pod>_<uid>/<container>.log``).
+node pressure and eviction, ``kubectl exec``/``attach``/``port-forward`` (the one kubelet
+endpoint served is the logs').
 It runs as root (namespaces, setuid) and is never shipped.
 """

@@ -12,6 +12,7 @@ from typing import Any
 
 from devtools.cluster import certs
 from devtools.cluster.agent.agent import Agent
+from devtools.cluster.agent.logs import LogServer
 from devtools.cluster.rest import Credentials, Rest
 
 
@@ -35,6 +36,10 @@ def main(argv: list[str]) -> int:
     agent = Agent(root=args.root or args.dir / "agent", node=args.node,
                   node_api=rest(certs.node(args.node)), scheduler_api=rest(certs.SCHEDULER),
                   admin_api=rest(certs.ADMIN), api_port=args.api_port, binds=not args.no_bind)
+    serving = pki / f"kubelet-{args.node}"
+    if serving.with_suffix(".crt").exists():
+        agent.logs = LogServer(cert=serving.with_suffix(".crt"), key=serving.with_suffix(".key"),
+                               ca=pki / "ca.crt", locate=agent.locate)
 
     def stop(_signum: int, _frame: Any) -> None:
         agent.stopping = True

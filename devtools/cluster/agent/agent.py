@@ -20,11 +20,12 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from devtools.cluster.agent import podspec
+from devtools.cluster.agent.logs import LogServer
 from devtools.cluster.agent.podspec import ConfigError, Obj
 from devtools.cluster.agent.runtime import Process, now_iso
 from devtools.cluster.rest import ApiError, Rest, pods_path
@@ -396,11 +397,15 @@ def _without_times(status: Obj) -> Obj:
 
 class Agent:
     def __init__(self, *, root: Path, node: str, node_api: Rest, scheduler_api: Rest,
-                 admin_api: Rest, api_port: int, binds: bool = True) -> None:
+                 admin_api: Rest, api_port: int, binds: bool = True,
+                 logs: LogServer | None = None) -> None:
         self.root, self.node, self.api_port, self.binds = root, node, api_port, binds
+        self.logs = logs
         self.node_api, self.scheduler_api, self.admin_api = node_api, scheduler_api, admin_api
         self.events: queue.Queue[Any] = queue.Queue()
         self.runs: dict[str, PodRun] = {}
+        self.by_name: dict[tuple[str, str], PodRun] = {}
+        """The latest run of each (namespace, name), for the log endpoint's thread."""
         self.stopping = False
         self.watchers: list[Watcher] = []
 
@@ -472,7 +477,8 @@ class Agent:
         return {"conditions": conditions, "capacity": capacity, "allocatable": capacity,
                 "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
                               {"type": "Hostname", "address": self.node}],
-                "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+                "daemonEndpoints": {"kubeletEndpoint": {
+                    "Port": self.logs.port if self.logs else 0}},
                 "nodeInfo": {"machineID": "", "systemUUID": "", "bootID": "",
                              "kernelVersion": "", "osImage": "this machine",
                              "containerRuntimeVersion": "node-agent://0",
@@ -557,6 +563,7 @@ class Agent:
                     run.delete()
                 return
             run = self.runs[uid] = PodRun(self, pod)
+            self.by_name[run.ns, run.name] = run
         run.pod = pod
 
     def on_list(self, pods: list[Obj]) -> None:
@@ -567,7 +574,18 @@ class Agent:
         for pod in pods:
             self.on_pod("MODIFIED", pod)
 
+    def locate(self, namespace: str, pod: str, container: str
+               ) -> tuple[Path, Callable[[], bool]] | None:
+        """A container's log file, for the log endpoint (another thread: reads only)."""
+        run = self.by_name.get((namespace, pod))  # one dict read: safe beside the loop
+        procs = [p for p in run.procs if p.name == container] if run else []
+        if run is None or not procs:
+            return None
+        return run.logs / f"{container}.log", lambda: procs[0].running
+
     def run(self) -> None:
+        if self.logs:
+            self.logs.start()
         self.register()
         self.recover()
         self.watchers = [
@@ -598,6 +616,8 @@ class Agent:
                 if run.finished():
                     run.clean()
                     del self.runs[uid]
+                    if self.by_name.get((run.ns, run.name)) is run:
+                        del self.by_name[run.ns, run.name]
             if time.monotonic() - beat > HEARTBEAT_SECONDS:
                 beat = time.monotonic()
                 with contextlib.suppress(ApiError, OSError):
@@ -615,6 +635,8 @@ class Agent:
             self.on_pod(kind, obj)
 
     def shutdown(self) -> None:
+        if self.logs:
+            self.logs.stop()
         for w in self.watchers:
             w.stopping.set()
         for run in self.runs.values():
