@@ -29,7 +29,6 @@ from typing import Any, TypeVar
 
 import psycopg
 import yaml
-from psycopg.conninfo import conninfo_to_dict
 
 from devtools import controlplane
 from devtools.cluster import certs
@@ -330,11 +329,6 @@ def install(cluster: ControlPlane, namespace: str, dsn: str, *,
     env_kubectl = Kubectl(str(cluster.kubectl), kubeconfig=str(cluster.kubeconfig))
     out = apply(env_kubectl, timeout=180, where=where)
     return Installation(cluster, namespace, dsn, identity, schema, name_suffix, out.stderr)
-
-
-def superuser(dsn: str) -> str:
-    params = conninfo_to_dict(dsn)
-    return str(params.get("user", "postgres"))
 
 
 __all__ = [
