@@ -238,8 +238,11 @@ def build(names: Sequence[str] = NAMES, *, env: dict[str, str] | None = None,
             names_missing = ", ".join(c.name for c in missing)
             say(f"building {names_missing} from source with Go {version} "
                 f"(pinned in devtools/controlplane/go.mod; cached in {out}).")
-            say("a first build takes tens of minutes on a two-core machine; "
-                "later ones reuse Go's build cache, and nothing is rebuilt once cached")
+            say("a first build takes a long while: about 7 minutes of compiling on two "
+                "cores (docs/BENCHMARKS.md), up to tens of minutes on a slower or busier "
+                "machine or with the ~600 MB of modules still to download, and ~3 GB of Go's "
+                "build cache; later builds reuse that cache, and nothing is rebuilt once "
+                "cached")
             env = env or go_env()
             started = time.monotonic()
             run_go(go, "mod", "download", env=env)
