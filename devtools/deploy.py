@@ -61,13 +61,14 @@ def image_entry(image: str) -> Obj:
 def overlay(*, namespace: str, image: str, installation: str = "",
             components: Sequence[str] = (), runbook_url: str = "",
             where: Path = OVERLAY, config: dict[str, str] | None = None,
-            name_suffix: str = "", secrets: dict[str, dict[str, str]] | None = None) -> Path:
+            name_suffix: str = "", secrets: dict[str, dict[str, str]] | None = None,
+            extra_patches: Sequence[Obj] = ()) -> Path:
     """Write ``where/kustomization.yaml``: the base in ``namespace`` with ``image``, the
     installation's identity (its ConfigMap value and, again, the worker pods' label), the
     optional components, and the alerts' runbook links under ``runbook_url``. ``config``
     overrides settings of the ConfigMap; ``name_suffix`` and ``secrets`` (generated with
     the objects, so that their names take the suffix too) let a second installation share
-    a namespace."""
+    a namespace; ``extra_patches`` are added as they are."""
     unknown = [c for c in components if c not in COMPONENTS]
     if unknown:
         raise DeployError(f"unknown component {unknown[0]!r}: one of {', '.join(COMPONENTS)}")
@@ -90,7 +91,7 @@ def overlay(*, namespace: str, image: str, installation: str = "",
         doc["secretGenerator"] = [
             {"name": name, "literals": [f"{k}={v}" for k, v in data.items()],
              "options": {"disableNameSuffixHash": True}} for name, data in secrets.items()]
-    patches: list[Obj] = []
+    patches: list[Obj] = list(extra_patches)
     replacements: list[Obj] = []
     settings = dict(config or {})
     if installation:

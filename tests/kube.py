@@ -305,13 +305,20 @@ TEST_CONFIG = {
 }
 
 
+SUSPENDED = {"target": {"kind": "CronJob"},
+             "patch": json.dumps([{"op": "add", "path": "/spec/suspend", "value": True}])}
+"""The CronJobs' schedules held: a test runs each function by hand when it wants it (a tick
+at the same time would hold the function's lease, and the run by hand would skip)."""
+
+
 def install(cluster: ControlPlane, namespace: str, dsn: str, *,
             config: dict[str, str] | None = None, components: tuple[str, ...] = (),
             s3: dict[str, str] | None = None, schema: str = "jobfence",
-            name_suffix: str = "") -> Installation:
+            name_suffix: str = "", scheduled: bool = False) -> Installation:
     """jobfence deployed as ``make deploy`` deploys it (the same overlay, checks, server-side
     apply and wait for the migration Job), its role Secrets pointing at ``dsn``'s database,
-    its installation the one that database was migrated with."""
+    its installation the one that database was migrated with; its CronJobs suspended
+    unless ``scheduled``."""
     identity = installation_of(dsn, schema)
     urls = role_urls(dsn, schema)
     secrets = {f"jobfence-database-{kind}": {"url": url} for kind, url in urls.items()}
@@ -325,7 +332,8 @@ def install(cluster: ControlPlane, namespace: str, dsn: str, *,
     where = REPO / "build" / "test-deploy" / f"{namespace}{name_suffix}"
     overlay(namespace=namespace, image=IMAGE, installation=identity, components=components,
             runbook_url="https://runbook.test/docs/RUNBOOK.md", where=where, config=settings,
-            name_suffix=name_suffix, secrets=secrets if name_suffix else None)
+            name_suffix=name_suffix, secrets=secrets if name_suffix else None,
+            extra_patches=() if scheduled else (SUSPENDED,))
     env_kubectl = Kubectl(str(cluster.kubectl), kubeconfig=str(cluster.kubeconfig))
     out = apply(env_kubectl, timeout=180, where=where)
     return Installation(cluster, namespace, dsn, identity, schema, name_suffix, out.stderr)

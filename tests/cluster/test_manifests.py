@@ -49,7 +49,7 @@ def test_the_proxied_console_is_accepted(kube: ControlPlane, namespace: str) -> 
     objects = [o for o in objects if o["kind"] in (
         "Deployment", "Service", "NetworkPolicy", "PodDisruptionBudget", "ServiceAccount",
         "Role", "RoleBinding", "ConfigMap")]
-    out = kube.run("apply", "--server-side", "--dry-run=server", "-f", "-",
+    out = kube.run("apply", "--server-side", "--field-manager=jobfence-deploy", "-f", "-",
                    input=_yaml(objects))
     assert out.returncode == 0, out.stderr
     assert "Warning" not in out.stderr, out.stderr
