@@ -229,3 +229,16 @@ def test_kubectl_logs_reaches_the_containers_output_through_the_api_server(
     assert tail.stdout == "two\n"
     missing = kube.run("-n", namespace, "logs", "talker", "-c", "nothere")
     assert missing.returncode != 0
+
+
+def test_a_failing_init_container_fails_the_pod_and_its_containers_never_start(
+        kube: ControlPlane, namespace: str) -> None:
+    pod = pod_body("init-fails", labels={}, command=["sh", "-c", "echo main ran"])
+    pod["spec"]["initContainers"] = [restricted_container("setup", ["sh", "-c", "exit 4"])]
+    with kube.admin() as api:
+        created = create(api, namespace, pod)
+        done = phase_of(api, namespace, "init-fails", "Failed", "Succeeded")
+    assert done["status"]["phase"] == "Failed"
+    [init] = done["status"]["initContainerStatuses"]
+    assert init["state"]["terminated"]["exitCode"] == 4
+    assert "main ran" not in kube.container_log(namespace, created)

@@ -145,6 +145,7 @@ class PodRun:
             self.delete()
 
     def _all_started_or_done(self) -> bool:
+        """Every container ended (or will never start): the phase can be decided."""
         return all(p.done for p in self.mains) and all(not p.running for p in self.procs)
 
     def _verdict(self) -> str:
@@ -165,6 +166,7 @@ class PodRun:
             if p.kind == "init":
                 if p.done and p.exit_code != 0:
                     self.stop_all(grace=self.grace())  # restartPolicy Never: the pod fails
+                    self._kill_if_due()
                     for q in self.procs:
                         if q.proc is None and q.exit_code is None:
                             q.exit_code, q.reason = 137, "ContainerStatusUnknown"
