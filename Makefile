@@ -18,9 +18,21 @@ VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 IMAGE ?= jobfence:$(VERSION)
 NAMESPACE ?= jobfence
 INSTALLATION ?=
-KUBECTL ?= kubectl
+# Optional components of manifests/components to deploy with the base (e.g. "alerts
+# console"); the alerts link their runbook entries under RUNBOOK_URL (absolute).
+COMPONENTS ?=
+RUNBOOK_URL ?=
 DOCKER ?= docker
-OVERLAY := build/deploy
+# kubectl: the one built from the pinned sources (build/bin/kubectl, `make kubectl`) unless
+# one is named here (KUBECTL=kubectl takes the one on PATH).
+KUBECTL ?=
+KUBECTL_BIN := $(if $(KUBECTL),$(KUBECTL),$(CURDIR)/build/bin/kubectl)
+KUBECTL_DEP := $(if $(KUBECTL),,kubectl)
+OVERLAY ?= build/deploy
+# Where make cluster-up keeps the local cluster's files.
+CLUSTER_DIR ?= build/cluster
+# The local cluster's ports on 127.0.0.1 (make cluster-up CLUSTER_API_PORT=...).
+export CLUSTER_API_PORT CLUSTER_ETCD_PORT CLUSTER_ETCD_PEER_PORT CLUSTER_PG_PORT
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -45,13 +57,28 @@ postgres-check: $(STAMP) system-test ## make sure a PostgreSQL server (and PgBou
 	fi
 	@$(PY) -m devtools.pgbouncer
 
+# The control plane from pinned sources (devtools/controlplane/go.mod): built once into
+# ~/.cache/jobfence/controlplane (tens of minutes on two cores the first time), linked into
+# build/bin. Needs Go only when something is missing from the cache.
+controlplane: ## build etcd, kube-apiserver, kube-controller-manager and kubectl (once; cached)
+	@$(PYTHON) -m devtools.controlplane build
+
+kubectl: ## build only kubectl (what make deploy and make render use)
+	@$(PYTHON) -m devtools.controlplane build kubectl
+
+cluster-up: $(STAMP) controlplane system-demo ## start a local control plane, a node agent and a PostgreSQL on 127.0.0.1 (build/cluster)
+	@$(PY) -m devtools.cluster up --dir '$(CLUSTER_DIR)'
+
+cluster-down: ## stop the local control plane and remove build/cluster (CLUSTER_DIR)
+	@if [ -x $(PY) ]; then $(PY) -m devtools.cluster down --dir '$(CLUSTER_DIR)'; else echo "cluster: nothing to take down"; fi
+
 lint: $(STAMP) ## ruff, mypy and the import-linter contracts (the layers in docs/DEVELOPERS.md)
 	$(VENV)/bin/ruff check shared functions devtools tests bench demo examples
 	@$(PY) -m devtools.linktree >/dev/null  # jobfence as installed, for mypy and lint-imports
 	$(VENV)/bin/mypy
 	PYTHONPATH=build/src $(VENV)/bin/lint-imports
 
-test: lint postgres-check ## lint, type-check, and run every test on a real PostgreSQL
+test: lint postgres-check controlplane ## lint, type-check, and run every test on a real PostgreSQL and a real Kubernetes control plane
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 demo: $(STAMP) system-demo ## run the main story end to end on embedded defaults
@@ -83,61 +110,33 @@ pools: $(STAMP) ## render manifests/pools.yaml into the pools' KEDA ScaledJobs (
 screenshots: $(STAMP) system-test ## run the console's browser test (headless Chromium) and keep its screenshots in docs/console/
 	JOBFENCE_SCREENSHOTS=$(CURDIR)/docs/console $(PY) -m pytest -q tests/acceptance/test_console_browser.py
 
-verify: $(STAMP) ## render the manifests and validate them, check migrations give the expected schema, test the wheel
-	$(KUBECTL) kustomize manifests/ >/dev/null
+verify: $(STAMP) controlplane ## render the manifests and validate them (also on a real API server), check migrations give the expected schema, test the wheel
+	$(KUBECTL_BIN) kustomize manifests/ >/dev/null
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) tests/manifests tests/integration/test_migrations.py
 
 image: ## build the one image of every function (IMAGE=jobfence:VERSION)
 	$(DOCKER) build -t $(IMAGE) .
 
-# The base under a generated overlay that sets NAMESPACE and IMAGE (kustomize needs the
-# overlay inside the repository: build/ is ignored by git).
-overlay:
-	@mkdir -p $(OVERLAY)
-	@cp manifests/installation-label.yaml $(OVERLAY)/
-	@image='$(IMAGE)'; \
-	case "$$image" in \
-	  *@*) name="$${image%%@*}"; ref="  digest: $${image#*@}" ;; \
-	  *) case "$${image##*/}" in \
-	       *:*) name="$${image%:*}"; ref="  newTag: \"$${image##*:}\"" ;; \
-	       *) name="$$image"; ref="" ;; \
-	     esac ;; \
-	esac; \
-	{ echo "# Written by make: manifests/ in namespace $(NAMESPACE) with image $$image."; \
-	  echo "apiVersion: kustomize.config.k8s.io/v1beta1"; \
-	  echo "kind: Kustomization"; \
-	  echo "resources: [../../manifests]"; \
-	  echo "namespace: $(NAMESPACE)"; \
-	  echo "images:"; \
-	  echo "  - name: jobfence"; \
-	  echo "    newName: $$name"; \
-	  if [ -n "$$ref" ]; then echo "  $$ref"; fi; \
-	  if [ -n "$(INSTALLATION)" ]; then \
-	    echo "# The installation's identity, and the worker pods' label copied from it again."; \
-	    echo "patches:"; \
-	    echo "  - target: {kind: ConfigMap, name: jobfence-config}"; \
-	    echo "    patch: '[{\"op\": \"replace\", \"path\": \"/data/JOBFENCE_INSTALLATION\", \"value\": \"$(INSTALLATION)\"}]'"; \
-	    echo "replacements:"; \
-	    echo "  - path: installation-label.yaml"; \
-	  fi; \
-	} > $(OVERLAY)/kustomization.yaml
+# The base under a generated overlay (build/deploy: kustomize needs it inside the
+# repository, and build/ is ignored by git) that sets NAMESPACE, IMAGE, INSTALLATION and
+# adds COMPONENTS.
+overlay: $(STAMP)
+	@$(PY) -m devtools.deploy overlay --dir '$(OVERLAY)' --namespace '$(NAMESPACE)' \
+	  --image '$(IMAGE)' --installation '$(INSTALLATION)' --component '$(COMPONENTS)' \
+	  --runbook-url '$(RUNBOOK_URL)'
 
-render: overlay ## print what `make deploy` applies (NAMESPACE=jobfence IMAGE=jobfence:VERSION INSTALLATION=...)
-	@$(KUBECTL) kustomize $(OVERLAY)
+render: overlay $(KUBECTL_DEP) ## print what `make deploy` applies (NAMESPACE=jobfence IMAGE=jobfence:VERSION INSTALLATION=... COMPONENTS=...)
+	@$(KUBECTL_BIN) kustomize $(OVERLAY)
 
-deploy: overlay ## kubectl apply -k the base into NAMESPACE with IMAGE, then wait for the migration Job
-	@$(KUBECTL) -n $(NAMESPACE) get secret jobfence-database >/dev/null || { \
-	  echo "Secret jobfence-database (key url) is missing in namespace $(NAMESPACE): see manifests/README.md" >&2; \
-	  exit 1; }
-	$(KUBECTL) -n $(NAMESPACE) delete job jobfence-migrate --ignore-not-found
-	$(KUBECTL) apply -k $(OVERLAY)
-	$(KUBECTL) -n $(NAMESPACE) wait --for=condition=complete job/jobfence-migrate --timeout=600s
+deploy: overlay $(KUBECTL_DEP) ## check the Secrets and CRDs it needs, apply the base server-side into NAMESPACE with IMAGE, wait for the migration Job (KUBECONFIG=build/cluster/kubeconfig for the local cluster)
+	@$(PY) -m devtools.deploy apply --dir '$(OVERLAY)' --kubectl '$(KUBECTL_BIN)'
 
 schema-snapshot: $(STAMP) ## regenerate tests/integration/expected_schema.txt after a migration
 	JOBFENCE_UPDATE_SCHEMA_SNAPSHOT=1 $(PY) -m pytest -q tests/integration/test_migrations.py -k expected_schema
 
-clean: ## remove the virtualenv and caches
+clean: cluster-down ## stop the local cluster, remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache build *.egg-info
 
-.PHONY: help venv system-test system-demo system-bench postgres-check lint test demo bench chaos pools dashboards verify image overlay render \
-	deploy schema-snapshot clean
+.PHONY: help venv system-test system-demo system-bench postgres-check controlplane kubectl cluster-up \
+	cluster-down lint test demo bench chaos pools dashboards verify image overlay render deploy \
+	schema-snapshot clean

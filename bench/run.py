@@ -41,6 +41,7 @@ BENCHMARKS = {
     "metrics": "bench.bench_metrics",
     "schedules": "bench.bench_schedules",
     "bulk": "bench.bench_bulk",
+    "controlplane": "bench.bench_controlplane",
 }
 
 OUT = REPO / "docs" / "BENCHMARKS.md"

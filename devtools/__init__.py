@@ -3,7 +3,13 @@
 * ``embedded_pg``: a throwaway PostgreSQL cluster from the local server binaries.
 * ``platform``: the local stand-in for KEDA and the CronJobs (workers and periodic
   functions as processes on this machine).
-* ``kube_api``: a fake Kubernetes API server the official client can talk to.
+* ``controlplane``: etcd, kube-apiserver, kube-controller-manager and kubectl, built once
+  from a pinned wrapper Go module and cached (``make controlplane``).
+* ``cluster``: a local control plane with a node agent standing in for the kubelet
+  (``make cluster-up``/``cluster-down``; the tests' control plane).
+* ``deploy``: ``make render`` and ``make deploy`` (the overlay, the checks, the apply).
+* ``kube_api``: a fake Kubernetes API server the official client can talk to, for the
+  transport's unit tests (faults on demand).
 * ``s3``: moto's S3 server on 127.0.0.1.
 * ``memory_cluster``, ``memory_objects``: in-memory fakes of the cluster and object-store
   ports, for unit tests.

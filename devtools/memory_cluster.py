@@ -13,6 +13,7 @@ class MemoryCluster:
                  claimer_pattern: str = POD_NAME_PATTERN) -> None:
         self.pods: dict[str, Pod] = {p.name: p for p in pods or []}
         self.jobs: dict[str, dict[str, str]] = {}
+        self.job_uids: dict[str, str] = {}
         self.page_size = page_size
         self.claimer_pattern = claimer_pattern
         self.fail_listing_at_page: int | None = None
@@ -28,6 +29,8 @@ class MemoryCluster:
         self.pods[pod.name] = pod
         if pod.job_name:
             self.jobs.setdefault(pod.job_name, {})
+            if pod.job_uid:
+                self.job_uids[pod.job_name] = pod.job_uid
 
     def worker_pod_pages(self) -> Iterator[list[Pod]]:
         names = sorted(self.pods)
@@ -37,20 +40,23 @@ class MemoryCluster:
             self.pages_served += 1
             yield [self.pods[name] for name in names[start:start + self.page_size]]
 
-    def delete_pod(self, name: str, *, grace_seconds: int) -> bool:
+    def delete_pod(self, name: str, *, uid: str | None, grace_seconds: int) -> bool:
         if name in self.fail_deletes:
             raise ClusterError(f"deleting pod {name} failed: HTTP 500 (injected)")
-        if self.pods.pop(name, None) is None:
-            return False
+        pod = self.pods.get(name)
+        if pod is None or (uid is not None and pod.uid is not None and pod.uid != uid):
+            return False  # gone, or another pod under the name: the precondition fails
+        del self.pods[name]
         self.deleted_pods.append(name)
         return True
 
-    def delete_job(self, name: str, *, grace_seconds: int) -> bool:
+    def delete_job(self, name: str, *, uid: str | None, grace_seconds: int) -> bool:
         if name in self.fail_deletes:
             raise ClusterError(f"deleting job {name} failed: HTTP 500 (injected)")
-        if name not in self.jobs:
-            return False
+        if name not in self.jobs or (uid is not None and self.job_uids.get(name, uid) != uid):
+            return False  # gone, or another Job under the name: the precondition fails
         del self.jobs[name]
+        self.job_uids.pop(name, None)
         self.deleted_jobs.append(name)
         for pod in [p for p in self.pods.values() if p.job_name == name]:
             del self.pods[pod.name]

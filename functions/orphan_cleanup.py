@@ -32,6 +32,7 @@ from jobfence.objectstore import ObjectInfo, ObjectStore, ObjectStoreError, inst
 from jobfence.runner import Deps, run_pass, snapshot
 from jobfence.settings import Settings
 from jobfence.store import Store
+from jobfence.store.types import PodRef, Suspect
 
 log = get_logger("jobfence.orphan_cleanup")
 
@@ -124,11 +125,13 @@ def clean_objects(store: Store, objects: ObjectStore, bucket: str, installation:
 # -- pods ------------------------------------------------------------------------------
 
 
-def _delete(cluster: Cluster, name: str, job_name: str | None, grace: int) -> bool:
-    """Delete a worker pod through its Job when it has one; True if something went."""
-    if job_name and cluster.delete_job(job_name, grace_seconds=grace):
+def _delete(cluster: Cluster, pod: PodRef | Suspect, grace: int) -> bool:
+    """Delete a worker pod through its Job when it has one; True if something went. Each
+    delete names the uid the listing saw: a pod or Job that took the name since is never
+    touched."""
+    if pod.job_name and cluster.delete_job(pod.job_name, uid=pod.job_uid, grace_seconds=grace):
         return True
-    return cluster.delete_pod(name, grace_seconds=grace)
+    return cluster.delete_pod(pod.name, uid=pod.uid, grace_seconds=grace)
 
 
 def clean_pods(settings: Settings, deps: Deps, cluster: Cluster, c: Report) -> None:
@@ -159,7 +162,7 @@ def _clean_listed(settings: Settings, deps: Deps, cluster: Cluster, c: Report,
                       first_seen=suspect.first_seen.isoformat(), severity="BUG_INDICATOR",
                       message="a worker pod held no live claim for the whole grace period")
             try:
-                _delete(cluster, name, suspect.job_name, ORPHAN_POD_GRACE_SECONDS)
+                _delete(cluster, suspect, ORPHAN_POD_GRACE_SECONDS)
             except ClusterError as exc:
                 c.orphaned_pods_cleanup_failures += 1
                 log.error("orphaned_pod_cleanup_failed", pod=name, error=str(exc))
@@ -174,7 +177,7 @@ def _clean_listed(settings: Settings, deps: Deps, cluster: Cluster, c: Report,
         deps.checkpoint()
         for pod in rows:
             try:
-                if _delete(cluster, pod.name, pod.job_name, 0):
+                if _delete(cluster, pod, 0):
                     c.finished_pods_deleted += 1
             except ClusterError as exc:
                 c.finished_pods_cleanup_failures += 1

@@ -35,12 +35,18 @@ class Pod:
     """The Job that owns the pod; deleting it keeps Kubernetes from starting another."""
     deleting: bool = False
     """Deletion already requested (terminating): leave it to its grace period."""
+    uid: str | None = None
+    """The pod object's uid: a delete names it as a precondition, so that it never reaches
+    another pod that took the name since the listing."""
+    job_uid: str | None = None
+    """The owner Job's uid, for the same reason."""
 
     def row(self) -> dict[str, object]:
         return {"name": self.name, "phase": self.phase,
                 "created_at": self.created_at.isoformat() if self.created_at else None,
                 "started_at": self.started_at.isoformat() if self.started_at else None,
-                "job_name": self.job_name, "deleting": self.deleting}
+                "job_name": self.job_name, "deleting": self.deleting, "uid": self.uid,
+                "job_uid": self.job_uid}
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +67,14 @@ class Cluster(Protocol):
         be completed (the caller must then treat what it saw as incomplete)."""
         ...
 
-    def delete_pod(self, name: str, *, grace_seconds: int) -> bool:
-        """Delete a pod; False if it was already gone."""
+    def delete_pod(self, name: str, *, uid: str | None, grace_seconds: int) -> bool:
+        """Delete a pod — only the one with ``uid`` when given; False if it was already gone
+        (or the name now belongs to another pod)."""
         ...
 
-    def delete_job(self, name: str, *, grace_seconds: int) -> bool:
-        """Delete a Job and its pods; False if it was already gone."""
+    def delete_job(self, name: str, *, uid: str | None, grace_seconds: int) -> bool:
+        """Delete a Job and its pods — only the one with ``uid`` when given; False if it was
+        already gone (or the name now belongs to another Job)."""
         ...
 
     def trigger(self, function: str, *, requested_by: str, reason: str) -> str:

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from types import FrameType
 from typing import Any, NamedTuple, Protocol
 from uuid import UUID, uuid4
@@ -140,13 +141,32 @@ class Deps:
 RunOnce = Callable[[Settings, Deps], Report]
 
 
-def detect_trigger(settings: Settings) -> str:
+def detect_trigger(settings: Settings, now: datetime | None = None) -> str:
     """``scheduled`` or ``manual`` (see ``Settings.trigger``). Uncertain: scheduled."""
     if settings.trigger != "auto":
         return settings.trigger
     if settings.triggered_by:
         return "manual"
+    if settings.job_name:
+        return "scheduled" if scheduled_job_name(settings.job_name, now) else "manual"
     return "manual" if not os.environ.get("POD_NAME") and sys.stdin.isatty() else "scheduled"
+
+
+SCHEDULED_JOB_NAME = re.compile(r".+-([0-9]{1,10})")
+SCHEDULED_WINDOW = timedelta(days=1)
+"""How far from now a tick's scheduled time may be for a Job named after it: a run starts
+within the CronJob's startingDeadlineSeconds and retries within its activeDeadlineSeconds."""
+
+
+def scheduled_job_name(name: str, now: datetime | None = None) -> bool:
+    """Whether ``name`` is what the CronJob controller calls the Job of a tick:
+    ``<cronjob>-<the scheduled time in minutes since 1970>``, a time near now."""
+    match = SCHEDULED_JOB_NAME.fullmatch(name)
+    if not match:
+        return False
+    now = now or datetime.now(UTC)
+    tick = datetime.fromtimestamp(int(match.group(1)) * 60, UTC)
+    return now - SCHEDULED_WINDOW <= tick <= now + timedelta(minutes=5)
 
 
 def counts_of(report: Report) -> dict[str, Any]:

@@ -213,10 +213,18 @@ class Settings(BaseSettings):
     scrape, and the same series from two sources would count twice."""
 
     trigger: Literal["auto", "scheduled", "manual"] = "auto"
-    """How a function run records its trigger. ``auto``: ``scheduled`` in a pod (a run made
-    by hand sets ``manual``: manifests/README.md shows how), and outside a pod ``manual``
-    when run from a terminal. Read from the environment only: a function needs no access to
-    the Kubernetes API to know it (least privilege)."""
+    """How a function run records its trigger. ``auto``: in a pod of a Job, ``scheduled`` when
+    the Job's name is the CronJob controller's for a tick, else ``manual`` (``job_name``);
+    ``manual`` whenever ``triggered_by`` is set; outside a pod ``manual`` when run from a
+    terminal. Read from the environment only: a function needs no access to the Kubernetes
+    API to know it (least privilege)."""
+
+    job_name: str | None = Field(default=None, max_length=253)
+    """The Kubernetes Job this pod belongs to (the downward API gives its label
+    ``batch.kubernetes.io/job-name``; the shipped CronJobs set it). A Job the CronJob
+    controller made for a tick is named ``<cronjob>-<minutes since 1970>`` for its scheduled
+    time; any other name (``kubectl create job --from=cronjob/... once``) makes the run
+    ``manual`` — read from the pod's own labels, with no access to the API."""
 
     triggered_by: str | None = Field(default=None, max_length=200)
     """Who started a function run by hand (recorded with the run, shown by ``jobfence

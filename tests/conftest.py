@@ -15,7 +15,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import pytest
@@ -30,6 +30,9 @@ from jobfence.db import Connection
 from jobfence.store import Store
 from jobfence.store.roles import KINDS, ROLE_OF_COMMAND, role_names
 from tests.pg import Databases, postgres_server, with_db
+
+if TYPE_CHECKING:  # the control plane's helpers are imported when a test needs them
+    from tests.kube import ControlPlane
 
 REPO = Path(__file__).resolve().parent.parent
 JOBFENCE = [sys.executable, "-m", "jobfence.functions.cli"]
@@ -207,3 +210,39 @@ def run_cli(dsn: str, *args: str, input: str | None = None, timeout: float = 60,
     return subprocess.run([*JOBFENCE, *args], env=cli_env(dsn, args[0] if args else None, **env),
                           cwd=REPO, input=input, capture_output=True, text=True,
                           timeout=timeout, check=False)
+
+
+# -- the real Kubernetes control plane (tests/kube.py) ----------------------------------------
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the session's main process
+        from tests.kube import configure_session
+
+        configure_session()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        from tests.kube import end_session
+
+        end_session()
+
+
+@pytest.fixture(scope="session")
+def kube() -> ControlPlane:
+    """The session's control plane (one for every test process)."""
+    from tests.kube import session_cluster
+
+    return session_cluster()
+
+
+@pytest.fixture
+def namespace(kube: ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace of the test's own, labelled for the restricted Pod Security Standard;
+    deleted afterwards (its pods' processes stop with it)."""
+    from tests.kube import delete_namespace, new_namespace
+
+    name = new_namespace(kube, request.node.name)
+    yield name
+    delete_namespace(kube, name)

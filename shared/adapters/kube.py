@@ -101,12 +101,26 @@ def installation_selector(selector: str, installation: str) -> str:
 
 def pod_from_json(obj: dict[str, Any]) -> Pod:
     meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-    owner = next((o["name"] for o in meta.get("ownerReferences") or []
-                  if o.get("kind") == "Job"), None)
+    owner: dict[str, Any] = next((o for o in meta.get("ownerReferences") or []
+                                  if o.get("kind") == "Job"), {})
     return Pod(name=meta["name"], phase=status.get("phase") or "Pending",
                created_at=_time(meta.get("creationTimestamp")),
-               started_at=_time(status.get("startTime")), job_name=owner,
-               deleting=meta.get("deletionTimestamp") is not None)
+               started_at=_time(status.get("startTime")), job_name=owner.get("name"),
+               deleting=meta.get("deletionTimestamp") is not None, uid=meta.get("uid"),
+               job_uid=owner.get("uid"))
+
+
+def delete_options(uid: str | None, grace_seconds: int,
+                   propagation: str | None = None) -> dict[str, Any]:
+    """DeleteOptions with the object's uid as a precondition: the server deletes that
+    object or nothing (409 when the name belongs to another one now)."""
+    body: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions",
+                            "gracePeriodSeconds": grace_seconds}
+    if uid:
+        body["preconditions"] = {"uid": uid}
+    if propagation:
+        body["propagationPolicy"] = propagation
+    return body
 
 
 def manual_job(cron: dict[str, Any], *, requested_by: str, reason: str,
@@ -173,15 +187,15 @@ class KubernetesCluster:
             if not token:
                 return
 
-    def delete_pod(self, name: str, *, grace_seconds: int) -> bool:
+    def delete_pod(self, name: str, *, uid: str | None, grace_seconds: int) -> bool:
         return self._delete(lambda: self.core.delete_namespaced_pod(
-            name, self.namespace, grace_period_seconds=grace_seconds,
+            name, self.namespace, body=delete_options(uid, grace_seconds),
             _preload_content=False), f"pod {name}")
 
-    def delete_job(self, name: str, *, grace_seconds: int) -> bool:
+    def delete_job(self, name: str, *, uid: str | None, grace_seconds: int) -> bool:
         return self._delete(lambda: self.batch.delete_namespaced_job(
-            name, self.namespace, grace_period_seconds=grace_seconds,
-            propagation_policy="Background", _preload_content=False), f"job {name}")
+            name, self.namespace, body=delete_options(uid, grace_seconds, "Background"),
+            _preload_content=False), f"job {name}")
 
     def trigger(self, function: str, *, requested_by: str, reason: str) -> str:
         """A Job from the function's CronJob, as ``kubectl create job --from=cronjob/...``
@@ -230,7 +244,7 @@ class KubernetesCluster:
         try:
             self._call(call)
         except ApiException as exc:
-            if exc.status == 404:
+            if exc.status in (404, 409):  # gone, or the name is another object's now
                 return False
             raise ClusterError(f"deleting {what} failed: HTTP {exc.status} {exc.reason}") from exc
         return True

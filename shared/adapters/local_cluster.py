@@ -121,7 +121,7 @@ class LocalCluster:
             return None
         return int(name[len(prefix):])
 
-    def delete_pod(self, name: str, *, grace_seconds: int) -> bool:
+    def delete_pod(self, name: str, *, uid: str | None, grace_seconds: int) -> bool:
         """SIGTERM, then SIGKILL if the process outlives its grace (at most 5 s here)."""
         pid = self._pid(name)
         pod = self.pod(pid) if pid else None
@@ -141,7 +141,7 @@ class LocalCluster:
             os.kill(pid, signal.SIGKILL)
         return True
 
-    def delete_job(self, name: str, *, grace_seconds: int) -> bool:
+    def delete_job(self, name: str, *, uid: str | None, grace_seconds: int) -> bool:
         return False  # local workers have no Jobs
 
     def trigger(self, function: str, *, requested_by: str, reason: str) -> str:

@@ -172,7 +172,10 @@ def migrate(conn: Connection, schema: str = "jobfence",
         relocated = None
         if not db.relation_exists(conn, schema, "jobfence_schema_migrations"):
             relocated = m.legacy_location()
-        m.create_schema()
+            # Only when it may be missing: CREATE SCHEMA IF NOT EXISTS needs CREATE on the
+            # database even when the schema is there, which the owner role's login (the
+            # migrate Job's) need not have.
+            m.create_schema()
         if relocated:
             db.move_objects(conn, source=relocated, target=schema, tables=LEGACY_TABLES,
                             functions=LEGACY_FUNCTIONS)

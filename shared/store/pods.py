@@ -93,7 +93,8 @@ class Pods(Noun):
         if not pods:
             return []
         return self._rows("note_suspects", {
-            "pods": json.dumps([{"name": p.name, "job_name": p.job_name} for p in pods]),
+            "pods": json.dumps([{"name": p.name, "job_name": p.job_name, "uid": p.uid,
+                                 "job_uid": p.job_uid} for p in pods]),
             "listed_at": listed_at}, Suspect)
 
     def forget_suspects(self, *, listed_at: datetime) -> int:

@@ -15,14 +15,16 @@ DELETE FROM {schema}.pod_snapshots WHERE snapshot_id = %(snapshot)s;
 -- Add one page of listed pods to the pass's snapshot (a pod listed twice keeps its last
 -- state).
 INSERT INTO {schema}.pod_snapshots (snapshot_id, name, phase, created_at, started_at,
-    job_name, deleting)
-SELECT %(snapshot)s, x.name, x.phase, x.created_at, x.started_at, x.job_name, x.deleting
+    job_name, deleting, uid, job_uid)
+SELECT %(snapshot)s, x.name, x.phase, x.created_at, x.started_at, x.job_name, x.deleting,
+    x.uid, x.job_uid
 FROM jsonb_to_recordset(%(pods)s::jsonb) AS x (
     name text, phase text, created_at timestamptz, started_at timestamptz, job_name text,
-    deleting boolean)
+    deleting boolean, uid text, job_uid text)
 ON CONFLICT (snapshot_id, name) DO UPDATE SET phase = excluded.phase,
     created_at = excluded.created_at, started_at = excluded.started_at,
-    job_name = excluded.job_name, deleting = excluded.deleting;
+    job_name = excluded.job_name, deleting = excluded.deleting, uid = excluded.uid,
+    job_uid = excluded.job_uid;
 
 -- now --
 -- The database's clock, or the injected one: when a listing began.
@@ -72,7 +74,7 @@ WHERE status = 'running' AND NOT is_parent AND claimed_by !~ %(claimer_pattern)s
 -- unclaimed_pods --
 -- Running worker pods in the snapshot, started before the grace period, holding no live
 -- claim; a page in name order.
-SELECT p.name, p.job_name FROM {schema}.pod_snapshots p
+SELECT p.name, p.job_name, p.uid, p.job_uid FROM {schema}.pod_snapshots p
 WHERE p.snapshot_id = %(snapshot)s AND p.phase = 'Running' AND NOT p.deleting
   AND coalesce(p.started_at, p.created_at) < %(listed_at)s::timestamptz - make_interval(secs => %(grace_seconds)s)
   AND NOT EXISTS (SELECT 1 FROM {schema}.jobs j WHERE j.status = 'running' AND NOT j.is_parent
@@ -82,12 +84,17 @@ ORDER BY p.name
 LIMIT %(limit)s;
 
 -- note_suspects --
--- Remember a page of unclaimed pods: first seen now, or seen again.
-INSERT INTO {schema}.orphan_pod_suspects (name, job_name, first_seen, last_seen)
-SELECT x.name, x.job_name, %(listed_at)s, %(listed_at)s
-FROM jsonb_to_recordset(%(pods)s::jsonb) AS x (name text, job_name text)
-ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen, job_name = excluded.job_name
-RETURNING name, job_name, first_seen;
+-- Remember a page of unclaimed pods: first seen now, or seen again — unless the name now
+-- belongs to another pod (another uid), which starts its own grace period.
+INSERT INTO {schema}.orphan_pod_suspects (name, job_name, first_seen, last_seen, uid, job_uid)
+SELECT x.name, x.job_name, %(listed_at)s, %(listed_at)s, x.uid, x.job_uid
+FROM jsonb_to_recordset(%(pods)s::jsonb) AS x (name text, job_name text, uid text,
+    job_uid text)
+ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen,
+    job_name = excluded.job_name, job_uid = excluded.job_uid, uid = excluded.uid,
+    first_seen = CASE WHEN orphan_pod_suspects.uid IS DISTINCT FROM excluded.uid
+                      THEN excluded.first_seen ELSE orphan_pod_suspects.first_seen END
+RETURNING name, job_name, first_seen, uid, job_uid;
 
 -- forget_suspects --
 -- Suspects not seen unclaimed by this pass (they claimed work, or are gone).
@@ -105,13 +112,13 @@ RETURNING s.name;
 -- Finished worker pods older than the newest %(keep)s, holding no live claim (those are
 -- reconciliation's), a page in name order.
 WITH ranked AS (
-    SELECT p.name, p.job_name, row_number() OVER (
+    SELECT p.name, p.job_name, p.uid, p.job_uid, row_number() OVER (
         ORDER BY coalesce(p.started_at, p.created_at) DESC NULLS LAST, p.name) AS rn
     FROM {schema}.pod_snapshots p
     WHERE p.snapshot_id = %(snapshot)s AND p.phase IN ('Succeeded', 'Failed')
       AND NOT p.deleting
 )
-SELECT r.name, r.job_name FROM ranked r
+SELECT r.name, r.job_name, r.uid, r.job_uid FROM ranked r
 WHERE r.rn > %(keep)s AND r.name > %(after)s
   AND NOT EXISTS (SELECT 1 FROM {schema}.jobs j WHERE j.status = 'running' AND NOT j.is_parent
                   AND j.claimed_by = r.name)

@@ -370,10 +370,13 @@ class ChildError(NamedTuple):
 
 
 class PodRef(NamedTuple):
-    """A worker pod of a pass's snapshot, by name, with the Job that owns it."""
+    """A worker pod of a pass's snapshot, by name, with the Job that owns it, and the uids
+    the listing saw (the preconditions of a delete)."""
 
     name: str
     job_name: str | None
+    uid: str | None = None
+    job_uid: str | None = None
 
 
 class Suspect(NamedTuple):
@@ -382,6 +385,8 @@ class Suspect(NamedTuple):
     name: str
     job_name: str | None
     first_seen: datetime
+    uid: str | None = None
+    job_uid: str | None = None
 
 
 def transitions(rows: Iterable[dict[str, Any]]) -> list[Transition]:

@@ -22,6 +22,7 @@ import pytest
 
 from tests.acceptance.serving import Served, serve
 from tests.conftest import role_dsn, run_cli
+from tests.kube import ControlPlane
 from tests.procs import FAST, alive, enqueue, job, kill_quietly, read_pid, spawn, wait_for
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -235,35 +236,36 @@ def test_a_parent_and_its_children(browser: Any, console: Served, dsn: str,
     assert ".out" in until(browser, "#actions .outputs").text
 
 
-def test_signing_in_with_a_token_and_reading_only(browser: Any, dsn: str,
-                                                  tmp_path: Path) -> None:
-    from devtools.kube_api import kube_api
+def test_signing_in_with_a_token_and_reading_only(browser: Any, dsn: str, tmp_path: Path,
+                                                  kube: ControlPlane, namespace: str) -> None:
+    """With a real ServiceAccount token, reviewed by the real API server."""
+    from tests.kube import kubeconfig_for, service_account, token
 
     enqueue(dsn, 'sleep:{"seconds": 0}', "--queue", "reports")
-    with kube_api() as api:
-        api.emulator.tokens["dev-token"] = {"username": "dev@example.com", "groups": ["dev"]}
-        kubeconfig = tmp_path / "kubeconfig"
-        api.kubeconfig(kubeconfig)
-        with serve(dsn, JOBFENCE_AUTH="tokenreview", JOBFENCE_CLUSTER="kubernetes",
-                   JOBFENCE_NAMESPACE="jobs", JOBFENCE_AUTH_OPERATORS="group:ops",
-                   KUBECONFIG=str(kubeconfig)) as s:
-            browser.get(s.url + "/#/queues")
-            box = until(browser, "#login-token")
-            assert box.is_displayed()  # no token yet: the console asks for one
-            box.send_keys("wrong")
-            click(browser, "#login-form button")
-            wait_for(lambda: until(browser, "#login-token").is_displayed(), timeout=10)
-            box = until(browser, "#login-token")
-            box.clear()
-            box.send_keys("dev-token")
-            click(browser, "#login-form button")
-            until(browser, "#who", "dev@example.com (reader)")
-            row = until(browser, "#queues tr[data-queue=reports]")
-            assert row.find_element("css selector", ".depth").text == "1"
-            # A reader sees no operator's buttons, and the drain switch is not offered.
-            buttons = row.find_elements("css selector", "button")
-            assert buttons and not any(b.is_displayed() for b in buttons)
-            assert not browser.find_elements("css selector", "#drain-toggle")
+    service_account(kube, namespace, "console", cluster_role="system:auth-delegator")
+    service_account(kube, namespace, "viewer")
+    viewer = token(kube, namespace, "viewer")
+    kubeconfig = kubeconfig_for(kube, namespace, "console", tmp_path / "kubeconfig")
+    with serve(dsn, JOBFENCE_AUTH="tokenreview", JOBFENCE_CLUSTER="kubernetes",
+               JOBFENCE_NAMESPACE=namespace, JOBFENCE_AUTH_OPERATORS="group:ops",
+               KUBECONFIG=str(kubeconfig)) as s:
+        browser.get(s.url + "/#/queues")
+        box = until(browser, "#login-token")
+        assert box.is_displayed()  # no token yet: the console asks for one
+        box.send_keys("wrong")
+        click(browser, "#login-form button")
+        wait_for(lambda: until(browser, "#login-token").is_displayed(), timeout=10)
+        box = until(browser, "#login-token")
+        box.clear()
+        box.send_keys(viewer)
+        click(browser, "#login-form button")
+        until(browser, "#who", f"system:serviceaccount:{namespace}:viewer (reader)")
+        row = until(browser, "#queues tr[data-queue=reports]")
+        assert row.find_element("css selector", ".depth").text == "1"
+        # A reader sees no operator's buttons, and the drain switch is not offered.
+        buttons = row.find_elements("css selector", "button")
+        assert buttons and not any(b.is_displayed() for b in buttons)
+        assert not browser.find_elements("css selector", "#drain-toggle")
 
 
 def _errors(browser: Any) -> list[str]:

@@ -1,8 +1,9 @@
 """`jobfence serve` over real HTTP: a server started by the test on 127.0.0.1 against a real
 PostgreSQL, called the way a client calls it. Every status code the API promises, who may
 do what (no token, a reader, an operator), CSRF refusals, the manual trigger's rate limit
-and its audit row (raced), a trigger through a Kubernetes API (a Job from the CronJob),
-and paging through 25,000 jobs with the server's memory bounded."""
+and its audit row (raced), and paging through 25,000 jobs with the server's memory bounded.
+Real bearer tokens and a trigger through the Kubernetes API (a Job from the CronJob) are in
+tests/cluster/test_console.py, on the real control plane."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 from starlette.routing import Route
 
-from devtools.kube_api import KubeAPI, kube_api
 from devtools.sqlconn import connect
 from tests.acceptance.serving import Served, free_port, serve
 from tests.conftest import role_dsn, run_cli
@@ -282,62 +282,6 @@ def test_manual_trigger_is_rate_limited_raced_and_audited(server: Served, dsn: s
     assert sorted(runs) == [("lifecycle", "manual", "alice"), ("sweeper", "manual", "alice")]
 
 
-def test_a_trigger_the_cluster_refuses_is_recorded_and_frees_its_slot(
-        dsn: str, tmp_path: Path) -> None:
-    with kube_api() as api, serve(dsn, **{**PROXY, "JOBFENCE_CLUSTER": "kubernetes",
-                                          "JOBFENCE_NAMESPACE": "jobs",
-                                          "KUBECONFIG": _kubeconfig(api, tmp_path)}) as s:
-        missing = s.post("/api/v1/functions/sweeper/trigger", {"reason": "try"},
-                         headers=ALICE)
-        assert missing.status == 502 and "jobfence-sweeper" in missing.body["error"]
-        api.put("batch/v1/cronjobs", "jobs", _cronjob("sweeper"))
-        made = s.post("/api/v1/functions/sweeper/trigger", {"reason": "INC-7 leases"},
-                      headers=ALICE)
-        assert made.status == 202, made.body  # the refused one did not hold the slot
-        [job] = api.objects("batch/v1/jobs", "jobs")
-        assert job["metadata"]["name"] == made.body["job_name"]
-        assert job["metadata"]["name"].startswith("jobfence-sweeper-manual-")
-        assert job["metadata"]["ownerReferences"][0]["kind"] == "CronJob"
-        assert job["metadata"]["annotations"]["jobfence.io/triggered-by"] == "alice"
-        env = {e["name"]: e.get("value") for e in
-               job["spec"]["template"]["spec"]["containers"][0]["env"]}
-        assert env["JOBFENCE_TRIGGERED_BY"] == "alice"
-        assert env["JOBFENCE_TRIGGER_REASON"] == "INC-7 leases"
-        assert env["JOBFENCE_DATABASE_URL"] is None  # the template's own env is kept
-    with connect(dsn) as conn:
-        rows = conn.execute("SELECT outcome, error IS NOT NULL AS e FROM "
-                            "jobfence.function_triggers ORDER BY trigger_id").fetchall()
-    assert [(r["outcome"], r["e"]) for r in rows] == [("failed", True), ("created", False)]
-
-
-def test_bearer_tokens_are_checked_by_token_review(dsn: str, tmp_path: Path) -> None:
-    with kube_api() as api:
-        api.emulator.tokens.update({
-            "op-token": {"username": "system:serviceaccount:ops:oncall",
-                         "groups": ["system:serviceaccounts", "ops"]},
-            "dev-token": {"username": "dev@example.com", "groups": ["dev"]},
-            "impostor-token": {"username": "group:ops", "groups": ["dev"]}})
-        env = {"JOBFENCE_AUTH": "tokenreview", "JOBFENCE_CLUSTER": "kubernetes",
-               "JOBFENCE_NAMESPACE": "jobs", "JOBFENCE_AUTH_OPERATORS": "group:ops",
-               "KUBECONFIG": _kubeconfig(api, tmp_path)}
-        with serve(dsn, **env) as s:
-            none = s.get("/api/v1/jobs")
-            assert none.status == 401 and none.headers["www-authenticate"].startswith("Bearer")
-            assert s.get("/api/v1/jobs", headers={"Authorization": "Bearer nope"}).status == 401
-            dev = {"Authorization": "Bearer dev-token"}
-            op = {"Authorization": "Bearer op-token"}
-            assert s.get("/api/v1/me", headers=dev).body["may_operate"] is False
-            impostor = {"Authorization": "Bearer impostor-token"}
-            assert s.get("/api/v1/me", headers=impostor).body["may_operate"] is False
-            assert s.post("/api/v1/drain", {"on": True}, headers=impostor).status == 403
-            assert s.post("/api/v1/drain", {"on": True}, headers=dev).status == 403
-            assert s.post("/api/v1/drain", {"on": True}, headers=op).body["draining"] is True
-            reviews = api.emulator.token_reviews
-            for _ in range(5):  # remembered for a while: a live console does not flood it
-                assert s.get("/api/v1/queues", headers=op).status == 200
-            assert api.emulator.token_reviews == reviews
-
-
 def test_no_auth_only_on_loopback_and_only_for_loopback_hosts(dsn: str) -> None:
     r = run_cli(dsn, "serve", "--host", "0.0.0.0", "--port", str(free_port()),
                 JOBFENCE_AUTH="none")
@@ -401,24 +345,6 @@ def test_a_chunked_body_of_512_mib_is_refused_while_it_streams_and_the_server_st
         **ALICE, "Content-Length": str(65 * mib)})
     assert declared.status == 413
     assert server.get("/api/v1/jobs", headers=BOB).body["jobs"] == []
-
-
-def _kubeconfig(api: KubeAPI, tmp_path: Path) -> str:
-    path = tmp_path / "kubeconfig"
-    api.kubeconfig(path)
-    return str(path)
-
-
-def _cronjob(function: str) -> dict[str, object]:
-    return {"apiVersion": "batch/v1", "kind": "CronJob",
-            "metadata": {"name": f"jobfence-{function}", "namespace": "jobs", "uid": "u-1"},
-            "spec": {"schedule": "* * * * *", "jobTemplate": {
-                "metadata": {"labels": {"app.kubernetes.io/component": function}},
-                "spec": {"backoffLimit": 0, "template": {"spec": {
-                    "restartPolicy": "Never",
-                    "containers": [{"name": "jobfence", "image": "jobfence", "args": [function],
-                                    "env": [{"name": "JOBFENCE_DATABASE_URL", "valueFrom": {
-                                        "secretKeyRef": {"name": "db", "key": "url"}}}]}]}}}}}}
 
 
 def test_the_cli_knows_serve(dsn: str) -> None:

@@ -1,4 +1,5 @@
-"""The kustomize base rendered once per session with `kubectl kustomize manifests/`."""
+"""The kustomize base rendered once per session with `kubectl kustomize manifests/`, and
+with the alerts component."""
 
 from __future__ import annotations
 
@@ -6,15 +7,18 @@ import copy
 
 import pytest
 
-from tests.manifests.rendered import Obj, kubectl_available, render
+from tests.manifests.rendered import Obj, render, render_with
 
 
 @pytest.fixture(scope="session")
 def base() -> list[Obj]:
-    if not kubectl_available():
-        pytest.skip("kubectl is not installed: the manifest tests render the base with "
-                    "`kubectl kustomize manifests/`")
     return render()
+
+
+@pytest.fixture(scope="session")
+def with_alerts() -> list[Obj]:
+    """The base with the alerts component (its PrometheusRule)."""
+    return render_with("alerts")
 
 
 @pytest.fixture

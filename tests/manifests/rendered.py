@@ -1,24 +1,26 @@
-"""What the manifest tests share: the kustomize base rendered by kubectl, the pod templates
-in it, the contract's periodic functions, and the vendored CRD schemas made strict."""
+"""What the manifest tests share: the kustomize base (and the alerts component) rendered by
+the kubectl built from the pinned sources, the pod templates in it, the contract's periodic
+functions. The custom objects are checked against their real CRDs by a real API server in
+tests/cluster/test_manifests.py."""
 
 from __future__ import annotations
 
-import copy
-import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import yaml
 
+from devtools import controlplane
+from devtools.deploy import overlay
 from jobfence.pools import Pools
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
-CRDS = REPO / "tests" / "fixtures" / "crds"
+RUNBOOK_URL = "https://docs.example/jobfence/docs/RUNBOOK.md"
 
 # kubernetes-validate ships schemas for 1.25-1.37; 1.32 is the kubectl on our machines.
 KUBERNETES_VERSION = "1.32"
@@ -73,13 +75,6 @@ METRICS = {
     "jobfence_lifecycle_overdue_seconds",
 }
 
-# The vendored CRD of each custom kind the base uses (see tests/fixtures/crds/README.md).
-CRD_FILES = {
-    ("keda.sh/v1alpha1", "ScaledJob"): "keda.sh_scaledjobs.yaml",
-    ("keda.sh/v1alpha1", "TriggerAuthentication"): "keda.sh_triggerauthentications.yaml",
-    ("monitoring.coreos.com/v1", "PrometheusRule"): "monitoring.coreos.com_prometheusrules.yaml",
-}
-
 Obj = dict[str, Any]
 
 
@@ -89,16 +84,27 @@ def pools() -> Pools:
     return Pools.model_validate(yaml.safe_load((MANIFESTS / "pools.yaml").read_text()))
 
 
-def kubectl_available() -> bool:
-    return shutil.which("kubectl") is not None
+def kubectl() -> str:
+    """The kubectl built from devtools/controlplane (`make controlplane`)."""
+    return str(controlplane.path("kubectl"))
 
 
 def render(path: Path = MANIFESTS) -> list[Obj]:
     """`kubectl kustomize` of a kustomization directory, as a list of objects."""
-    out = subprocess.run(["kubectl", "kustomize", str(path)], cwd=REPO, capture_output=True,
+    out = subprocess.run([kubectl(), "kustomize", str(path)], cwd=REPO, capture_output=True,
                          text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
+
+
+def render_with(*components: str, **settings: Any) -> list[Obj]:
+    """The base with optional components, as `make deploy COMPONENTS=...` renders it."""
+    REPO.joinpath("build").mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=REPO / "build", prefix="render-") as tmp:
+        settings.setdefault("runbook_url", RUNBOOK_URL)
+        settings.setdefault("namespace", "jobfence")
+        overlay(image="jobfence:0.1.0", components=components, where=Path(tmp), **settings)
+        return render(Path(tmp))
 
 
 def one(objects: list[Obj], kind: str, name: str | None = None) -> Obj:
@@ -140,44 +146,3 @@ def function_of(cronjob: Obj) -> str:
     """The jobfence command a CronJob runs (its container's first argument)."""
     [container] = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
     return str(container["args"][0])
-
-
-# -- CRD schemas ----------------------------------------------------------------------------
-
-def strict(schema: Obj) -> Obj:
-    """A CRD's structural schema as JSON Schema that rejects unknown fields, as the API
-    server does for `kubectl apply` (field validation Strict): every object schema that
-    lists its properties, and neither allows extra ones nor preserves unknown fields, gets
-    `additionalProperties: false`. Objects without listed properties (e.g. `metadata`)
-    stay open."""
-    out = copy.copy(schema)
-    if "properties" in out:
-        out["properties"] = {k: strict(v) for k, v in out["properties"].items()}
-        if ("additionalProperties" not in out
-                and not out.get("x-kubernetes-preserve-unknown-fields")):
-            out["additionalProperties"] = False
-    if isinstance(out.get("additionalProperties"), dict):
-        out["additionalProperties"] = strict(out["additionalProperties"])
-    if "items" in out:
-        out["items"] = strict(out["items"])
-    for key in ("anyOf", "allOf", "oneOf"):
-        if key in out:
-            out[key] = [strict(s) for s in out[key]]
-    return out
-
-
-@cache
-def crd(api_version: str, kind: str) -> Obj:
-    """The vendored CRD that defines `kind` in `api_version`."""
-    [doc] = [d for d in yaml.safe_load_all((CRDS / CRD_FILES[api_version, kind]).read_text())
-             if d]
-    return dict(doc)
-
-
-def crd_validator(api_version: str, kind: str) -> jsonschema.Draft202012Validator:
-    definition = crd(api_version, kind)
-    group, _, version = api_version.partition("/")
-    assert definition["spec"]["group"] == group
-    assert definition["spec"]["names"]["kind"] == kind
-    [served] = [v for v in definition["spec"]["versions"] if v["name"] == version]
-    return jsonschema.Draft202012Validator(strict(served["schema"]["openAPIV3Schema"]))

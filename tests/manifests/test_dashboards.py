@@ -16,7 +16,7 @@ import promql_parser
 import pytest
 
 from devtools.dashboards import OUT, render
-from tests.manifests.rendered import MANIFESTS, METRICS, kubectl_available
+from tests.manifests.rendered import MANIFESTS, METRICS
 from tests.manifests.rendered import render as kustomize
 from tests.manifests.test_render_and_validate import metric_names
 
@@ -76,8 +76,6 @@ def test_every_panel_expression_parses_and_names_only_exported_metrics(path: Pat
 
 
 def test_the_component_renders_the_sidecars_configmap(tmp_path: Path) -> None:
-    if not kubectl_available():
-        pytest.skip("kubectl is not installed")
     rel = Path(os.path.relpath(MANIFESTS, tmp_path))
     (tmp_path / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"

@@ -11,13 +11,11 @@ import kubernetes_validate
 import pytest
 
 from jobfence.functions.cli import COMMANDS
-from tests.manifests.rendered import KUBERNETES_VERSION, MANIFESTS, Obj, kubectl_available, render
+from tests.manifests.rendered import KUBERNETES_VERSION, MANIFESTS, Obj, render
 
 
 @pytest.fixture(scope="module")
 def overlay(tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
-    if not kubectl_available():
-        pytest.skip("kubectl is not installed")
     root = tmp_path_factory.mktemp("overlay")
     rel = Path(os.path.relpath(MANIFESTS, root))
     (root / "kustomization.yaml").write_text(

@@ -153,8 +153,8 @@ def test_migration_job_runs_migrate_with_retries(base: list[Obj]) -> None:
 
 
 def test_function_alert_thresholds_cover_every_function_and_outlast_a_run(
-        base: list[Obj]) -> None:
-    rule = one(base, "PrometheusRule")
+        base: list[Obj], with_alerts: list[Obj]) -> None:
+    rule = one(with_alerts, "PrometheusRule")
     [alert] = [r for g in rule["spec"]["groups"] for r in g["rules"]
                if r["alert"] == "JobfenceFunctionNotSucceeding"]
     thresholds = {m[0]: int(m[1]) for m in re.findall(
@@ -563,7 +563,8 @@ def test_every_worker_pod_carries_the_configured_installation(base: list[Obj]) -
 
 
 def test_make_deploy_installation_relabels_every_worker_pod() -> None:
-    out = subprocess.run(["make", "-s", "render", "INSTALLATION=staging"], cwd=REPO,
+    out = subprocess.run(["make", "-s", "render", "INSTALLATION=staging",
+                          "OVERLAY=build/test-render-installation"], cwd=REPO,
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     objects = [doc for doc in yaml.safe_load_all(out.stdout) if doc]

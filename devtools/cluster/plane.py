@@ -1,0 +1,482 @@
+"""One local cluster: which components, in which order, with which flags; its files; up,
+down and whether it is up.
+
+Everything listens on 127.0.0.1. The files live in one directory (``build/cluster`` for
+``make cluster-up``, a temporary one for the tests): ``pki/`` (the CA, the serving and
+client certificates and the ServiceAccount key, made fresh each time), ``kubeconfig`` (the
+admin's), ``env``, ``state.json`` (what runs, to stop it later), ``logs/``, ``etcd/`` and
+``agent/`` (the pods' volumes and their containers' logs). ``down`` stops what ``up``
+started and deletes the directory.
+
+The components, in order (a cluster may leave some out: the tests bring their own
+PostgreSQL; KEDA's operator joins the list later):
+
+==========================  ===================================================================
+etcd                        the API server's storage (``--unsafe-no-fsync``: a throwaway)
+kube-apiserver              RBAC and the Node authorizer, ServiceAccount tokens, the default
+                            admission plugins (PodSecurity among them) and NodeRestriction;
+                            an audit log of deletes of pods and Jobs
+kube-controller-manager     the controllers jobfence's objects need (``CONTROLLERS``), each
+                            with its own ServiceAccount's credentials, as in a real cluster
+node-agent                  the stand-in for the kubelet (``devtools.cluster.agent``), its
+                            logs endpoint reached by the API server (``kubectl logs``)
+postgres                    a throwaway PostgreSQL with jobfence migrated, a login per role and
+                            the role Secrets the manifests read, in namespace ``jobfence``
+crds                        KEDA's CRDs (ScaledJob, TriggerAuthentication...) and
+                            prometheus-operator's PrometheusRule, from their pinned Go modules
+==========================  ===================================================================
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from devtools import controlplane
+from devtools.cluster import certs, crds
+from devtools.cluster.processes import ClusterError, Started, port_free, start, stop, wait_until
+from devtools.cluster.rest import ApiError, Credentials, Rest
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_ROOT = REPO / "build" / "cluster"
+NODE = "jobfence-node"
+NAMESPACE = "jobfence"
+INSTALLATION = "jobfence"
+"""The base's ``JOBFENCE_INSTALLATION`` (manifests/config.yaml): the cluster's database is
+migrated with it, so that ``make deploy`` of the base works as it is."""
+
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "node-agent", "postgres",
+              "crds")
+CONTROLLERS = ("job-controller", "cronjob-controller", "garbage-collector-controller",
+               "ttl-after-finished-controller", "namespace-controller",
+               "serviceaccount-controller", "serviceaccount-token-controller",
+               "root-ca-certificate-publisher-controller",
+               "clusterrole-aggregation-controller")
+"""No node-lifecycle controller: nothing sends the heartbeats it would judge, and it would
+taint the node and evict its pods."""
+
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+    "rules": [{"level": "Request", "verbs": ["delete", "deletecollection"],
+               "resources": [{"group": "", "resources": ["pods"]},
+                             {"group": "batch", "resources": ["jobs"]}]},
+              {"level": "Metadata", "verbs": ["create"],
+               "resources": [{"group": "authentication.k8s.io",
+                              "resources": ["tokenreviews"]}]},
+              {"level": "None"}]}
+"""Who deleted which pod or Job, with the request body (its preconditions), and who asked
+for TokenReviews: the tests read it."""
+
+
+@dataclass(frozen=True)
+class Ports:
+    api: int = 16443
+    etcd: int = 12379
+    etcd_peer: int = 12380
+    postgres: int = 15432
+
+    def named(self, components: Sequence[str]) -> dict[str, int]:
+        out = {}
+        if "etcd" in components:
+            out.update({"etcd (clients)": self.etcd, "etcd (peers)": self.etcd_peer})
+        if "kube-apiserver" in components:
+            out["kube-apiserver"] = self.api
+        if "postgres" in components:
+            out["postgres"] = self.postgres
+        return out
+
+
+@dataclass
+class Plane:
+    root: Path = DEFAULT_ROOT
+    ports: Ports = field(default_factory=Ports)
+    components: tuple[str, ...] = COMPONENTS
+    owner: int | None = None
+    """A process whose end takes the cluster down (the test session's), or None."""
+    quiet: bool = False
+
+    # -- files -----------------------------------------------------------------------------
+
+    @property
+    def pki(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    @property
+    def env_file(self) -> Path:
+        return self.root / "env"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def agent_root(self) -> Path:
+        return self.root / "agent"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports.api}"
+
+    @property
+    def database_url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.ports.postgres}/jobfence"
+
+    def say(self, message: str) -> None:
+        if not self.quiet:
+            print(f"cluster: {message}", flush=True)
+
+    def component_kubeconfig(self, who: certs.Identity) -> Path:
+        return self.pki / f"{who.file}.kubeconfig"
+
+    def admin(self) -> Rest:
+        return Rest(Credentials.from_kubeconfig(self.kubeconfig))
+
+    def state(self) -> dict[str, Any] | None:
+        try:
+            data: dict[str, Any] = json.loads(self.state_file.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        return data
+
+    # -- up --------------------------------------------------------------------------------
+
+    def preflight(self) -> dict[str, Path]:
+        """Everything that can be checked before anything starts: nothing is half-started
+        when one of these fails."""
+        if os.geteuid() != 0 and "node-agent" in self.components:
+            raise ClusterError("the node agent runs each container in namespaces of its own "
+                               "and as its runAsUser, which takes root: run cluster-up as root")
+        binaries = {}
+        for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl"):
+            try:
+                binaries[name] = controlplane.path(name)
+            except controlplane.BuildError as exc:
+                raise ClusterError(str(exc)) from exc
+        if "postgres" in self.components:
+            from devtools.embedded_pg import EmbeddedPostgresError, find_bindir
+
+            try:
+                find_bindir()
+            except EmbeddedPostgresError as exc:
+                raise ClusterError(str(exc)) from exc
+        for what, port in self.ports.named(self.components).items():
+            if not port_free(port):
+                raise ClusterError(f"port {port} on 127.0.0.1 ({what}) is taken: stop what "
+                                   f"listens there, or choose another port "
+                                   f"({_PORT_SETTING[what]}=...)")
+        return binaries
+
+    def up(self) -> None:
+        """Start the cluster, or say it is up already; on any failure, stop what was
+        started, remove the directory, and raise ClusterError."""
+        if self.state() is not None:
+            if self.healthy():
+                self.say(f"already up ({self.root})")
+                self.print_usage()
+                return
+            self.say("a previous cluster is only partly there: taking it down first")
+            self.down()
+        binaries = self.preflight()
+        self.root.mkdir(parents=True, exist_ok=True)
+        state: dict[str, Any] = {"root": str(self.root), "ports": self.ports.__dict__,
+                                 "components": list(self.components), "processes": {}}
+        self._write_state(state)
+        try:
+            self._start(binaries, state)
+        except BaseException as exc:
+            self.say(f"start failed: {exc}" if isinstance(exc, ClusterError)
+                     else f"start failed ({type(exc).__name__}): taking down what started")
+            self.down(quiet=True)
+            if isinstance(exc, ClusterError | KeyboardInterrupt):
+                raise
+            raise ClusterError(f"{type(exc).__name__}: {exc}") from exc
+        if not self.quiet:
+            self.print_usage()
+
+    def _step(self, what: str, action: Callable[[], Any]) -> Any:
+        began = time.monotonic()
+        result = action()
+        self.say(f"{what} in {time.monotonic() - began:.1f} s")
+        return result
+
+    def _start(self, binaries: dict[str, Path], state: dict[str, Any]) -> None:
+        began = time.monotonic()
+        self._step("certificates made", self._certificates)
+        procs = state["processes"]
+
+        def record(name: str, proc: Started) -> Started:
+            procs[name] = proc.row()
+            self._write_state(state)
+            return proc
+
+        etcd = record("etcd", self._etcd(binaries["etcd"]))
+        self._step("etcd ready", lambda: wait_until(
+            lambda: _http_ok(f"http://127.0.0.1:{self.ports.etcd}/health"),
+            what="etcd", timeout=30, proc=etcd))
+        api = record("kube-apiserver", self._apiserver(binaries["kube-apiserver"]))
+        self._step("kube-apiserver ready", lambda: wait_until(
+            self._api_ready, what="kube-apiserver", timeout=90, proc=api))
+        if "kube-controller-manager" in self.components:
+            cm = record("kube-controller-manager",
+                        self._controller_manager(binaries["kube-controller-manager"]))
+            self._step("kube-controller-manager ready", lambda: wait_until(
+                self._controllers_ready, what="kube-controller-manager", timeout=90, proc=cm))
+        if "node-agent" in self.components:
+            agent = record("node-agent", self._node_agent())
+            self._step(f"node agent ready (node {NODE})", lambda: wait_until(
+                self._node_ready, what="the node agent", timeout=60, proc=agent))
+        if "crds" in self.components:
+            self._step("CRDs applied (KEDA, PrometheusRule)",
+                       lambda: crds.install(binaries["kubectl"], self.kubeconfig))
+        if "postgres" in self.components:
+            state["postgres"] = self._step("PostgreSQL ready, jobfence migrated",
+                                           self._postgres)
+            self._write_state(state)
+            self._step(f"namespace {NAMESPACE} and its role Secrets created",
+                       lambda: self._namespace_and_secrets(state["postgres"]["urls"]))
+        if self.owner is not None:
+            record("watch", start([sys.executable, "-m", "devtools.cluster", "watch",
+                                   "--dir", str(self.root), "--owner", str(self.owner)],
+                                  log=self.logs / "watch.log", cwd=REPO))
+        self._write_env()
+        self.say(f"up in {time.monotonic() - began:.1f} s")
+
+    def _write_state(self, state: dict[str, Any]) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2) + "\n")
+        os.replace(tmp, self.state_file)
+
+    def _certificates(self) -> None:
+        self.pki.mkdir(parents=True, exist_ok=True)
+        ca = certs.Authority(self.pki)
+        ca.serving()
+        certs.service_account_key(self.pki)
+        for who in (certs.ADMIN, certs.CONTROLLER_MANAGER, certs.SCHEDULER, certs.node(NODE)):
+            crt, key = ca.client(who)
+            _kubeconfig(self.component_kubeconfig(who), self.server, ca.ca_file, crt, key,
+                        user=who.user)
+        ca.client(certs.KUBELET_CLIENT)
+        ca.kubelet_serving(NODE)
+        shutil.copyfile(self.component_kubeconfig(certs.ADMIN), self.kubeconfig)
+        (self.pki / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
+
+    def node_identity(self, name: str) -> Path:
+        """The client certificate and kubeconfig of another node (a second node agent)."""
+        ca = certs.Authority.load(self.pki)
+        who = certs.node(name)
+        ca.kubelet_serving(name)
+        crt, key = ca.client(who)
+        _kubeconfig(self.component_kubeconfig(who), self.server, ca.ca_file, crt, key,
+                    user=who.user)
+        return self.component_kubeconfig(who)
+
+    def _etcd(self, binary: Path) -> Started:
+        client, peer = (f"http://127.0.0.1:{self.ports.etcd}",
+                        f"http://127.0.0.1:{self.ports.etcd_peer}")
+        return start([str(binary), "--name", "local", "--data-dir", str(self.root / "etcd"),
+                      "--listen-client-urls", client, "--advertise-client-urls", client,
+                      "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                      "--initial-cluster", f"local={peer}", "--unsafe-no-fsync",
+                      "--log-level", "warn"], log=self.logs / "etcd.log")
+
+    def _apiserver(self, binary: Path) -> Started:
+        p = self.pki
+        return start([
+            str(binary), f"--etcd-servers=http://127.0.0.1:{self.ports.etcd}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={self.ports.api}", f"--cert-dir={p}",
+            f"--tls-cert-file={p / 'apiserver.crt'}",
+            f"--tls-private-key-file={p / 'apiserver.key'}",
+            f"--client-ca-file={p / 'ca.crt'}",
+            "--service-cluster-ip-range=10.0.0.0/24", "--endpoint-reconciler-type=none",
+            "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={p / 'sa.key'}",
+            f"--service-account-signing-key-file={p / 'sa.key'}",
+            f"--kubelet-client-certificate={p / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={p / 'apiserver-kubelet-client.key'}",
+            f"--kubelet-certificate-authority={p / 'ca.crt'}",
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--audit-policy-file={p / 'audit-policy.yaml'}",
+            f"--audit-log-path={self.logs / 'audit.log'}", "--audit-log-format=json",
+            "--audit-log-maxsize=200", "--profiling=false", "--v=0"],
+            log=self.logs / "kube-apiserver.log")
+
+    def _controller_manager(self, binary: Path) -> Started:
+        p = self.pki
+        return start([
+            str(binary), f"--kubeconfig={self.component_kubeconfig(certs.CONTROLLER_MANAGER)}",
+            "--leader-elect=false", "--secure-port=0", "--use-service-account-credentials",
+            f"--controllers={','.join(CONTROLLERS)}",
+            f"--service-account-private-key-file={p / 'sa.key'}",
+            f"--root-ca-file={p / 'ca.crt'}", "--cluster-name=jobfence-local", "--v=0"],
+            log=self.logs / "kube-controller-manager.log")
+
+    def _node_agent(self) -> Started:
+        return start([sys.executable, "-m", "devtools.cluster.agent", "--dir", str(self.root),
+                      "--node", NODE, "--api-port", str(self.ports.api)],
+                     log=self.logs / "node-agent.log", cwd=REPO,
+                     env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    def _api_ready(self) -> bool:
+        with self.admin() as api:
+            return api.request("GET", "/readyz").get("raw") == "ok"
+
+    def _controllers_ready(self) -> bool:
+        """The controllers are at work once the default namespace has its ServiceAccount
+        (serviceaccount controller) and the root CA ConfigMap (root-CA publisher)."""
+        with self.admin() as api:
+            return api.exists("/api/v1/namespaces/default/serviceaccounts/default") \
+                and api.exists("/api/v1/namespaces/default/configmaps/kube-root-ca.crt")
+
+    def _node_ready(self) -> bool:
+        with self.admin() as api:
+            node = api.get(f"/api/v1/nodes/{NODE}")
+        return any(c["type"] == "Ready" and c["status"] == "True"
+                   for c in (node.get("status") or {}).get("conditions") or [])
+
+    def _postgres(self) -> dict[str, Any]:
+        from devtools.cluster import database
+
+        return database.start(self.ports.postgres, self.logs)
+
+    def _namespace_and_secrets(self, urls: dict[str, str]) -> None:
+        with self.admin() as api:
+            create_namespace(api, NAMESPACE)
+            for kind, url in urls.items():
+                put_secret(api, NAMESPACE, f"jobfence-database-{kind}", {"url": url})
+
+    def _write_env(self) -> None:
+        lines = ["# Written by `make cluster-up`: the local control plane. `. build/cluster/env`",
+                 f"export KUBECONFIG={self.kubeconfig}",
+                 f"export PATH={controlplane.LINKS}:$PATH"]
+        if "postgres" in self.components:
+            lines.append(f"export JOBFENCE_DATABASE_URL={self.database_url}")
+        self.env_file.write_text("\n".join(lines) + "\n")
+
+    def print_usage(self) -> None:
+        rel = _relative(self.root)
+        print(f"""
+The local cluster is up (node {NODE}, API server {self.server}).
+  . {rel}/env                          # KUBECONFIG, JOBFENCE_DATABASE_URL, kubectl on PATH
+  kubectl get nodes,pods -A
+  make deploy KUBECONFIG={rel}/kubeconfig
+  kubectl -n {NAMESPACE} create job --from=cronjob/jobfence-sweeper once
+  kubectl -n {NAMESPACE} logs job/once
+Containers' output also in {rel}/agent/logs/; the components' logs in {rel}/logs/.
+`make cluster-down` stops it all and removes {rel}.""", flush=True)
+
+    # -- state -----------------------------------------------------------------------------
+
+    def healthy(self) -> bool:
+        state = self.state()
+        if state is None:
+            return False
+        for name, row in state.get("processes", {}).items():
+            if name != "watch" and not Started(**row).alive():
+                return False
+        try:
+            return self._api_ready() and ("node-agent" not in self.components
+                                          or self._node_ready())
+        except Exception:
+            return False
+
+    def down(self, *, quiet: bool = False) -> bool:
+        """Stop everything ``up`` started (the node agent first: its pods' processes die
+        with it), stop PostgreSQL, delete the directory. False if nothing was there."""
+        state = self.state()
+        if state is None and not self.root.exists():
+            return False
+        processes = (state or {}).get("processes", {})
+        for name in ("watch", "node-agent", "kube-controller-manager", "kube-apiserver", "etcd"):
+            if name in processes and not (name == "watch" and _is_self(processes[name])):
+                stop(Started(**processes[name]))
+        if state and state.get("postgres"):
+            from devtools.cluster import database
+
+            database.stop(state["postgres"])
+        shutil.rmtree(self.root, ignore_errors=True)
+        if not quiet:
+            self.say(f"down: stopped {', '.join(processes) or 'nothing'}; removed "
+                     f"{_relative(self.root)}")
+        return True
+
+
+_PORT_SETTING = {"etcd (clients)": "CLUSTER_ETCD_PORT", "etcd (peers)": "CLUSTER_ETCD_PEER_PORT",
+                 "kube-apiserver": "CLUSTER_API_PORT", "postgres": "CLUSTER_PG_PORT"}
+
+
+def _is_self(row: dict[str, Any]) -> bool:
+    return int(row["pid"]) == os.getpid()
+
+
+def _relative(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _http_ok(url: str) -> bool:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 (our own loopback)
+        return bool(resp.status == 200)
+
+
+def _kubeconfig(path: Path, server: str, ca: Path, crt: Path, key: Path, *, user: str) -> None:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "jobfence-local",
+        "clusters": [{"name": "jobfence-local",
+                      "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "users": [{"name": user, "user": {"client-certificate": str(crt),
+                                          "client-key": str(key)}}],
+        "contexts": [{"name": "jobfence-local",
+                      "context": {"cluster": "jobfence-local", "user": user}}]}))
+    path.chmod(0o600)
+
+
+RESTRICTED = {f"pod-security.kubernetes.io/{mode}": "restricted"
+              for mode in ("enforce", "warn", "audit")}
+
+
+def create_namespace(api: Rest, name: str, labels: dict[str, str] | None = None) -> None:
+    """A namespace whose pods must meet the ``restricted`` Pod Security Standard (and whose
+    workloads' templates are warned about), as manifests/README.md asks for."""
+    body = {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": {**RESTRICTED, **(labels or {})}}}
+    try:
+        api.post("/api/v1/namespaces", body)
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+
+
+def put_secret(api: Rest, namespace: str, name: str, data: dict[str, str]) -> None:
+    body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+            "type": "Opaque",
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
+    try:
+        api.post(f"/api/v1/namespaces/{namespace}/secrets", body)
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+        api.put(f"/api/v1/namespaces/{namespace}/secrets/{name}", body)

@@ -1,0 +1,87 @@
+"""Eviction and loss of a worker pod on the real control plane, the worker pods made from
+the shipped ScaledJob's template as KEDA makes them (the command sidecar beside the worker).
+
+* A pod deleted mid-job (an eviction, a drain): the node agent sends SIGTERM, and the worker
+  gives its job back (pending again, its attempt not spent) within the grace period; the
+  pod ends in a terminal phase and is deleted with a UID precondition.
+* A pod force-deleted while its node stopped answering (its processes frozen, then killed):
+  nothing gave the job back, and one reconciliation pass — in its own pod, under its own
+  ServiceAccount — reclaims it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from tests.kube import (
+    ControlPlane,
+    Installation,
+    container_pid,
+    enqueue_command,
+    install,
+    wait_for,
+)
+
+GRACE = 30  # the shipped terminationGracePeriodSeconds
+
+
+def running_worker(inst: Installation, job_id: str, name: str) -> dict:  # type: ignore[type-arg]
+    inst.worker_job(name)
+
+    def claimed() -> dict | None:  # type: ignore[type-arg]
+        [row] = inst.sql("SELECT status, claimed_by FROM jobs WHERE job_id = %s", job_id)
+        pods = [p for p in inst.pods_of_job(name) if p["status"].get("phase") == "Running"]
+        return pods[0] if row["status"] == "running" and pods \
+            and row["claimed_by"] == pods[0]["metadata"]["name"] else None
+
+    return wait_for(claimed, what="the worker pod claimed the job", timeout=90)
+
+
+def test_a_worker_pod_deleted_mid_job_gives_its_job_back_within_the_grace_period(
+        kube: ControlPlane, namespace: str, dsn: str) -> None:
+    inst = install(kube, namespace, dsn)
+    job_id = enqueue_command(dsn, ["sleep", "300"])
+    pod = running_worker(inst, job_id, "worker-evicted")
+    name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+    began = time.monotonic()
+    with kube.admin() as api:
+        api.delete(f"/api/v1/namespaces/{namespace}/pods/{name}")
+    wait_for(lambda: inst.sql("SELECT status FROM jobs WHERE job_id = %s", job_id)[0][
+        "status"] == "pending", what="the job given back", timeout=GRACE)
+    assert time.monotonic() - began < GRACE
+    [job] = inst.sql("SELECT attempt_count, interruptions FROM jobs WHERE job_id = %s", job_id)
+    assert job["interruptions"] == 1
+    # The pod: terminal, then deleted by the node agent, that pod and no other.
+    with kube.admin() as api:
+        wait_for(lambda: not api.exists(f"/api/v1/namespaces/{namespace}/pods/{name}"),
+                 what="the pod deleted", timeout=GRACE + 30)
+    [final] = [e for e in kube.audit() if e["verb"] == "delete"
+               and e["objectRef"].get("name") == name
+               and e["user"]["username"] == "system:node:jobfence-node"]
+    assert final["requestObject"]["preconditions"]["uid"] == uid
+    assert final["requestObject"]["gracePeriodSeconds"] == 0
+    log = kube.container_log(namespace, pod)
+    assert "sigterm_released" in log, log
+
+
+def test_a_force_deleted_pod_is_reclaimed_by_one_reconciliation_pass(
+        kube: ControlPlane, namespace: str, dsn: str) -> None:
+    inst = install(kube, namespace, dsn)
+    job_id = enqueue_command(dsn, ["sleep", "300"])
+    pod = running_worker(inst, job_id, "worker-lost")
+    name = pod["metadata"]["name"]
+    for container in ("jobfence", "command-runner"):  # the node stops answering
+        os.killpg(os.getpgid(container_pid(kube, pod, container)), signal.SIGSTOP)
+    with kube.admin() as api:
+        api.delete(f"/api/v1/namespaces/{namespace}/pods/{name}", gracePeriodSeconds=0)
+        wait_for(lambda: not api.exists(f"/api/v1/namespaces/{namespace}/pods/{name}"),
+                 what="the pod gone from the API", timeout=60)
+    [row] = inst.sql("SELECT status, claimed_by FROM jobs WHERE job_id = %s", job_id)
+    assert (row["status"], row["claimed_by"]) == ("running", name)  # nobody gave it back
+    rec = inst.run_from_cronjob("reconciliation", "reconcile-after-loss")
+    inst.wait_job(rec)
+    assert inst.summary(rec)["missing_pods_detected"] == 1
+    [row] = inst.sql("SELECT status, error FROM jobs WHERE job_id = %s", job_id)
+    assert row["status"] == "pending"
+    assert f"worker pod {name} disappeared" in row["error"]
