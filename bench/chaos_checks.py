@@ -89,10 +89,17 @@ CHECKS: dict[str, str] = {
           ON a.resource = b.resource AND a.job_id < b.job_id
          AND a.born < coalesce(b.died, 'infinity') AND b.born < coalesce(a.died, 'infinity')
         LIMIT 5""",
+    # A parent an operator cancelled may have had every child succeed already (between its
+    # last child and its finalization); it must only leave no child unfinished.
     "a finalized parent's counts match its children": """
         SELECT p.job_id FROM jobs p WHERE p.is_parent AND (
-            (p.status = 'succeeded') <> NOT EXISTS (SELECT 1 FROM jobs c
-                WHERE c.parent_id = p.job_id AND c.status <> 'succeeded')) LIMIT 5""",
+            (p.status IN ('succeeded', 'failed')
+             AND (p.status = 'succeeded') <> NOT EXISTS (SELECT 1 FROM jobs c
+                 WHERE c.parent_id = p.job_id AND c.status <> 'succeeded'))
+            OR (p.status = 'cancelled'
+                AND EXISTS (SELECT 1 FROM jobs c WHERE c.parent_id = p.job_id
+                            AND c.status NOT IN ('succeeded', 'failed', 'cancelled'))))
+        LIMIT 5""",
 }
 
 
