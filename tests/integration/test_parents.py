@@ -168,7 +168,8 @@ def test_a_parent_cancelled_after_its_last_child_keeps_its_children(store: Store
     assert store.jobs.children_counts(parent) == {"succeeded": 2}
     objects = MemoryObjectStore()
     assert finalize_parent(store, lambda: objects, BUCKET, installation(store), parent) is None
-    assert store.jobs.get(parent).status == "cancelled"
+    row = store.jobs.get(parent)
+    assert row is not None and row.status == "cancelled"
 
 
 def test_dependency_chain_fails_transitively_with_the_reason(store: Store) -> None:
