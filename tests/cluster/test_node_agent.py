@@ -139,6 +139,27 @@ def test_sidecar_first_shared_emptydir_token_user_and_read_only_root(
         "startedAt"]
 
 
+def test_a_volume_mounted_above_the_environment_does_not_hide_it(
+        kube: ControlPlane, namespace: str) -> None:
+    """A work tree under /tmp, and the pods' /tmp emptyDir: the image's files stay where they
+    are, whatever volume a pod mounts above them (here the work tree's parent)."""
+    above = str(REPO.parent)
+    if above == "/":
+        pytest.skip("the work tree is at the top level")
+    pod = pod_body("covered", labels={}, command=[
+        "sh", "-c", "jobfence --version && touch " + above + "/written && echo volume=writable"])
+    spec = pod["spec"]
+    spec["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+    spec["containers"][0]["volumeMounts"] = [{"name": "scratch", "mountPath": above}]
+    with kube.admin() as api:
+        created = create(api, namespace, pod)
+        done = phase_of(api, namespace, "covered", "Succeeded", "Failed")
+    out = kube.container_log(namespace, created)
+    assert done["status"]["phase"] == "Succeeded", out
+    assert "jobfence" in out and "volume=writable" in out
+    assert not (REPO.parent / "written").exists()  # the volume's, not the host's
+
+
 def test_no_token_when_the_pod_does_not_automount_and_exit_codes_are_reported(
         kube: ControlPlane, namespace: str) -> None:
     pod = pod_body("no-token", labels={}, command=[

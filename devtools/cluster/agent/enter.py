@@ -132,6 +132,15 @@ class Mounts:
         mount(held, path, None, MS_BIND | MS_REC)
         mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
 
+    def reexpose(self, held: str, path: str) -> None:
+        """``path`` again, read-only, where a volume mounted above it (an emptyDir on
+        ``/tmp`` over an environment that lives in ``/tmp``) hid it: as an image's own files
+        stay where they are, whatever volume the pod mounts beside them. Its mount point is
+        made, owned by root, inside that volume."""
+        os.makedirs(path, exist_ok=True)
+        mount(held, path, None, MS_BIND | MS_REC)
+        mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+
     def rebase(self) -> None:
         """A root of the container's own, for a mount point at the top level (``/shared``):
         a tmpfs into which every top-level entry of the host's root is bound, then
@@ -201,6 +210,9 @@ def init(spec: dict[str, Any]) -> int:
         mounts.expose(f"/proc/self/fd/{held[path]}", path, spec["uid"], gids)
     for m in sorted(spec["mounts"], key=lambda m: m["target"].count("/")):
         mounts.bind(f"/proc/self/fd/{held[m['source']]}", m["target"], m["readOnly"])
+    for path in sorted(spec.get("expose", []), key=len):
+        if any(path.startswith(m["target"].rstrip("/") + "/") for m in spec["mounts"]):
+            mounts.reexpose(f"/proc/self/fd/{held[path]}", path)
     for fd in held.values():
         os.close(fd)
     if spec.get("readOnlyRoot"):
