@@ -10,7 +10,7 @@ import os
 import socket
 from datetime import timedelta
 from pathlib import Path
-from typing import Literal, Self
+from typing import TYPE_CHECKING, Literal, Self
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -19,6 +19,9 @@ from jobfence.durations import Duration
 from jobfence.errors import ConfigError
 from jobfence.jobuids import DEFAULT_UIDS, parse_uids
 from jobfence.limits import Unstorable, check_text, schema_refusal
+
+if TYPE_CHECKING:
+    from jobfence.store.types import RetryPolicy
 
 
 def self_fence_margin(lease_seconds: float) -> float:
@@ -339,6 +342,14 @@ class Settings(BaseSettings):
     def heartbeat(self) -> float:
         assert self.heartbeat_seconds is not None
         return self.heartbeat_seconds
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """The retry delay every reclaim and every failed attempt uses: base
+        ``retry_base_seconds``, doubling, capped at ``retry_max_seconds``."""
+        from jobfence.store.types import RetryPolicy
+
+        return RetryPolicy(self.retry_base_seconds, self.retry_max_seconds)
 
     @property
     def worker(self) -> str:
