@@ -21,8 +21,8 @@ from psycopg import sql
 from devtools.roles import ensure_logins
 from jobfence import db
 from jobfence.store import RetryPolicy, Store
-from tests.conftest import Dsn
 from tests.factories import enqueue_one
+from tests.support import Dsn
 
 
 @pytest.fixture
