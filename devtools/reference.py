@@ -1,6 +1,6 @@
 """The settings table of docs/REFERENCE.md, generated from ``jobfence.settings.Settings``
-(each field's docstring says its unit and why its default): a test checks the file holds
-exactly what this prints.
+(each field's docstring says its unit and why its default; its section is the ``# --``
+comment above it): a test checks the file holds exactly what this prints.
 
     python -m devtools.reference          # rewrite the table in docs/REFERENCE.md
 """
@@ -38,6 +38,21 @@ def _docstrings() -> dict[str, str]:
     return docs
 
 
+SECTION = re.compile(r"^\s*# -- (.+?) -+$")
+
+
+def _sections() -> dict[str, str]:
+    """Each field's section: the ``# -- section --`` comment above it in the class."""
+    sections: dict[str, str] = {}
+    current = ""
+    for line in inspect.getsource(Settings).splitlines():
+        if match := SECTION.match(line):
+            current = match.group(1)
+        elif (field := re.match(r"^    (\w+): ", line)) and field.group(1) in Settings.model_fields:
+            sections[field.group(1)] = current
+    return sections
+
+
 def env_name(field: str) -> str:
     alias = Settings.model_fields[field].validation_alias
     choices = getattr(alias, "choices", None)
@@ -45,9 +60,14 @@ def env_name(field: str) -> str:
 
 
 def table() -> str:
-    docs = _docstrings()
+    docs, sections = _docstrings(), _sections()
     rows = ["| variable | default | meaning |", "|---|---|---|"]
+    section = None
     for name, field in Settings.model_fields.items():
+        if sections[name] != section:
+            section = sections[name]
+            title = section[0].upper() + section[1:]
+            rows.append(f"| **{title}** | | |")
         default = field.default
         shown = ("required" if field.is_required() else "—" if default is None
                  else format_duration(default) if isinstance(default, timedelta)
