@@ -52,8 +52,6 @@ from jobfence.store import ACTIVE, Store
 from jobfence.store.migrations import migrate
 from jobfence.submit import submit
 
-REPO = Path(__file__).resolve().parent.parent
-
 LEASE = 3.0
 LIMIT = 2
 BUCKET = "chaos"

@@ -23,11 +23,11 @@ from typing import Any
 import psycopg
 import yaml
 
+from devtools import REPO
 from devtools.embedded_pg import EmbeddedPostgres
 from devtools.sqlconn import connect
 from jobfence.store.migrations import migrate
 
-REPO = Path(__file__).resolve().parent.parent
 JOBFENCE = [sys.executable, "-m", "jobfence.functions.cli"]
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from devtools import REPO
 from devtools.platform import JOBFENCE, LocalPlatform, Proc
 from devtools.roles import ensure_logins, url_of
 from devtools.s3 import moto_server
@@ -34,8 +35,6 @@ from devtools.sqlconn import connect
 from jobfence.functions.cli import COMMANDS
 from jobfence.pools import Pool, Pools
 from jobfence.store import Store
-
-REPO = Path(__file__).resolve().parent.parent
 
 TTY = sys.stdout.isatty()
 BOLD, DIM, RED, GREEN, YELLOW, RESET = (

@@ -14,3 +14,9 @@
 * ``memory_cluster``, ``memory_objects``: in-memory fakes of the cluster and object-store
   ports, for unit tests.
 """
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+"""The checkout devtools runs from (devtools never leaves it): the one definition of the
+repository's path for the tools, the tests, the demo and the benchmarks."""

@@ -29,7 +29,8 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from devtools import REPO
+
 OVERLAY = REPO / "build" / "deploy"
 MANIFESTS = REPO / "manifests"
 COMPONENTS = ("alerts", "console", "console/proxy", "metrics-exporter", "grafana-dashboards")

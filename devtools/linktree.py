@@ -13,7 +13,8 @@ import sys
 import tomllib
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from devtools import REPO
+
 SUFFIXES = (".py", ".pyi", ".typed")
 
 

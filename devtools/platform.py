@@ -30,13 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devtools import REPO
 from devtools.roles import url_of
 from jobfence.db import Connection, connect
 from jobfence.errors import JobfenceError
 from jobfence.pools import Pool
 from jobfence.store import Store
 
-REPO = Path(__file__).resolve().parent.parent
 JOBFENCE = [sys.executable, "-m", "jobfence.functions.cli"]
 
 

@@ -24,7 +24,7 @@ from jobfence.settings import Settings
 log = get_logger("jobfence.export_finalize")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Report:
     function: str
     parents_ready: int
@@ -70,8 +70,8 @@ def run_once(settings: Settings, deps: Deps) -> Report:
         ids = store.dependencies.waiting_page(after=after, limit=batch)
         if ids:
             try:
-                moved = store.dependencies.resolve(ids)
-                moved += store.dependencies.settle(moved)
+                done, dependents = store.dependencies.release(ids)
+                moved = done + dependents
             except StoreUnavailable:
                 raise
             except JobfenceError as exc:
@@ -83,7 +83,9 @@ def run_once(settings: Settings, deps: Deps) -> Report:
         if len(ids) < batch:
             break
         after = ids[-1]
-    return Report("export-finalize", ready, ok, failed, raced, errors, released, dep_failed)
+    return Report(function="export-finalize", parents_ready=ready, parents_succeeded=ok,
+                  parents_failed=failed, parents_already_final=raced, finalize_errors=errors,
+                  dependents_released=released, dependents_failed=dep_failed)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,7 +40,7 @@ from jobfence.logs import get_logger
 from jobfence.retention import Retention
 from jobfence.runner import Deps, run_pass, snapshot
 from jobfence.settings import Settings
-from jobfence.store import RetryPolicy, Transition
+from jobfence.store import Transition
 
 log = get_logger("jobfence.lifecycle")
 
@@ -62,17 +62,17 @@ class Timeouts:
     @staticmethod
     def run_once(settings: Settings, deps: Deps, budget: Budget) -> TimeoutsReport:
         store = deps.store
-        retry = RetryPolicy(settings.retry_base_seconds, settings.retry_max_seconds)
         retried = failed = dependents_failed = finalized = 0
         budget.new_step()
         while budget:
-            done = budget.batch(store.maintenance.reclaim_timed_out, retry=retry,
-                                batch_size=settings.batch_size, now=deps.now)
+            done, dependents = budget.batch(
+                store.maintenance.reclaim_timed_out, retry=settings.retry_policy,
+                batch_size=settings.batch_size, now=deps.now)
             for t in done:
                 log.warning("run_timed_out", job_id=str(t.job_id), status=t.status)
             retried += sum(1 for t in done if t.status == "pending")
             failed += sum(1 for t in done if t.status == "failed")
-            dependents_failed += sum(1 for t in store.dependencies.settle(done) if t.terminal)
+            dependents_failed += sum(1 for t in dependents if t.terminal)
             finalized += _finalize_parents(settings, deps, done)
             if len(done) < settings.batch_size:
                 break
@@ -114,13 +114,13 @@ class Expiry:
         expired = dependents_failed = 0
         budget.new_step()
         while budget:
-            done, children = budget.batch(store.maintenance.expire_pending,
-                                          batch_size=settings.batch_size, now=deps.now)
+            (done, dependents), children = budget.batch(
+                store.maintenance.expire_pending, batch_size=settings.batch_size, now=deps.now)
             if done:
                 log.info("expired_before_start", jobs=len(done), children=children,
                          first=str(done[0].job_id))
             expired += len(done) + children
-            dependents_failed += sum(1 for t in store.dependencies.settle(done) if t.terminal)
+            dependents_failed += sum(1 for t in dependents if t.terminal)
             if len(done) < settings.batch_size:
                 break
         return ExpiryReport(expired_cancelled=expired, dependents_failed=dependents_failed)
@@ -178,7 +178,7 @@ class History:
 # -- the pass ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Report:
     function: str
     timed_out_retried: int

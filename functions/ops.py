@@ -13,14 +13,12 @@ from jobfence import cli, db
 from jobfence.db import connect
 from jobfence.errors import ExitCode, InvalidSpec, JobfenceError, JobNotFound, WaitTimeout
 from jobfence.ids import parse_job_id
+from jobfence.limits import MAX_WAIT_SECONDS
 from jobfence.spec import queue_name
 from jobfence.store import ACTIVE, TERMINAL, JobRow, Store
 from jobfence.store.migrations import migrate
 from jobfence.store.roles import connection_identity, setup_sql
 from jobfence.views import job_views, render_text
-
-MAX_WAIT_SECONDS = 366 * 86_400.0
-"""The longest `wait --timeout`: a year (and never NaN, which compares false with all)."""
 
 
 def _job_id(text: str) -> UUID:

@@ -43,7 +43,7 @@ ORPHAN_POD_GRACE_SECONDS = 30
 """Grace period of the delete itself: the worker's SIGTERM clean-up takes about 2 s."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Report:
     """Counts of one pass, filled as it goes."""
 
@@ -185,7 +185,7 @@ def _clean_listed(settings: Settings, deps: Deps, cluster: Cluster, c: Report,
 
 
 def run_once(settings: Settings, deps: Deps) -> Report:
-    c = Report("orphan-cleanup", settings.cluster)
+    c = Report(function="orphan-cleanup", cluster=settings.cluster)
     if settings.s3_bucket:
         now = deps.store.pods.now(deps.now)
         cutoff = now - timedelta(seconds=settings.orphan_object_grace_seconds)

@@ -14,17 +14,15 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from jobfence.budget import Budget
 from jobfence.logs import get_logger
 from jobfence.runner import Deps, run_pass, snapshot
 from jobfence.settings import Settings
-from jobfence.store import RetryPolicy
 
 log = get_logger("jobfence.reconciliation")
 
-MAX_BATCHES = 200
 
-
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Report:
     function: str
     cluster: str
@@ -44,16 +42,15 @@ def run_once(settings: Settings, deps: Deps) -> Report:
     if cluster is None:
         log.warning("reconciliation_skipped", reason="JOBFENCE_CLUSTER is none: no pods to "
                     "compare the claims with")
-        return Report("reconciliation", settings.cluster)
-    retry = RetryPolicy(settings.retry_base_seconds, settings.retry_max_seconds)
+        return Report(function="reconciliation", cluster=settings.cluster)
+    budget = Budget(checkpoint=deps.checkpoint)
     missing = drift = retried = failed = 0
     with deps.pod_snapshot(cluster) as listed:
-        for _ in range(MAX_BATCHES):
-            deps.checkpoint()
-            done = deps.store.pods.reclaim_dead_claims(
-                claimer_pattern=cluster.claimer_pattern, listed_at=listed.listed_at,
-                grace_seconds=settings.reconcile_grace_seconds, retry=retry,
-                batch_size=settings.batch_size)
+        while budget:
+            done = budget.batch(
+                deps.store.pods.reclaim_dead_claims, claimer_pattern=cluster.claimer_pattern,
+                listed_at=listed.listed_at, grace_seconds=settings.reconcile_grace_seconds,
+                retry=settings.retry_policy, batch_size=settings.batch_size)
             for t, was_missing in done:
                 missing += was_missing
                 drift += not was_missing
@@ -67,8 +64,10 @@ def run_once(settings: Settings, deps: Deps) -> Report:
     if unverifiable:
         log.info("unverifiable_claims", count=unverifiable,
                  message="claims by workers outside the cluster are left to the sweeper")
-    return Report("reconciliation", settings.cluster, listed.pods, listed.pages, missing,
-                  drift, retried, failed, unverifiable)
+    return Report(function="reconciliation", cluster=settings.cluster, pods_listed=listed.pods,
+                  pages=listed.pages, missing_pods_detected=missing,
+                  status_drift_detected=drift, retried=retried, failed=failed,
+                  unverifiable_claims=unverifiable)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,14 +2,15 @@
 minute).
 
 A batch of due schedules at a time (``JOBFENCE_BATCH_SIZE``, oldest tick first, at most
-``MAX_BATCHES`` a pass): for each, the tick to enqueue is the latest one not after now —
-after an outage only the most recent missed tick is caught up, the others are skipped —
-and the tick after it becomes the schedule's next. The database enqueues the batch in one
-statement (``scheduler_fire``), moving each schedule on only from the tick this pass read:
-two passes at once, or a pass beside a manual run, never enqueue a tick twice, and the
-job's idempotency key (``schedule:NAME:TICK``) says so too. A tick whose job's resource is
-still held by the previous tick's job is recorded as skipped. Nothing is enqueued while
-drain mode is on; once it is off, the latest missed tick is caught up.
+``MAX_BATCHES`` a pass, ``jobfence.budget``): for each, the tick to enqueue is the latest
+one not after now — after an outage only the most recent missed tick is caught up, the
+others are skipped — and the tick after it becomes the schedule's next. The database
+enqueues the batch in one statement (``scheduler_fire``), moving each schedule on only from
+the tick this pass read: two passes at once, or a pass beside a manual run, never enqueue a
+tick twice, and the job's idempotency key (``schedule:NAME:TICK``) says so too. A tick
+whose job's resource is still held by the previous tick's job is recorded as skipped.
+Nothing is enqueued while drain mode is on; once it is off, the latest missed tick is
+caught up.
 
 Time is the database's clock (``Deps.now`` in tests), never the pod's.
 """
@@ -22,6 +23,7 @@ from datetime import datetime
 from functools import lru_cache
 from uuid import UUID
 
+from jobfence.budget import Budget
 from jobfence.errors import InvalidSpec
 from jobfence.ids import uuid7
 from jobfence.logs import get_logger
@@ -30,21 +32,20 @@ from jobfence.schedules import Cron, due_tick, zone
 from jobfence.settings import Settings
 from jobfence.store.values import DueSchedule
 
-MAX_BATCHES = 200
 log = get_logger("jobfence.schedules")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Report:
     function: str
-    due: int
-    enqueued: int
-    resource_busy: int
-    already_enqueued: int
-    caught_up: int
-    raced: int
-    errors: int
-    batches: int
+    due: int = 0
+    enqueued: int = 0
+    resource_busy: int = 0
+    already_enqueued: int = 0
+    caught_up: int = 0
+    raced: int = 0
+    errors: int = 0
+    batches: int = 0
     draining: int = snapshot()
 
 
@@ -64,16 +65,16 @@ def run_once(settings: Settings, deps: Deps) -> Report:
     store = deps.store
     if store.control.drain_status().draining:
         log.info("schedules_draining", message="drain mode is on: no tick is enqueued")
-        return Report("schedules", 0, 0, 0, 0, 0, 0, 0, 0, draining=1)
+        return Report(function="schedules", draining=1)
     now = deps.now or store.schedules.clock()
-    due = enqueued = busy = exists = caught_up = raced = errors = batches = 0
+    budget = Budget(checkpoint=deps.checkpoint)
+    due = enqueued = busy = exists = caught_up = raced = errors = 0
     after: DueSchedule | None = None
-    while batches < MAX_BATCHES:
-        deps.checkpoint()
-        page = store.schedules.due(limit=settings.batch_size, after=after, now=now)
+    while budget:
+        page = budget.batch(store.schedules.due, limit=settings.batch_size, after=after,
+                            now=now)
         if not page:
             break
-        batches += 1
         due += len(page)
         ticks: list[tuple[DueSchedule, datetime, datetime, UUID]] = []
         for d in page:
@@ -103,8 +104,9 @@ def run_once(settings: Settings, deps: Deps) -> Report:
         after = page[-1]
         if len(page) < settings.batch_size:
             break
-    return Report("schedules", due, enqueued, busy, exists, caught_up, raced, errors,
-                  batches)
+    return Report(function="schedules", due=due, enqueued=enqueued, resource_busy=busy,
+                  already_enqueued=exists, caught_up=caught_up, raced=raced, errors=errors,
+                  batches=budget.batches)
 
 
 def main(argv: list[str] | None = None) -> int:

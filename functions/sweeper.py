@@ -4,9 +4,9 @@ Stopping attempts (cancelled or timed out while their command ran) whose worker 
 confirmed the command gone are let go once their lease has run out.
 
 Bounded: batches of ``JOBFENCE_BATCH_SIZE`` rows, each its own transaction, and at most
-``MAX_BATCHES`` per pass (the next scheduled run carries on). Whatever the dead claim held
-is released with it: the resource lock is the job's own active status, so it frees itself
-the moment the job is terminal.
+``MAX_BATCHES`` per step (``jobfence.budget``; the next scheduled run carries on). Whatever
+the dead claim held is released with it: the resource lock is the job's own active status,
+so it frees itself the moment the job is terminal.
 """
 
 from __future__ import annotations
@@ -14,14 +14,12 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from jobfence.budget import Budget
 from jobfence.runner import Deps, run_pass
 from jobfence.settings import Settings
-from jobfence.store import RetryPolicy
-
-MAX_BATCHES = 200
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Report:
     function: str
     reclaimed: int
@@ -32,24 +30,25 @@ class Report:
 
 
 def run_once(settings: Settings, deps: Deps) -> Report:
-    retry = RetryPolicy(settings.retry_base_seconds, settings.retry_max_seconds)
-    retried = failed = released = batches = 0
-    while batches < MAX_BATCHES:
-        deps.checkpoint()
-        done = deps.store.maintenance.reclaim_expired(retry=retry, batch_size=settings.batch_size)
-        batches += 1
+    store, batch = deps.store, settings.batch_size
+    budget = Budget(checkpoint=deps.checkpoint)
+    retried = failed = released = 0
+    budget.new_step()
+    while budget:
+        done = budget.batch(store.maintenance.reclaim_expired, retry=settings.retry_policy,
+                            batch_size=batch)
         retried += sum(1 for t in done if t.status == "pending")
         failed += sum(1 for t in done if t.status == "failed")
-        if len(done) < settings.batch_size:
+        if len(done) < batch:
             break
-    while batches < MAX_BATCHES:
-        deps.checkpoint()
-        let_go = deps.store.maintenance.release_stopped(batch_size=settings.batch_size)
-        batches += 1
+    budget.new_step()
+    while budget:
+        let_go = budget.batch(store.maintenance.release_stopped, batch_size=batch)
         released += len(let_go)
-        if len(let_go) < settings.batch_size:
+        if len(let_go) < batch:
             break
-    return Report("sweeper", retried + failed, retried, failed, released, batches)
+    return Report(function="sweeper", reclaimed=retried + failed, retried=retried,
+                  failed=failed, stopping_released=released, batches=budget.batches)
 
 
 def main(argv: list[str] | None = None) -> int:

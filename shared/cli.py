@@ -9,29 +9,15 @@ import json
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, is_dataclass
-from datetime import datetime, timedelta
 from typing import Any
-from uuid import UUID
 
 from jobfence import logs
 from jobfence.db import connect
-from jobfence.durations import format_duration
 from jobfence.errors import ExitCode, InvalidSpec, JobfenceError
 from jobfence.limits import Unstorable, check_text
 from jobfence.settings import Settings, load_settings
 from jobfence.store import Store
-
-
-def version() -> str:
-    """This release's version, as installed."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
-    try:
-        return installed("jobfence")
-    except PackageNotFoundError:
-        return "unknown"
+from jobfence.wire import to_jsonable
 
 
 def actor() -> str:
@@ -42,24 +28,6 @@ def actor() -> str:
 
     user = os.environ.get("USER") or os.environ.get("LOGNAME") or f"uid {os.getuid()}"
     return f"{user}@{socket.gethostname()}"[:200]
-
-
-def to_jsonable(value: Any) -> Any:
-    if isinstance(value, UUID):
-        return str(value)
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, timedelta):
-        return format_duration(value)
-    if is_dataclass(value) and not isinstance(value, type):
-        return to_jsonable(asdict(value))
-    if isinstance(value, tuple) and hasattr(value, "_asdict"):  # a NamedTuple row
-        return to_jsonable(value._asdict())
-    if isinstance(value, dict):
-        return {k: to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [to_jsonable(v) for v in value]
-    return value
 
 
 def emit(obj: Any) -> None:

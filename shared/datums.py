@@ -1,4 +1,4 @@
-"""Datums on S3, as Falconeri splits a job into datums.
+"""Datums on S3: a job over many input objects runs as one child job per datum.
 
 At enqueue, a job with ``inputs`` becomes a parent with one child per input object (or per
 ``per_datum`` objects), made page by page from the listing so that 100k inputs never sit in

@@ -1,5 +1,5 @@
-"""Finalizing a datum parent once every child is terminal, as the Graph OLAP control
-plane's export reconciliation finalizes a snapshot.
+"""Finalizing a datum parent once every child is terminal: one terminal write and one
+manifest, whoever gets there first.
 
 The parent becomes ``succeeded`` when all children succeeded, else ``failed`` with counts and
 the first errors; a JSON manifest listing each child with its status and committed output

@@ -1,6 +1,7 @@
 """Settings from the environment (prefix ``JOBFENCE_``), validated at construction.
 
-Each field says its unit and why its default is what it is. A CLI flag may override a field;
+Each field says its unit and why its default is what it is; fields are grouped by section
+(``# --`` comments, the sections of docs/REFERENCE.md's table). A CLI flag may override a field;
 functions build ``Settings`` once in ``main()`` and pass it down.
 """
 
@@ -10,7 +11,7 @@ import os
 import socket
 from datetime import timedelta
 from pathlib import Path
-from typing import Literal, Self
+from typing import TYPE_CHECKING, Literal, Self
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -19,6 +20,9 @@ from jobfence.durations import Duration
 from jobfence.errors import ConfigError
 from jobfence.jobuids import DEFAULT_UIDS, parse_uids
 from jobfence.limits import Unstorable, check_text, schema_refusal
+
+if TYPE_CHECKING:
+    from jobfence.store.types import RetryPolicy
 
 
 def self_fence_margin(lease_seconds: float) -> float:
@@ -30,6 +34,8 @@ def self_fence_margin(lease_seconds: float) -> float:
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="JOBFENCE_", extra="ignore", frozen=True,
                                       env_ignore_empty=True)
+
+    # -- the database and the installation --------------------------------------------------------
 
     database_url: str = Field(min_length=1, repr=False)
     """PostgreSQL DSN (URL or key=value). Required: the database is the source of truth."""
@@ -58,14 +64,37 @@ class Settings(BaseSettings):
     prepares no statement on the server and keeps no session state between transactions
     (``wait`` polls instead of listening)."""
 
-    function_lease_seconds: float = Field(default=30.0, ge=3, le=3600)
-    """The lease that lets one run of a periodic function at a time: renewed every third of
-    it while the pass runs; a pass that was killed holds its function for at most this long
-    (the next run after it takes over and records the killed one as abandoned)."""
-
     connect_timeout_seconds: float = Field(default=5.0, gt=0, le=600)
     """How long to wait for a database connection before reporting it unavailable (exit 4).
     Short, because every function is a short-lived pod that the scheduler will run again."""
+
+
+    # -- jobs: attempts and retries ---------------------------------------------------------------
+
+    max_attempts: int = Field(default=3, ge=1, le=1000)
+    """Default attempts per job when a spec does not say."""
+
+    retry_base_seconds: float = Field(default=10.0, ge=0, le=86_400)
+    """First retry delay; doubles per attempt, with jitter."""
+
+    retry_max_seconds: float = Field(default=3600.0, ge=0, le=30 * 86_400)
+    """Cap of the retry delay, so a job with many attempts still comes back within an hour."""
+
+    max_interruptions: int = Field(default=10, ge=0, le=1000)
+    """SIGTERMs (an eviction, a node drain, a deploy) a job may take without spending an
+    attempt: the worker gives the job back at once and the attempt does not count. Past
+    this many, a SIGTERM counts as a failed attempt, so that a job that is always
+    interrupted still ends."""
+
+
+    # -- the worker -------------------------------------------------------------------------------
+
+    queue: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    """The queue a worker serves when it is not given ``--queue`` (a pool's pods are)."""
+
+    worker_id: str | None = None
+    """Claimer identity written on every claim; default the pod name from the downward API
+    (``POD_NAME``), so that reconciliation can match a claim to its pod; else host:pid."""
 
     lease_seconds: float = Field(default=120.0, ge=1, le=86_400)
     """Claim lease. A worker that cannot renew it within this time stops its work; the
@@ -79,37 +108,14 @@ class Settings(BaseSettings):
     self-fencing margin is taken off, so that one renewal may fail without the worker
     stopping its job."""
 
-    max_attempts: int = Field(default=3, ge=1, le=1000)
-    """Default attempts per job when a spec does not say."""
+    stop_check_seconds: float = Field(default=0.5, ge=0.05, le=60)
+    """How often a running job's worker asks the database whether its attempt still holds
+    the fence (a cheap read of one row): a cancel, or a timeout enforced by lifecycle,
+    reaches the command within this. Where the connection can LISTEN (no transaction
+    pooler) the worker is also told at once, and asks only every 10th of these."""
 
-    retry_base_seconds: float = Field(default=10.0, ge=0, le=86_400)
-    """First retry delay; doubles per attempt, with jitter."""
 
-    retry_max_seconds: float = Field(default=3600.0, ge=0, le=30 * 86_400)
-    """Cap of the retry delay, so a job with many attempts still comes back within an hour."""
-
-    batch_size: int = Field(default=500, ge=1, le=100_000)
-    """Rows per batch in every periodic pass: bounds each transaction and the memory of a
-    pass, whatever the size of the table."""
-
-    retention_default: Duration = timedelta(days=30)
-    """How long a finished job without a ``ttl`` of its own is kept (rows and S3 outputs),
-    as an ISO 8601 duration (``P30D``, ``PT36H``). A month leaves time to look into a
-    failure and to collect outputs, without the table growing forever."""
-
-    audit_retention: Duration = timedelta(days=90)
-    """How long audit events (``job_events``) are kept, as an ISO 8601 duration. Longer
-    than job retention on purpose: the trail of a deleted job still answers "what happened
-    to it" for a quarter."""
-
-    function_runs_retention: Duration = timedelta(days=30)
-    """How long records of periodic function runs (``function_runs``) and of their manual
-    triggers (``function_triggers``) are kept, as an ISO 8601 duration. A run every minute
-    is ~43k rows a month per function: enough history to see when a pass last succeeded,
-    bounded."""
-
-    queue: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-    """The queue a worker serves when it is not given ``--queue`` (a pool's pods are)."""
+    # -- a job's commands -------------------------------------------------------------------------
 
     command_user: str | None = Field(default=None, max_length=64)
     """Who a ``command`` child runs as when the worker runs as root without the command
@@ -131,12 +137,6 @@ class Settings(BaseSettings):
     """Comma-separated names of the worker's own environment variables that a ``command``
     child also gets. Nothing else of the worker's environment reaches it."""
 
-    stop_check_seconds: float = Field(default=0.5, ge=0.05, le=60)
-    """How often a running job's worker asks the database whether its attempt still holds
-    the fence (a cheap read of one row): a cancel, or a timeout enforced by lifecycle,
-    reaches the command within this. Where the connection can LISTEN (no transaction
-    pooler) the worker is also told at once, and asks only every 10th of these."""
-
     command_socket: Path | None = None
     """Where the worker listens for its command sidecar (``jobfence command-runner``, a
     second container of the worker's pod that holds no Secret), in a directory only the
@@ -148,9 +148,60 @@ class Settings(BaseSettings):
     from it (``SO_PEERCRED``). Unset: only from root or the worker's own uid. The shipped
     worker pods set it to the sidecar's ``runAsUser``."""
 
-    worker_id: str | None = None
-    """Claimer identity written on every claim; default the pod name from the downward API
-    (``POD_NAME``), so that reconciliation can match a claim to its pod; else host:pid."""
+
+    # -- the periodic functions -------------------------------------------------------------------
+
+    function_lease_seconds: float = Field(default=30.0, ge=3, le=3600)
+    """The lease that lets one run of a periodic function at a time: renewed every third of
+    it while the pass runs; a pass that was killed holds its function for at most this long
+    (the next run after it takes over and records the killed one as abandoned)."""
+
+    batch_size: int = Field(default=500, ge=1, le=100_000)
+    """Rows per batch in every periodic pass: bounds each transaction and the memory of a
+    pass, whatever the size of the table."""
+
+    trigger: Literal["auto", "scheduled", "manual"] = "auto"
+    """How a function run records its trigger. ``auto``: in a pod of a Job, ``scheduled`` when
+    the Job's name is the CronJob controller's for a tick, else ``manual`` (``job_name``);
+    ``manual`` whenever ``triggered_by`` is set; outside a pod ``manual`` when run from a
+    terminal. Read from the environment only: a function needs no access to the Kubernetes
+    API to know it (least privilege)."""
+
+    job_name: str | None = Field(default=None, max_length=253)
+    """The Kubernetes Job this pod belongs to (the downward API gives its label
+    ``batch.kubernetes.io/job-name``; the shipped CronJobs set it). A Job the CronJob
+    controller made for a tick is named ``<cronjob>-<minutes since 1970>`` for its scheduled
+    time; any other name (``kubectl create job --from=cronjob/... once``) makes the run
+    ``manual`` — read from the pod's own labels, with no access to the API."""
+
+    triggered_by: str | None = Field(default=None, max_length=200)
+    """Who started a function run by hand (recorded with the run, shown by ``jobfence
+    runs``); setting it makes the run ``manual``."""
+
+    trigger_reason: str | None = Field(default=None, max_length=2000)
+    """Why a function run was started by hand (recorded with the run)."""
+
+
+    # -- retention --------------------------------------------------------------------------------
+
+    retention_default: Duration = timedelta(days=30)
+    """How long a finished job without a ``ttl`` of its own is kept (rows and S3 outputs),
+    as an ISO 8601 duration (``P30D``, ``PT36H``). A month leaves time to look into a
+    failure and to collect outputs, without the table growing forever."""
+
+    audit_retention: Duration = timedelta(days=90)
+    """How long audit events (``job_events``) are kept, as an ISO 8601 duration. Longer
+    than job retention on purpose: the trail of a deleted job still answers "what happened
+    to it" for a quarter."""
+
+    function_runs_retention: Duration = timedelta(days=30)
+    """How long records of periodic function runs (``function_runs``) and of their manual
+    triggers (``function_triggers``) are kept, as an ISO 8601 duration. A run every minute
+    is ~43k rows a month per function: enough history to see when a pass last succeeded,
+    bounded."""
+
+
+    # -- the cluster ------------------------------------------------------------------------------
 
     cluster: Literal["kubernetes", "local", "none"] = "none"
     """Where worker pods live: the Kubernetes API, processes on this machine, or nowhere
@@ -184,9 +235,8 @@ class Settings(BaseSettings):
     """Finished worker pods kept for their logs (KEDA's own default history); older ones are
     deleted with their Jobs."""
 
-    orphan_object_grace_seconds: float = Field(default=3600.0, ge=0, le=365 * 86_400)
-    """S3 objects of fenced-out or failed attempts, or of deleted jobs, are deleted once
-    they are older than this: long enough that no upload of a live attempt is in flight."""
+
+    # -- the object store -------------------------------------------------------------------------
 
     s3_endpoint_url: str | None = None
     """Object store endpoint (unset: AWS's own)."""
@@ -204,6 +254,13 @@ class Settings(BaseSettings):
     s3_secret_access_key: str | None = Field(default=None, repr=False)
     """Secret for ``s3_access_key_id``; never logged."""
 
+    orphan_object_grace_seconds: float = Field(default=3600.0, ge=0, le=365 * 86_400)
+    """S3 objects of fenced-out or failed attempts, or of deleted jobs, are deleted once
+    they are older than this: long enough that no upload of a live attempt is in flight."""
+
+
+    # -- metrics and logs -------------------------------------------------------------------------
+
     pushgateway_url: str | None = None
     """Prometheus Pushgateway for run metrics; unset: nothing is pushed."""
 
@@ -212,38 +269,14 @@ class Settings(BaseSettings):
     The metrics exporter component turns it off: it serves them itself, read on each
     scrape, and the same series from two sources would count twice."""
 
-    trigger: Literal["auto", "scheduled", "manual"] = "auto"
-    """How a function run records its trigger. ``auto``: in a pod of a Job, ``scheduled`` when
-    the Job's name is the CronJob controller's for a tick, else ``manual`` (``job_name``);
-    ``manual`` whenever ``triggered_by`` is set; outside a pod ``manual`` when run from a
-    terminal. Read from the environment only: a function needs no access to the Kubernetes
-    API to know it (least privilege)."""
-
-    job_name: str | None = Field(default=None, max_length=253)
-    """The Kubernetes Job this pod belongs to (the downward API gives its label
-    ``batch.kubernetes.io/job-name``; the shipped CronJobs set it). A Job the CronJob
-    controller made for a tick is named ``<cronjob>-<minutes since 1970>`` for its scheduled
-    time; any other name (``kubectl create job --from=cronjob/... once``) makes the run
-    ``manual`` — read from the pod's own labels, with no access to the API."""
-
-    triggered_by: str | None = Field(default=None, max_length=200)
-    """Who started a function run by hand (recorded with the run, shown by ``jobfence
-    runs``); setting it makes the run ``manual``."""
-
-    trigger_reason: str | None = Field(default=None, max_length=2000)
-    """Why a function run was started by hand (recorded with the run)."""
-
     log_format: Literal["json", "console"] = "json"
     """Log lines on stderr: JSON for machines, console for people."""
 
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Lowest level logged."""
 
-    max_interruptions: int = Field(default=10, ge=0, le=1000)
-    """SIGTERMs (an eviction, a node drain, a deploy) a job may take without spending an
-    attempt: the worker gives the job back at once and the attempt does not count. Past
-    this many, a SIGTERM counts as a failed attempt, so that a job that is always
-    interrupted still ends."""
+
+    # -- the console and the HTTP API (`jobfence serve`) ------------------------------------------
 
     auth: Literal["tokenreview", "proxy", "none"] = "tokenreview"
     """How ``jobfence serve`` knows who calls it: ``tokenreview`` (a bearer token, checked by
@@ -339,6 +372,14 @@ class Settings(BaseSettings):
     def heartbeat(self) -> float:
         assert self.heartbeat_seconds is not None
         return self.heartbeat_seconds
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """The retry delay every reclaim and every failed attempt uses: base
+        ``retry_base_seconds``, doubling, capped at ``retry_max_seconds``."""
+        from jobfence.store.types import RetryPolicy
+
+        return RetryPolicy(self.retry_base_seconds, self.retry_max_seconds)
 
     @property
     def worker(self) -> str:

@@ -1,7 +1,7 @@
 """SIGTERM handling as a context manager that restores the previous handlers.
 
 The handler itself only sets an event. A watcher thread runs the clean-up, so it runs even
-while the main thread is blocked inside an action (Snowpack's "shutdown watcher"). Python
+while the main thread is blocked inside an action. Python
 as PID 1 in a container ignores SIGTERM unless a handler is installed: this is it.
 """
 

@@ -40,7 +40,8 @@ def run_in_progress(store: Store, function: str, lease_seconds: float = 300) -> 
 
 def make_parent(store: Store, n: int, **kw: Any) -> tuple[UUID, list[UUID]]:
     """A datum parent with ``n`` children, made by the real ``child_batches`` from a listing
-    of an in-memory object store; the parent's id and its children's, in id order."""
+    of an in-memory object store, two children inserted at a time (so every parent made here
+    crosses a batch); the parent's id and its children's, in id order."""
     from devtools.memory_objects import MemoryObjectStore
     from jobfence.datums import child_batches
 
@@ -48,7 +49,8 @@ def make_parent(store: Store, n: int, **kw: Any) -> tuple[UUID, list[UUID]]:
     for i in range(n):
         inputs.put_bytes("in", f"x/{i:04d}", b"1")
     parent = new_job(is_parent=True, inputs={"url": "s3://in/x/", "per_datum": 1}, **kw)
-    [made] = store.jobs.enqueue([parent], children=child_batches("s3://in/x/", 1, inputs))
+    [made] = store.jobs.enqueue([parent], children=child_batches("s3://in/x/", 1, inputs,
+                                                                 batch_size=2))
     assert made.children == n
     kids = [c.job_id for c in store.parents.children_page(parent_id=made.job_id,
                                                           after=UUID(int=0), limit=n)]

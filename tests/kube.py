@@ -38,9 +38,9 @@ from devtools.deploy import Kubectl, apply, overlay
 from devtools.embedded_pg import free_port
 from devtools.roles import as_login, ensure_logins, login_name
 from jobfence.store.roles import KINDS
+from tests.support import REPO
 
 T = TypeVar("T")
-REPO = Path(__file__).resolve().parent.parent
 DIR_ENV, OWNER_ENV = "JOBFENCE_TEST_CLUSTER_DIR", "JOBFENCE_TEST_CLUSTER_OWNER"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "node-agent", "crds")
 IMAGE = "jobfence:0.1.0"

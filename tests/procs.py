@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from devtools.sqlconn import connect
-from tests.conftest import JOBFENCE, REPO, cli_env, run_cli
+from tests.support import JOBFENCE, REPO, cli_env, run_cli
 
 T = TypeVar("T")
 

@@ -2,7 +2,7 @@
 table of a PostgreSQL database — and, at enqueue, checks the job's ``resource`` against it.
 A job for a table that is not there is refused before anything is written (exit 2 from
 ``jobfence enqueue``, 400 from the HTTP API, ``jobfence.InvalidSpec`` from the Python
-API), the way Snowpack looks a table up before it accepts maintenance::
+API): a maintenance job for a table that does not exist is a mistake to report at once::
 
     export PG_MAINTENANCE_DATABASE_URL=postgresql://maintainer@shop-db/shop
     jobfence enqueue 'pg-maintenance:{"table": "shop.orders", "operation": "vacuum"}' \\

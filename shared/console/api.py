@@ -31,7 +31,6 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from jobfence import db, logs
-from jobfence.cli import to_jsonable
 from jobfence.cluster import PERIODIC_FUNCTIONS, Cluster
 from jobfence.console import more_routes, params
 from jobfence.console.auth import Authenticator, Caller, check_write
@@ -55,6 +54,7 @@ from jobfence.spec import parse_specs
 from jobfence.store import ACTIVE, TERMINAL, Store
 from jobfence.submit import cancelled_object, enqueued_object, submit
 from jobfence.views import attempts_of, job_views
+from jobfence.wire import to_jsonable
 
 PAGE_MAX = 500
 """The most jobs one page holds; page on with ``after`` (the ``next`` link)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from jobfence.cli import version
+from jobfence.wire import version
 
 _ERROR = {"$ref": "#/components/responses/Error"}
 

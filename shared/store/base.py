@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from jobfence import db
 from jobfence.db import Connection, Cursor, Queries
+from jobfence.store.types import Moved, Transition
 
 if TYPE_CHECKING:
     from jobfence.store import Store
@@ -46,6 +47,13 @@ class Noun:
     def _row(self, name: str, params: Mapping[str, Any] | None, row: type[T]) -> T | None:
         found: T | None = db.execute(self.conn, self.sql[name], params, row=row).fetchone()
         return found
+
+    def _settle(self, done: list[Transition]) -> Moved:
+        """The one settle rule of every verb that moves jobs, run by the verb once its
+        transaction has committed, never by its caller: what waited on the jobs it made
+        terminal is released or failed (``Dependencies.settle``: at most ``SETTLE_BATCH``
+        inline, export-finalize pages through the rest)."""
+        return Moved(done, self.store.dependencies.settle(done))
 
     def _count(self, name: str, params: Mapping[str, Any] | None = None) -> int:
         """How many rows the statement changed."""

@@ -22,7 +22,7 @@ from uuid import UUID
 
 from jobfence import db
 from jobfence.store.base import Noun
-from jobfence.store.types import Transition, transitions
+from jobfence.store.types import Moved, Transition, transitions
 
 SETTLE_BATCH = 1000
 """Dependents a verb releases inline after making jobs terminal; export-finalize pages
@@ -76,6 +76,11 @@ class Dependencies(Noun):
         for batch in _chunks(job_ids, RESOLVE_BATCH):
             out += transitions(self._all("resolve", {"job_ids": batch}))
         return out
+
+    def release(self, job_ids: Sequence[UUID]) -> Moved:
+        """``resolve`` these waiting jobs, then settle what waited on those it made
+        terminal (export-finalize's safety net)."""
+        return self._settle(self.resolve(job_ids))
 
     def waiting_page(self, *, after: UUID, limit: int) -> list[UUID]:
         """Waiting top-level jobs after ``after`` in id order (the safety net's pages)."""

@@ -138,8 +138,7 @@ class Jobs(Noun):
         """
         with db.transaction(self.conn):
             done = transitions(self._all("cancel", {"job_id": job_id, "reason": reason}))
-        self.store.dependencies.settle(done)
-        return done
+        return self._settle(done).done
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -232,8 +231,7 @@ class Jobs(Noun):
         done = transitions([r for r in rows if r["refusal"] is None])
         refused = [Acted(r["job_id"], r["status"], r["refusal"]) for r in rows
                    if r["refusal"] is not None]
-        self.store.dependencies.settle(done)
-        return done, refused
+        return self._settle(done).done, refused
 
     def reveal_env(self, *, job_id: UUID, actor: str, reason: str) -> list[dict[str, Any]]:
         """Each action's env values (``index``, ``name``, ``env``), recorded with who asked

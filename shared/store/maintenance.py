@@ -15,7 +15,7 @@ from uuid import UUID
 
 from jobfence import db
 from jobfence.store.base import Noun
-from jobfence.store.types import RetentionCandidate, RetryPolicy, Transition, transitions
+from jobfence.store.types import Moved, RetentionCandidate, RetryPolicy, Transition, transitions
 
 
 class Maintenance(Noun):
@@ -26,21 +26,17 @@ class Maintenance(Noun):
         """One bounded batch of expired leases: fence rotated, back to pending with backoff
         or failed when attempts are exhausted. ``now`` defaults to the database's clock.
         What waited on the jobs that failed is settled."""
-        done = transitions(self._all("reclaim_expired", {
-            "batch_size": batch_size, "now": now, **retry.params()}))
-        self.store.dependencies.settle(done)
-        return done
+        return self._settle(transitions(self._all("reclaim_expired", {
+            "batch_size": batch_size, "now": now, **retry.params()}))).done
 
     def reclaim_timed_out(self, *, retry: RetryPolicy, batch_size: int,
-                          now: datetime | None = None) -> list[Transition]:
+                          now: datetime | None = None) -> Moved:
         """One bounded batch of running jobs past their run deadline: fence rotated, back
         to pending with backoff, or failed "timed out" when attempts are exhausted; how
-        late past its deadline each was stopped is recorded with it.
-
-        Does not settle: the caller settles the transitions (and counts what that moved).
-        """
-        return transitions(self._all("reclaim_timed_out", {
-            "batch_size": batch_size, "now": now, **retry.params()}))
+        late past its deadline each was stopped is recorded with it. What waited on the
+        jobs that failed is settled."""
+        return self._settle(transitions(self._all("reclaim_timed_out", {
+            "batch_size": batch_size, "now": now, **retry.params()})))
 
     def release_stopped(self, *, batch_size: int) -> list[UUID]:
         """One bounded batch of stopping attempts (a cancel or a timeout rotated their
@@ -50,19 +46,17 @@ class Maintenance(Noun):
         return [r["job_id"] for r in self._all("release_stopped", {"batch_size": batch_size})]
 
     def expire_pending(self, *, batch_size: int,
-                       now: datetime | None = None) -> tuple[list[Transition], int]:
+                       now: datetime | None = None) -> tuple[Moved, int]:
         """One bounded batch of waiting/pending jobs past their ``expires_at``: cancelled
         "expired before start", with how late past its expiry each was. A waiting parent's
         waiting children are cancelled in the same transaction, and only counted (second
-        value): a parent's children may be many, and nothing waits on a child.
-
-        Does not settle: the caller settles the transitions.
-        """
+        value): a parent's children may be many, and nothing waits on a child. What waited
+        on the expired jobs is settled."""
         with db.transaction(self.conn):
             rows = self._all("expire_pending", {"batch_size": batch_size, "now": now})
             parents = [r["job_id"] for r in rows if r["is_parent"]]
             children = self.cancel_children_of_expired(parents)
-        return transitions(rows), children
+        return self._settle(transitions(rows)), children
 
     def cancel_children_of_expired(self, parent_ids: Sequence[UUID]) -> int:
         """Parents that expired while waiting: their waiting children will never run."""

@@ -38,6 +38,4 @@ class Parents(Noun):
             "manifest": manifest, "reason": reason, "error": error})
         if row is None:
             return None
-        done = transitions([row])
-        self.store.dependencies.settle(done)
-        return done[0]
+        return self._settle(transitions([row])).done[0]

@@ -73,7 +73,7 @@ class Pods(Noun):
             "snapshot": self._snapshot()})
         done = [(Transition(r["job_id"], r["status"], r["parent_id"]), bool(r["missing"]))
                 for r in rows]
-        self.store.dependencies.settle([t for t, _ in done])
+        self._settle([t for t, _ in done])
         return done
 
     def unverifiable_claims(self, *, claimer_pattern: str) -> int:

@@ -146,6 +146,15 @@ class Transition(NamedTuple):
         return self.status in TERMINAL
 
 
+class Moved(NamedTuple):
+    """What a verb that moves jobs did (``done``) and, once that committed, what waited on
+    the jobs it made terminal and was released or failed with them (``dependents``): the
+    one settle rule, ``Noun._settle``."""
+
+    done: list[Transition]
+    dependents: list[Transition]
+
+
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """Retry delay: base * 2^(attempt-1), capped, jittered (SQL: jobfence_retry_delay)."""

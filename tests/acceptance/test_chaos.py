@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.support import REPO
 
 
 def test_short_chaos_run_violates_no_invariant() -> None:

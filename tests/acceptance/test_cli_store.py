@@ -9,7 +9,7 @@ import json
 import pytest
 
 from devtools.sqlconn import connect
-from tests.conftest import run_cli
+from tests.support import run_cli
 
 UNREACHABLE = "postgresql://postgres@127.0.0.1:9/nowhere"
 

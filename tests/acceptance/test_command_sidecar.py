@@ -40,7 +40,6 @@ from jobfence.sidecar_runner import CommandRunner
 from jobfence.sidecar_worker import RemoteSpace, RunnerLink
 from jobfence.store import Store
 from tests.acceptance.test_least_privilege import SEARCH, servers
-from tests.conftest import JOBFENCE, Dsn, cli_env, run_cli
 from tests.factories import enqueue_one
 from tests.procs import (
     FAST,
@@ -52,6 +51,7 @@ from tests.procs import (
     kill_quietly,
     wait_for,
 )
+from tests.support import JOBFENCE, Dsn, cli_env, run_cli
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                                 reason="a PID namespace of its own needs root and unshare")

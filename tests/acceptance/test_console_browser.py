@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from tests.acceptance.serving import Served, serve
-from tests.conftest import role_dsn, run_cli
 from tests.kube import ControlPlane
 from tests.procs import FAST, alive, enqueue, job, kill_quietly, read_pid, spawn, wait_for
+from tests.support import role_dsn, run_cli
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")

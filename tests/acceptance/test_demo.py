@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.support import REPO
 
 
 def test_demo_runs_the_whole_story_and_prints_the_summary() -> None:

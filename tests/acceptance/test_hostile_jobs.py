@@ -36,10 +36,10 @@ from jobfence import db
 from jobfence.adapters.s3 import S3ObjectStore
 from jobfence.objectstore import parse_s3_url
 from jobfence.store import Store
-from tests.conftest import JOBFENCE, Dsn, cli_env, run_cli
 from tests.factories import enqueue_one
 from tests.pg import Databases
 from tests.procs import FAST, SYSTEM_PYTHON, Sidecar, action_results, events, job, kill_quietly
+from tests.support import JOBFENCE, Dsn, cli_env, run_cli
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                                 reason="other users and PID namespaces need root")

@@ -30,9 +30,9 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from jobfence.store import Store
-from tests.conftest import JOBFENCE, Dsn, cli_env
 from tests.factories import enqueue_one
 from tests.procs import FAST, events, job
+from tests.support import JOBFENCE, Dsn, cli_env
 
 SEARCH = r'''
 import json, os, re, sys

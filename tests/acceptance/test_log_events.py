@@ -1,11 +1,10 @@
-"""The log events the Graph OLAP design names, as the real CLI writes them (JSON lines on
+"""The log events operators search for, as the real CLI writes them (JSON lines on
 stderr): every periodic pass says ``pass_started`` (with its trigger) then
-``pass_finished`` (its duration and the counts it printed) — the design's
-``<job>_started`` / ``<job>_completed``, the function in ``command`` — or ``pass_skipped``
-when another run holds its lease and ``pass_failed`` (error) when it fails; reconciliation
-says ``missing_pod_detected`` for a claim whose worker is gone; orphan-cleanup says
-``orphaned_pod_detected`` (error, a bug indicator) then ``orphaned_pod_deleted`` for a
-worker that holds no claim."""
+``pass_finished`` (its duration and the counts it printed), the function in ``command`` —
+or ``pass_skipped`` when another run holds its lease and ``pass_failed`` (error) when it
+fails; reconciliation says ``missing_pod_detected`` for a claim whose worker is gone;
+orphan-cleanup says ``orphaned_pod_detected`` (error, a bug indicator) then
+``orphaned_pod_deleted`` for a worker that holds no claim."""
 
 from __future__ import annotations
 
@@ -20,9 +19,9 @@ import pytest
 from devtools.sqlconn import connect
 from jobfence.cluster import PERIODIC_FUNCTIONS
 from jobfence.store import Store
-from tests.conftest import run_cli
 from tests.factories import run_in_progress
 from tests.procs import enqueue, job, kill_quietly, log_events, spawn, wait_for
+from tests.support import run_cli
 
 LONG_LEASE = {"JOBFENCE_LEASE_SECONDS": "120", "JOBFENCE_HEARTBEAT_SECONDS": "1"}
 LOCAL = {"JOBFENCE_CLUSTER": "local", "JOBFENCE_RECONCILE_GRACE_SECONDS": "0",

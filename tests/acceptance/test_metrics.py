@@ -23,10 +23,10 @@ from jobfence.adapters.s3 import S3ObjectStore
 from jobfence.runner import detect_trigger
 from jobfence.settings import Settings
 from jobfence.store import Store
-from tests.conftest import run_cli
 from tests.factories import run_in_progress
 from tests.manifests.rendered import METRICS
 from tests.procs import enqueue, wait_for
+from tests.support import run_cli
 
 BROKEN_CLUSTER = {"JOBFENCE_CLUSTER": "kubernetes", "KUBECONFIG": "/nonexistent",
                   "KUBERNETES_SERVICE_HOST": ""}

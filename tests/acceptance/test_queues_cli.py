@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from devtools.sqlconn import connect
-from tests.conftest import run_cli
 from tests.procs import FAST, enqueue, events, job, long_then_quick, read_pid, spawn, wait_for
+from tests.support import run_cli
 
 QUICK = 'sleep:{"seconds": 0}'
 

@@ -16,9 +16,9 @@ import time
 from devtools.sqlconn import connect
 from jobfence.adapters.local_cluster import LocalCluster, is_worker
 from jobfence.store import Store
-from tests.conftest import run_cli
 from tests.factories import run_in_progress
 from tests.procs import enqueue, job, kill_quietly, spawn, wait_for
+from tests.support import run_cli
 
 LONG_LEASE = {"JOBFENCE_LEASE_SECONDS": "120", "JOBFENCE_HEARTBEAT_SECONDS": "1"}
 LOCAL = {"JOBFENCE_CLUSTER": "local", "JOBFENCE_RECONCILE_GRACE_SECONDS": "0",

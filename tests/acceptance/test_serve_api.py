@@ -20,8 +20,8 @@ from starlette.routing import Route
 
 from devtools.sqlconn import connect
 from tests.acceptance.serving import Served, free_port, serve
-from tests.conftest import role_dsn, run_cli
 from tests.procs import FAST, enqueue
+from tests.support import role_dsn, run_cli
 
 PROXY = {"JOBFENCE_AUTH": "proxy", "JOBFENCE_AUTH_READERS": "*",
          "JOBFENCE_AUTH_OPERATORS": "alice,group:oncall", "JOBFENCE_CLUSTER": "local"}

@@ -21,7 +21,6 @@ import pytest
 from devtools.embedded_pg import EmbeddedPostgres
 from devtools.sqlconn import connect
 from jobfence.store.migrations import migrate
-from tests.conftest import run_cli
 from tests.procs import (
     FAST,
     action_results,
@@ -35,6 +34,7 @@ from tests.procs import (
     spawn,
     wait_for,
 )
+from tests.support import run_cli
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 

@@ -1,16 +1,19 @@
 """The functions of an installed schema, read from the catalog (invariant 13): every
 ``SECURITY DEFINER`` function pins its search path to the schema with ``pg_temp`` last and
 names every relation with the schema, so no future migration can bring back a function
-that a caller's temporary table can stand in for; the worker's writes carry the fence in
-their installed bodies; and a login of each role that plants temporary tables named like
+that a caller's temporary table can stand in for; the store's statements name every
+relation of the schema with it; the worker's writes carry the fence in their installed
+bodies; and a login of each role that plants temporary tables named like
 every table of the schema changes nothing of what the triggers write.
 """
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -21,15 +24,18 @@ from psycopg import sql
 from devtools.roles import ensure_logins
 from jobfence import db
 from jobfence.store import RetryPolicy, Store
-from tests.conftest import Dsn
 from tests.factories import enqueue_one
+from tests.support import Dsn
+
+STORE = Path(inspect.getfile(Store)).parent
 
 
 @pytest.fixture
 def catalog(conn: psycopg.Connection[dict[str, Any]]) -> list[dict[str, Any]]:
     return conn.execute("""
         SELECT p.proname AS name, p.prosecdef AS definer, p.proconfig AS config,
-               p.prosrc AS body, pg_get_function_result(p.oid) AS returns
+               p.prosrc AS body, pg_get_function_result(p.oid) AS returns,
+               p.provolatile = 'v' AS writes, coalesce(p.proargnames, '{}') AS args
         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
         WHERE n.nspname = 'jobfence' ORDER BY p.proname""").fetchall()
 
@@ -50,6 +56,18 @@ def test_every_definer_function_pins_the_schema_then_pg_temp(
         assert paths == ["search_path=jobfence, pg_temp"], (f["name"], f["config"])
 
 
+def test_every_statement_of_the_store_names_the_schemas_relations_with_it(
+        relations: list[str]) -> None:
+    """No statement can reach a relation of the caller's search path (an application's own
+    ``jobs``): every relation the schema has is named with the schema in the store's SQL."""
+    assert len(relations) >= 10
+    bare = re.compile(r"\b(?:FROM|JOIN|UPDATE|INTO)\s+(" + "|".join(
+        map(re.escape, relations)) + r")\b", re.IGNORECASE)
+    for path in STORE.glob("*.sql"):
+        found = bare.findall(path.read_text())
+        assert not found, (path.name, found)
+
+
 def test_every_definer_function_names_its_relations_with_the_schema(
         catalog: list[dict[str, Any]], relations: list[str]) -> None:
     """A relation of the schema named bare in a body would be resolved through the search
@@ -63,20 +81,27 @@ def test_every_definer_function_names_its_relations_with_the_schema(
         assert not where.findall(code), (f["name"], where.findall(code))
 
 
-WRITES = ("worker_heartbeat", "worker_record_action", "worker_finish", "worker_release",
-          "worker_interrupt", "worker_register_outputs", "worker_confirm_outputs")
+STOPPING_ONLY = {"worker_stopped"}
+"""The one write of a worker that acts on an attempt after its fence was rotated: it clears
+the stopping mark of the attempt it names (``stopping_attempt_id``), and nothing else."""
 
 
 def test_the_workers_writes_carry_the_fence_as_installed(catalog: list[dict[str, Any]]) -> None:
-    """Every write after a claim names the attempt and checks the lease against the clock
-    of the moment the row is checked (``now()`` is the transaction's start: a write that
+    """Every write after a claim — each installed ``worker_*`` function that may write and
+    names an attempt — matches only that attempt and checks the lease against the clock of
+    the moment the row is checked (``now()`` is the transaction's start: a write that
     waited on a lock past its lease would still match)."""
-    bodies = {f["name"]: f["body"] for f in catalog}
-    for name in WRITES:
-        body = bodies[name]
+    writes = {f["name"]: f["body"] for f in catalog if f["name"].startswith("worker_")
+              and f["writes"] and "p_attempt_id" in f["args"]}
+    assert len(writes) >= 8 and STOPPING_ONLY <= writes.keys()
+    for name, body in writes.items():
+        if name in STOPPING_ONLY:
+            assert re.search(r"\bstopping_attempt_id = p_attempt_id\b", body), name
+            continue
         assert re.search(r"\battempt_id = p_attempt_id\b", body), name
         assert "visible_at > clock_timestamp()" in body, name
         assert "visible_at > now()" not in body, name
+    bodies = {f["name"]: f["body"] for f in catalog}
     assert "j.attempt_id = a.attempt_id" in bodies["worker_holding"]
     assert "stopping_attempt_id = p_attempt_id" in bodies["worker_stopped"]
 

@@ -17,9 +17,9 @@ from jobfence.functions import export_finalize
 from jobfence.runner import Deps
 from jobfence.settings import Settings
 from jobfence.store import SETTLE_BATCH, Store
-from tests.conftest import run_cli
 from tests.factories import enqueue_one, new_job
 from tests.procs import FAST, enqueue, events, job, log_events, spawn, wait_for
+from tests.support import run_cli
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 

@@ -16,14 +16,13 @@ import pytest
 import jobfence.functions.lifecycle as lifecycle
 from devtools.memory_objects import MemoryObjectStore
 from jobfence import budget, retention
-from jobfence.datums import child_batches
 from jobfence.finalize import finalize_parent
 from jobfence.ids import uuid7
 from jobfence.objectstore import job_prefix, legacy_job_prefix, manifest_key
 from jobfence.runner import Deps
 from jobfence.settings import Settings, load_settings
 from jobfence.store import ActionOutcome, Store
-from tests.factories import enqueue_one, installation, new_job
+from tests.factories import enqueue_one, installation, make_parent, new_job
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 
@@ -79,17 +78,6 @@ def finish_with_outputs(store: Store, objects: MemoryObjectStore, job_id: UUID,
     assert store.attempts.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=ok,
                         outcome=outcome)
     return claim.attempt_id
-
-
-def make_parent(store: Store, n: int, **kw: Any) -> tuple[UUID, list[UUID]]:
-    inputs = MemoryObjectStore()
-    for i in range(n):
-        inputs.put_bytes("in", f"x/{i:04d}", b"1")
-    parent = new_job(is_parent=True, inputs={"url": "s3://in/x/", "per_datum": 1}, **kw)
-    [e] = store.jobs.enqueue([parent], children=child_batches("s3://in/x/", 1, inputs))
-    kids = [r.job_id for r in store.parents.children_page(parent_id=e.job_id, after=UUID(int=0),
-                                                     limit=n)]
-    return e.job_id, kids
 
 
 def keys(objects: MemoryObjectStore, prefix: str = "") -> list[str]:

@@ -12,29 +12,14 @@ import pytest
 
 from devtools.memory_objects import MemoryObjectStore
 from devtools.sqlconn import connect
-from jobfence.datums import child_batches
 from jobfence.finalize import finalize_parent
 from jobfence.objectstore import manifest_key
 from jobfence.store import IMMEDIATE, Claim, Store
-from tests.factories import enqueue_one, installation, new_job
+from tests.factories import enqueue_one, installation, make_parent, new_job
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 
 BUCKET = "out"
-
-
-def make_parent(store: Store, n: int, **kw: object) -> tuple[UUID, list[UUID]]:
-    """A datum parent with n children, made by the real child_batches from a listing."""
-    inputs = MemoryObjectStore()
-    for i in range(n):
-        inputs.put_bytes("in", f"x/{i:04d}", b"1")
-    parent = new_job(is_parent=True, inputs={"url": "s3://in/x/", "per_datum": 1}, **kw)
-    [e] = store.jobs.enqueue([parent], children=child_batches("s3://in/x/", 1, inputs,
-                                                         batch_size=2))
-    assert e.children == n
-    kids = [r.job_id for r in store.parents.children_page(parent_id=e.job_id, after=UUID(int=0),
-                                                     limit=n)]
-    return e.job_id, kids
 
 
 _claims: dict[UUID, Claim] = {}

@@ -20,8 +20,8 @@ from psycopg.rows import dict_row
 from devtools.roles import ensure_logins
 from jobfence.store import Store
 from jobfence.store.roles import KINDS
-from tests.conftest import Dsn
 from tests.factories import enqueue_one
+from tests.support import Dsn
 
 NOT_MINE = str(uuid4())
 

@@ -18,7 +18,7 @@ from jobfence.runner import Deps
 from jobfence.schedules import Cron, job_template, schedule_spec
 from jobfence.settings import Settings, load_settings
 from jobfence.store import Store
-from tests.conftest import Dsn
+from tests.support import Dsn
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 

@@ -17,8 +17,8 @@ import yaml
 from devtools import controlplane
 from devtools.deploy import overlay
 from jobfence.pools import Pools
+from tests.support import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
 RUNBOOK_URL = "https://docs.example/jobfence/docs/RUNBOOK.md"
 

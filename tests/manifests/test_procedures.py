@@ -11,7 +11,7 @@ import re
 import pytest
 
 from jobfence.functions import cli as entry
-from tests.conftest import REPO
+from tests.support import REPO
 
 DOCS = [REPO / "docs" / "OPERATIONS.md", REPO / "docs" / "RUNBOOK.md"]
 CALL = re.compile(r"\bjobfence ([a-z][a-z-]*)([^|;#`\n]*)")

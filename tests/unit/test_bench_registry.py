@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.support import REPO
 
 
 def test_every_registered_benchmark_imports_and_has_a_run_function() -> None:

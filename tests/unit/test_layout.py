@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.conftest import REPO
+from tests.support import REPO
 
 LIMIT = 420
 

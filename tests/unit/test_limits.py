@@ -105,7 +105,7 @@ def test_spec_text_parses_or_is_refused_as_invalid(text: str) -> None:
     try:
         specs = parse_spec_text(text)
     except InvalidSpec as exc:
-        assert "\n" not in str(exc) or str(exc)
+        assert str(exc), "a refusal says why"
         return
     for spec in specs:
         json.dumps(spec.model_dump(mode="json"), allow_nan=False).encode("utf-8")

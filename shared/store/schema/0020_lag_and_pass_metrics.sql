@@ -3,7 +3,7 @@
 -- * Pass durations. Every run of a periodic function that ran (succeeded, failed or
 --   interrupted; not a skipped one) adds one to the bucket its duration falls in, kept in
 --   the function's totals (`function_totals`, items `duration:<upper bound>` and
---   `duration:sum`): buckets 0.1 s to 120 s, as the Graph OLAP design asks, so that p50,
+--   `duration:sum`): buckets 0.1 s to 120 s, so that p50,
 --   p95 and p99 can be read across every pod that ran the function.
 -- * Lifecycle lag. The statement that enforces a run timeout, a pending expiry or a
 --   retention deletion records, in its own transaction, how long after the job came due it
