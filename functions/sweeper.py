@@ -1,5 +1,6 @@
 """sweeper: expired leases → rotate the fence → back to pending with backoff, or failed
-once attempts are exhausted. A job whose worker died is claimable again after one pass.
+once attempts are exhausted. A job whose worker died is claimable again after one pass; a
+datum parent whose last child it failed is finalized in the same pass.
 Stopping attempts (cancelled or timed out while their command ran) whose worker never
 confirmed the command gone are let go once their lease has run out.
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from jobfence.finalize import finalize_parents_of
 from jobfence.runner import Deps, run_pass
 from jobfence.settings import Settings
 from jobfence.store import RetryPolicy
@@ -28,18 +30,21 @@ class Report:
     retried: int
     failed: int
     stopping_released: int
+    parents_finalized: int
     batches: int
 
 
 def run_once(settings: Settings, deps: Deps) -> Report:
     retry = RetryPolicy(settings.retry_base_seconds, settings.retry_max_seconds)
-    retried = failed = released = batches = 0
+    retried = failed = released = finalized = batches = 0
     while batches < MAX_BATCHES:
         deps.checkpoint()
         done = deps.store.maintenance.reclaim_expired(retry=retry, batch_size=settings.batch_size)
         batches += 1
         retried += sum(1 for t in done if t.status == "pending")
         failed += sum(1 for t in done if t.status == "failed")
+        finalized += finalize_parents_of(deps.store, lambda: deps.objects, settings.s3_bucket,
+                                         deps.installation, done)
         if len(done) < settings.batch_size:
             break
     while batches < MAX_BATCHES:
@@ -49,7 +54,7 @@ def run_once(settings: Settings, deps: Deps) -> Report:
         released += len(let_go)
         if len(let_go) < settings.batch_size:
             break
-    return Report("sweeper", retried + failed, retried, failed, released, batches)
+    return Report("sweeper", retried + failed, retried, failed, released, finalized, batches)
 
 
 def main(argv: list[str] | None = None) -> int:

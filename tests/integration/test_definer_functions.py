@@ -81,11 +81,17 @@ def test_the_workers_writes_carry_the_fence_as_installed(catalog: list[dict[str,
     assert "stopping_attempt_id = p_attempt_id" in bodies["worker_stopped"]
 
 
-def test_no_worker_function_returns_a_fence(catalog: list[dict[str, Any]]) -> None:
+def test_no_worker_function_returns_a_live_fence(catalog: list[dict[str, Any]]) -> None:
     """A worker's role can read its own claim's attempt_id (the claim returns it) and no
-    other: nothing else a worker function returns carries one."""
+    other live one: besides the claim, only the page of a parent's children for its manifest
+    carries attempt ids — the kept ids of terminal children, answered only once no child of
+    that parent is active (tests/integration/test_parents.py tries the rest)."""
     for f in (f for f in catalog if f["name"].startswith("worker_")):
-        assert ("attempt_id" in f["returns"]) == (f["name"] == "worker_claim"), f["name"]
+        assert ("attempt_id" in f["returns"]) == (
+            f["name"] in {"worker_claim", "worker_parent_children"}), f["name"]
+    bodies = {f["name"]: f["body"] for f in catalog}
+    assert "jobfence_parent_of_attempt" in bodies["worker_parent_children"]
+    assert "s.status IN ('waiting', 'pending', 'running')" in bodies["jobfence_parent_of_attempt"]
 
 
 # -- temporary tables named like ours ---------------------------------------------------------
