@@ -29,18 +29,16 @@ still exits 0.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
 from jobfence.budget import Budget
-from jobfence.errors import JobfenceError
-from jobfence.finalize import finalize_parent
+from jobfence.finalize import finalize_parents_of
 from jobfence.logs import get_logger
 from jobfence.retention import Retention
 from jobfence.runner import Deps, run_pass, snapshot
 from jobfence.settings import Settings
-from jobfence.store import Transition
 
 log = get_logger("jobfence.lifecycle")
 
@@ -73,27 +71,12 @@ class Timeouts:
             retried += sum(1 for t in done if t.status == "pending")
             failed += sum(1 for t in done if t.status == "failed")
             dependents_failed += sum(1 for t in dependents if t.terminal)
-            finalized += _finalize_parents(settings, deps, done)
+            finalized += finalize_parents_of(deps.store, lambda: deps.objects,
+                                             settings.s3_bucket, deps.installation, done)
             if len(done) < settings.batch_size:
                 break
         return TimeoutsReport(timed_out_retried=retried, timed_out_failed=failed,
                               dependents_failed=dependents_failed, parents_finalized=finalized)
-
-
-def _finalize_parents(settings: Settings, deps: Deps, done: Sequence[Transition]) -> int:
-    """Finalize each parent one of whose children just became terminal, if it was the
-    last; export-finalize retries whatever fails here. How many were finalized."""
-    finalized = 0
-    parents = {t.parent_id for t in done if t.terminal and t.parent_id is not None}
-    for parent_id in sorted(parents, key=str):
-        try:
-            t = finalize_parent(deps.store, lambda: deps.objects, settings.s3_bucket,
-                                deps.installation, parent_id)
-        except JobfenceError as exc:
-            log.warning("inline_finalize_failed", job_id=str(parent_id), error=str(exc))
-            continue
-        finalized += t is not None
-    return finalized
 
 
 # -- 2. pending expiry -----------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """reconciliation: the database against the cluster. Live claims whose worker pod is gone
 (deleted, evicted, its node lost) or has finished, failed or gone Unknown are dead: their
 fence is rotated and the job retried — or failed with "worker pod ... disappeared" once its
-attempts are exhausted — long before its lease would run out.
+attempts are exhausted — long before its lease would run out. A datum parent whose last
+child it failed is finalized in the same pass.
 
 Fail-safe: the pods are listed page by page into a snapshot first; if the listing fails or
 cannot be completed, nothing is changed and the pass fails. Claims younger than the grace
@@ -15,6 +16,7 @@ import sys
 from dataclasses import dataclass
 
 from jobfence.budget import Budget
+from jobfence.finalize import finalize_parents_of
 from jobfence.logs import get_logger
 from jobfence.runner import Deps, run_pass, snapshot
 from jobfence.settings import Settings
@@ -35,6 +37,8 @@ class Report:
     retried: int = 0
     failed: int = 0
     unverifiable_claims: int = snapshot()
+    parents_finalized: int = 0
+    """Datum parents whose last child this pass failed, finalized in it."""
 
 
 def run_once(settings: Settings, deps: Deps) -> Report:
@@ -44,7 +48,7 @@ def run_once(settings: Settings, deps: Deps) -> Report:
                     "compare the claims with")
         return Report(function="reconciliation", cluster=settings.cluster)
     budget = Budget(checkpoint=deps.checkpoint)
-    missing = drift = retried = failed = 0
+    missing = drift = retried = failed = finalized = 0
     with deps.pod_snapshot(cluster) as listed:
         while budget:
             done = budget.batch(
@@ -58,6 +62,9 @@ def run_once(settings: Settings, deps: Deps) -> Report:
                 failed += t.status == "failed"
                 log.warning("missing_pod_detected" if was_missing else "status_drift_detected",
                             job_id=str(t.job_id), job_status=t.status)
+            finalized += finalize_parents_of(deps.store, lambda: deps.objects,
+                                             settings.s3_bucket, deps.installation,
+                                             [t for t, _ in done])
             if len(done) < settings.batch_size:
                 break
     unverifiable = deps.store.pods.unverifiable_claims(claimer_pattern=cluster.claimer_pattern)
@@ -67,7 +74,7 @@ def run_once(settings: Settings, deps: Deps) -> Report:
     return Report(function="reconciliation", cluster=settings.cluster, pods_listed=listed.pods,
                   pages=listed.pages, missing_pods_detected=missing,
                   status_drift_detected=drift, retried=retried, failed=failed,
-                  unverifiable_claims=unverifiable)
+                  unverifiable_claims=unverifiable, parents_finalized=finalized)
 
 
 def main(argv: list[str] | None = None) -> int:

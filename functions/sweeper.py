@@ -1,5 +1,6 @@
 """sweeper: expired leases → rotate the fence → back to pending with backoff, or failed
-once attempts are exhausted. A job whose worker died is claimable again after one pass.
+once attempts are exhausted. A job whose worker died is claimable again after one pass; a
+datum parent whose last child it failed is finalized in the same pass.
 Stopping attempts (cancelled or timed out while their command ran) whose worker never
 confirmed the command gone are let go once their lease has run out.
 
@@ -15,6 +16,7 @@ import sys
 from dataclasses import dataclass
 
 from jobfence.budget import Budget
+from jobfence.finalize import finalize_parents_of
 from jobfence.runner import Deps, run_pass
 from jobfence.settings import Settings
 
@@ -26,19 +28,22 @@ class Report:
     retried: int
     failed: int
     stopping_released: int
+    parents_finalized: int
     batches: int
 
 
 def run_once(settings: Settings, deps: Deps) -> Report:
     store, batch = deps.store, settings.batch_size
     budget = Budget(checkpoint=deps.checkpoint)
-    retried = failed = released = 0
+    retried = failed = released = finalized = 0
     budget.new_step()
     while budget:
         done = budget.batch(store.maintenance.reclaim_expired, retry=settings.retry_policy,
                             batch_size=batch)
         retried += sum(1 for t in done if t.status == "pending")
         failed += sum(1 for t in done if t.status == "failed")
+        finalized += finalize_parents_of(store, lambda: deps.objects, settings.s3_bucket,
+                                         deps.installation, done)
         if len(done) < batch:
             break
     budget.new_step()
@@ -48,7 +53,8 @@ def run_once(settings: Settings, deps: Deps) -> Report:
         if len(let_go) < batch:
             break
     return Report(function="sweeper", reclaimed=retried + failed, retried=retried,
-                  failed=failed, stopping_released=released, batches=budget.batches)
+                  failed=failed, stopping_released=released, parents_finalized=finalized,
+                  batches=budget.batches)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,8 +10,9 @@ worker process is the reaper of everything its jobs start (``jobfence.proctree``
 each action, whatever the action left running — daemons included — is killed.
 
 A worker reaches the store as the worker role (``jobfence.store.roles``): its fenced verbs
-and nothing else. A datum parent whose last child this was is finalized by
-``export-finalize`` at its next pass, not here: finalizing reads and writes other jobs.
+and nothing else. A datum parent whose last child this attempt ended is finalized here,
+seconds after, through the functions that answer that attempt about that parent only;
+``export-finalize`` retries what fails.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from jobfence.attempt import AttemptGuard, GuardThreads, SideChannel, StopReason
 from jobfence.datums import AttemptFiles
 from jobfence.db import Connection, connect
 from jobfence.errors import ConfigError, FenceLost, JobfenceError, StoreUnavailable
+from jobfence.finalize import finalize
 from jobfence.logs import get_logger
 from jobfence.objectstore import ObjectStore
 from jobfence.proctree import kill_descendants
@@ -228,6 +230,7 @@ class AttemptRunner:
             return self._lost(claim, guard)
         log.info("job_succeeded", job_id=str(claim.job_id), attempt_id=str(claim.attempt_id),
                  attempt=claim.attempt_count)
+        self._finalize_parent(claim, t)
         return Outcome.SUCCEEDED
 
     def _fail(self, claim: Claim, guard: AttemptGuard, outcome: ActionOutcome) -> Outcome:
@@ -259,6 +262,7 @@ class AttemptRunner:
             return self._lost(claim, guard)
         log.info("job_released", job_id=str(claim.job_id), status=t.status)
         if t.status == "failed":
+            self._finalize_parent(claim, t)
             return Outcome.FAILED
         return Outcome.RETRY
 
@@ -277,7 +281,20 @@ class AttemptRunner:
             return Outcome.LOST
         if t is None:
             return self._lost(claim, guard)
+        self._finalize_parent(claim, t)
         return Outcome.FAILED
+
+    def _finalize_parent(self, claim: Claim, t: Transition | None) -> None:
+        """The parent of a child this attempt just ended, finalized if it was the last one
+        (a parent's job is done when its last datum is); a failure here is logged, and
+        export-finalize finalizes it at its next pass."""
+        if t is None or not t.terminal or t.parent_id is None:
+            return
+        try:
+            finalize(self.store.parents.of_attempt(claim.job_id, claim.attempt_id),
+                     self.objects, self.settings.s3_bucket, self.installation)
+        except JobfenceError as exc:
+            log.warning("inline_finalize_failed", job_id=str(t.parent_id), error=str(exc))
 
     def _lost(self, claim: Claim, guard: AttemptGuard) -> Outcome:
         if guard.reason is None:  # a write found the fence gone before the heartbeat did

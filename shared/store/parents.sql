@@ -11,42 +11,41 @@ WHERE p.is_parent AND p.status = 'running' AND p.job_id > %(after)s
 ORDER BY p.job_id
 LIMIT %(limit)s;
 
--- has_active_children --
--- Whether a parent still has a child that is not terminal (one index probe).
-SELECT EXISTS (SELECT 1 FROM {schema}.jobs WHERE parent_id = %(parent_id)s
-               AND status IN ('waiting', 'pending', 'running')) AS active;
+-- summary --
+-- A parent: its status and inputs, whether a child is still active, and (once none is) its
+-- children's counts by status, in one read (0023_parents_in_seconds.sql).
+SELECT * FROM {schema}.jobfence_parent_summary(%(parent_id)s::uuid);
 
 -- children_page --
 -- One page of a parent's children with their committed outputs: the winning attempt's
 -- confirmed files, and only for a child that succeeded.
-SELECT c.job_id, c.status, c.attempt_id, c.inputs, c.error,
-    ARRAY(SELECT o.url FROM {schema}.job_outputs o
-          WHERE c.status = 'succeeded' AND o.job_id = c.job_id
-            AND o.attempt_id = c.attempt_id AND o.status = 'done'
-          ORDER BY o.path) AS outputs
-FROM {schema}.jobs c
-WHERE c.parent_id = %(parent_id)s AND c.job_id > %(after)s
-ORDER BY c.job_id
-LIMIT %(limit)s;
+SELECT * FROM {schema}.jobfence_children_page(%(parent_id)s::uuid, %(after)s::uuid,
+                                              %(limit)s::integer);
 
 -- first_errors --
 -- The first few children that did not succeed, for the parent's error message.
-SELECT job_id, status, error FROM {schema}.jobs
-WHERE parent_id = %(parent_id)s AND status IN ('failed', 'cancelled')
-ORDER BY job_id
-LIMIT %(limit)s;
+SELECT * FROM {schema}.jobfence_first_errors(%(parent_id)s::uuid, %(limit)s::integer);
 
 -- finalize --
 -- The one finalization of a parent: only while it is running and every child is terminal,
 -- so however many finishers race, one UPDATE matches.
-UPDATE {schema}.jobs p SET
-    status = %(status)s,
-    manifest = %(manifest)s,
-    finished_at = now(),
-    retain_until = now() + p.ttl,
-    reason = %(reason)s,
-    error = %(error)s
-WHERE p.job_id = %(job_id)s AND p.is_parent AND p.status = 'running'
-  AND NOT EXISTS (SELECT 1 FROM {schema}.jobs c WHERE c.parent_id = p.job_id
-                  AND c.status IN ('waiting', 'pending', 'running'))
-RETURNING p.job_id, p.status, p.parent_id;
+SELECT * FROM {schema}.jobfence_finalize_parent(%(parent_id)s::uuid, %(status)s::text,
+    %(manifest)s::text, %(reason)s::text, %(error)s::text);
+
+-- The same four, for the worker whose attempt made one of the parent's children terminal:
+-- the child and that attempt name the parent (nothing for any other attempt).
+
+-- attempt_summary --
+SELECT * FROM {schema}.worker_parent_summary(%(child_id)s::uuid, %(attempt_id)s::uuid);
+
+-- attempt_children_page --
+SELECT * FROM {schema}.worker_parent_children(%(child_id)s::uuid, %(attempt_id)s::uuid,
+                                              %(after)s::uuid, %(limit)s::integer);
+
+-- attempt_first_errors --
+SELECT * FROM {schema}.worker_parent_errors(%(child_id)s::uuid, %(attempt_id)s::uuid,
+                                            %(limit)s::integer);
+
+-- attempt_finalize --
+SELECT * FROM {schema}.worker_finalize_parent(%(child_id)s::uuid, %(attempt_id)s::uuid,
+    %(status)s::text, %(manifest)s::text, %(reason)s::text, %(error)s::text);

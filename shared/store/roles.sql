@@ -68,7 +68,12 @@ GRANT EXECUTE ON FUNCTION
     {schema}.worker_done_actions(uuid, uuid),
     {schema}.worker_holding(uuid[], uuid[]),
     {schema}.worker_stopped(uuid, uuid),
-    {schema}.settle_dependents(uuid[], integer)
+    {schema}.settle_dependents(uuid[], integer),
+    -- the parent of a child this attempt made terminal, finalized when it was the last
+    {schema}.worker_parent_summary(uuid, uuid),
+    {schema}.worker_parent_children(uuid, uuid, uuid, integer),
+    {schema}.worker_parent_errors(uuid, uuid, integer),
+    {schema}.worker_finalize_parent(uuid, uuid, text, text, text, text)
     TO {worker};
 
 -- reader: status, list, queue status, drain status, KEDA's queries, metrics.
@@ -123,5 +128,9 @@ GRANT EXECUTE ON FUNCTION {schema}.jobfence_reclaim(uuid[], text[], text[], floa
     {schema}.jobfence_observation(text, text, float8),
     {schema}.resolve_waiting(uuid[]),
     {schema}.settle_dependents(uuid[], integer),
+    {schema}.jobfence_parent_summary(uuid),
+    {schema}.jobfence_children_page(uuid, uuid, integer),
+    {schema}.jobfence_first_errors(uuid, integer),
+    {schema}.jobfence_finalize_parent(uuid, text, text, text, text),
     {schema}.scheduler_fire(uuid[], timestamptz[], timestamptz[], timestamptz[], uuid[])
     TO {maintainer};

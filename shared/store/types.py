@@ -372,6 +372,17 @@ class ChildEntry(NamedTuple):
     outputs: list[str]
 
 
+class ParentSummary(NamedTuple):
+    """A parent as its finalization reads it; ``counts`` (children by status) only once no
+    child is active."""
+
+    job_id: UUID
+    status: str
+    inputs: Any
+    active: bool
+    counts: dict[str, int] | None
+
+
 class ChildError(NamedTuple):
     job_id: UUID
     status: str

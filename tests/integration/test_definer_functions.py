@@ -85,6 +85,10 @@ STOPPING_ONLY = {"worker_stopped"}
 """The one write of a worker that acts on an attempt after its fence was rotated: it clears
 the stopping mark of the attempt it names (``stopping_attempt_id``), and nothing else."""
 
+AFTER_THE_END = {"worker_finalize_parent"}
+"""The one write of a worker after its attempt's own terminal write: the parent of the
+child that attempt ended, once no child of it is active (``jobfence_parent_of_attempt``)."""
+
 
 def test_the_workers_writes_carry_the_fence_as_installed(catalog: list[dict[str, Any]]) -> None:
     """Every write after a claim — each installed ``worker_*`` function that may write and
@@ -98,6 +102,9 @@ def test_the_workers_writes_carry_the_fence_as_installed(catalog: list[dict[str,
         if name in STOPPING_ONLY:
             assert re.search(r"\bstopping_attempt_id = p_attempt_id\b", body), name
             continue
+        if name in AFTER_THE_END:
+            assert "jobfence_parent_of_attempt(p_child_id, p_attempt_id)" in body, name
+            continue
         assert re.search(r"\battempt_id = p_attempt_id\b", body), name
         assert "visible_at > clock_timestamp()" in body, name
         assert "visible_at > now()" not in body, name
@@ -106,11 +113,17 @@ def test_the_workers_writes_carry_the_fence_as_installed(catalog: list[dict[str,
     assert "stopping_attempt_id = p_attempt_id" in bodies["worker_stopped"]
 
 
-def test_no_worker_function_returns_a_fence(catalog: list[dict[str, Any]]) -> None:
+def test_no_worker_function_returns_a_live_fence(catalog: list[dict[str, Any]]) -> None:
     """A worker's role can read its own claim's attempt_id (the claim returns it) and no
-    other: nothing else a worker function returns carries one."""
+    other live one: besides the claim, only the page of a parent's children for its manifest
+    carries attempt ids — the kept ids of terminal children, answered only once no child of
+    that parent is active (tests/integration/test_parents.py tries the rest)."""
     for f in (f for f in catalog if f["name"].startswith("worker_")):
-        assert ("attempt_id" in f["returns"]) == (f["name"] == "worker_claim"), f["name"]
+        assert ("attempt_id" in f["returns"]) == (
+            f["name"] in {"worker_claim", "worker_parent_children"}), f["name"]
+    bodies = {f["name"]: f["body"] for f in catalog}
+    assert "jobfence_parent_of_attempt" in bodies["worker_parent_children"]
+    assert "s.status IN ('waiting', 'pending', 'running')" in bodies["jobfence_parent_of_attempt"]
 
 
 # -- temporary tables named like ours ---------------------------------------------------------

@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from uuid import UUID
 
 import pytest
 
 from devtools.memory_objects import MemoryObjectStore
+from devtools.roles import ensure_logins
 from devtools.sqlconn import connect
-from jobfence.finalize import finalize_parent
+from jobfence.finalize import finalize, finalize_parent
 from jobfence.objectstore import manifest_key
 from jobfence.store import IMMEDIATE, Claim, Store
 from tests.factories import enqueue_one, installation, make_parent, new_job
+from tests.support import run_cli
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 
@@ -155,6 +158,66 @@ def test_a_parent_cancelled_after_its_last_child_keeps_its_children(store: Store
     assert finalize_parent(store, lambda: objects, BUCKET, installation(store), parent) is None
     row = store.jobs.get(parent)
     assert row is not None and row.status == "cancelled"
+
+
+@pytest.fixture
+def as_worker(dsn: str) -> Iterator[Store]:
+    """The store as the worker role's login sees it: its functions and nothing else."""
+    urls = ensure_logins(dsn)
+    with connect(urls["worker"]) as conn:
+        yield Store(conn)
+
+
+def test_the_attempt_that_ends_the_last_child_finalizes_the_parent_as_the_worker(
+        store: Store, as_worker: Store) -> None:
+    """Seconds, not a pass: the worker whose attempt ended the last child finalizes the
+    parent, with the manifest, through the functions that answer that attempt only — and
+    only once no child is active."""
+    parent, kids = make_parent(store, 2)
+    claims = {c.job_id: c for c in as_worker.attempts.claim(worker_id="w", lease_seconds=30,
+                                                           limit=10)}
+    objects = MemoryObjectStore()
+    first, last = claims[kids[0]], claims[kids[1]]
+    assert as_worker.attempts.finish(job_id=first.job_id, attempt_id=first.attempt_id,
+                                     succeeded=True)
+    early = as_worker.parents.of_attempt(first.job_id, first.attempt_id)
+    # A sibling still runs: nothing answers, not its live fence, not the parent.
+    assert early.summary() is None
+    assert early.children_page(after=UUID(int=0), limit=10) == []
+    assert finalize(early, lambda: objects, BUCKET, installation(store)) is None
+    assert as_worker.attempts.finish(job_id=last.job_id, attempt_id=last.attempt_id,
+                                     succeeded=True)
+    # Another attempt (the sibling's live one earlier, or any) is told nothing.
+    assert as_worker.parents.of_attempt(last.job_id, first.attempt_id).summary() is None
+    done = finalize(as_worker.parents.of_attempt(last.job_id, last.attempt_id),
+                    lambda: objects, BUCKET, installation(store))
+    assert done is not None and done.status == "succeeded"
+    row = store.jobs.get(parent)
+    assert row is not None and row.status == "succeeded" and row.manifest
+    body = json.loads(objects.get_bytes(BUCKET, manifest_key(installation(store), parent)))
+    assert [i["job_id"] for i in body["items"]] == [str(k) for k in kids]
+    # Once only: the earlier child's attempt, export-finalize, a repeat — all too late.
+    assert finalize(as_worker.parents.of_attempt(first.job_id, first.attempt_id),
+                    lambda: objects, BUCKET, installation(store)) is None
+    assert finalize_parent(store, lambda: objects, BUCKET, installation(store), parent) is None
+    # The children's kept attempt ids the manifest lists are no fence: no write takes them.
+    assert as_worker.attempts.heartbeat(job_id=first.job_id, attempt_id=first.attempt_id,
+                                        lease_seconds=30) is None
+    assert not as_worker.attempts.finish(job_id=first.job_id, attempt_id=first.attempt_id,
+                                         succeeded=False)
+
+
+def test_a_worker_finishes_the_last_datum_and_the_parent_at_once(
+        dsn: str, store: Store) -> None:
+    """`jobfence worker`, as the worker role's login: when it has run the last datum the
+    parent is finished too — `jobfence wait PARENT` returns then, not at export-finalize's
+    next pass."""
+    parent, _ = make_parent(store, 3)
+    r = run_cli(dsn, "worker", "--max-jobs", "3")
+    assert r.returncode == 0, r.stderr
+    row = store.jobs.get(parent)
+    assert row is not None and row.status == "succeeded", r.stderr
+    assert row.reason == "3/3 children succeeded"
 
 
 def test_dependency_chain_fails_transitively_with_the_reason(store: Store) -> None:

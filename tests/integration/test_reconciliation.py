@@ -153,3 +153,19 @@ def test_without_a_cluster_nothing_is_compared(store: Store, dsn: str) -> None:
     report = reconciliation.run_once(s, deps)
     assert report.cluster == "none" and report.pods_listed == 0
     assert store.jobs.get(job_id).status == "running"
+
+
+def test_a_parent_whose_last_datum_reconciliation_fails_is_finalized_in_the_pass(
+        store: Store, dsn: str) -> None:
+    """The zombie last datum: its pod is gone, its attempts are spent — the pass fails it and
+    finalizes its parent (failed, naming it), not a minute later."""
+    from tests.factories import make_parent
+
+    parent, [kid] = make_parent(store, 1, max_attempts=1)
+    [c] = store.attempts.claim(worker_id="worker-a", lease_seconds=600)
+    assert c.job_id == kid
+    report = run(store, dsn, MemoryCluster([pod("worker-b")]))
+    assert (report.failed, report.parents_finalized) == (1, 1)
+    row = store.jobs.get(parent)
+    assert row is not None and row.status == "failed"
+    assert row.error is not None and str(kid) in row.error
