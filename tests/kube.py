@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
+import psycopg.sql
 import yaml
 
 from devtools import controlplane
@@ -284,7 +285,8 @@ class Installation:
 
 def installation_of(dsn: str, schema: str = "jobfence") -> str:
     with psycopg.connect(dsn) as conn:
-        row = conn.execute(f'SELECT installation FROM "{schema}".jobfence_control').fetchone()
+        row = conn.execute(psycopg.sql.SQL("SELECT installation FROM {}.jobfence_control")
+                           .format(psycopg.sql.Identifier(schema))).fetchone()
     assert row is not None and row[0]
     return str(row[0])
 
