@@ -11,6 +11,7 @@ from uuid import UUID
 
 from jobfence import cli, db
 from jobfence.db import connect
+from jobfence.durations import parse_rate
 from jobfence.errors import ExitCode, InvalidSpec, JobfenceError, JobNotFound, WaitTimeout
 from jobfence.ids import parse_job_id
 from jobfence.limits import MAX_WAIT_SECONDS
@@ -18,7 +19,7 @@ from jobfence.spec import queue_name
 from jobfence.store import ACTIVE, TERMINAL, JobRow, Store
 from jobfence.store.migrations import migrate
 from jobfence.store.roles import connection_identity, setup_sql
-from jobfence.views import job_views, render_text
+from jobfence.views import empty_queue_view, job_views, queue_view, render_text
 
 
 def _job_id(text: str) -> UUID:
@@ -162,15 +163,18 @@ def _queue(text: str) -> str:
 
 
 QUEUE_FIELDS = ("queue", "paused", "limit", "pending", "scheduled", "running")
-"""The JSON object of one queue (docs/REFERENCE.md)."""
+"""The JSON object of one queue, exactly (docs/REFERENCE.md); its rate is in the text table,
+the API's queues and the metrics."""
 
 
 def queue_main(argv: list[str]) -> int:
     def body() -> int:
         p = cli.Parser(prog="jobfence queue", description="A queue's state and settings: "
                        "pause (it keeps accepting jobs, claims none), resume, and limit "
-                       "(at most N running jobs of the queue across every pod).")
-        sub = p.add_subparsers(dest="verb", required=True, metavar="status|pause|resume|limit")
+                       "(at most N running jobs of the queue across every pod), rate (at most "
+                       "N of its jobs start in any window of a period).")
+        sub = p.add_subparsers(dest="verb", required=True,
+                               metavar="status|pause|resume|limit|rate")
         status = sub.add_parser("status", help="paused, limit, pending, scheduled, running")
         status.add_argument("queue", nargs="?")
         status.add_argument("-o", "--output", choices=["text", "json"], default="text")
@@ -182,6 +186,10 @@ def queue_main(argv: list[str]) -> int:
         limit = sub.add_parser("limit", help="at most N running jobs of the queue")
         limit.add_argument("queue")
         limit.add_argument("n", metavar="N|none")
+        rate = sub.add_parser("rate", help="at most N of the queue's jobs start per period")
+        rate.add_argument("queue")
+        rate.add_argument("rate", metavar="N/PERIOD|none",
+                          help="e.g. 60/minute, 5/PT10S (ISO 8601), none")
         args = p.parse_args(argv)
         queue = _queue(args.queue) if args.queue is not None else None
         n: int | None = None
@@ -190,6 +198,12 @@ def queue_main(argv: list[str]) -> int:
                 raise InvalidSpec(f"limit {args.n[:40]!r}: give a number from 0 to 1000000, "
                                   "or none")
             n = int(args.n)
+        per: tuple[int, float] | tuple[None, None] = (None, None)
+        if args.verb == "rate" and args.rate != "none":
+            try:
+                per = parse_rate(args.rate)
+            except ValueError as exc:
+                raise InvalidSpec(str(exc)) from None
         settings = cli.setup("queue")
         with cli.open_store(settings, "queue") as store:
             if args.verb == "pause":
@@ -200,10 +214,10 @@ def queue_main(argv: list[str]) -> int:
             elif args.verb == "limit":
                 store.queues.configure(str(queue), limit=n, set_limit=True,
                                        actor=cli.actor())
+            elif args.verb == "rate":
+                store.queues.rate(str(queue), *per, actor=cli.actor())
             rows = store.queues.status(queue)
-        views = [r._asdict() for r in rows] or [
-            {"queue": queue, "paused": False, "limit": None, "pending": 0, "scheduled": 0,
-             "running": 0, "waiting": 0, "oldest_ready_age_seconds": 0.0}]
+        views = [queue_view(r) for r in rows] or [empty_queue_view(str(queue))]
         if args.verb == "status" and args.output == "text":
             _print_queues(views)
             return 0
@@ -215,14 +229,17 @@ def queue_main(argv: list[str]) -> int:
 
 
 def _print_queues(views: list[dict[str, object]]) -> None:
-    print(f"{'QUEUE':<24} {'STATE':<7} {'LIMIT':>6} {'PENDING':>8} {'SCHEDULED':>9} "
-          f"{'RUNNING':>8} {'WAITING':>8} {'OLDEST READY':>12}")
+    print(f"{'QUEUE':<24} {'STATE':<7} {'LIMIT':>6} {'RATE':>14} {'PENDING':>8} "
+          f"{'SCHEDULED':>9} {'RUNNING':>8} {'WAITING':>8} {'OLDEST READY':>12}")
     for v in views:
         limit = "-" if v["limit"] is None else str(v["limit"])
+        r = v["rate"]
+        rate = "-" if not isinstance(r, dict) else \
+            f"{r['started']}/{r['limit']} per {r['period_seconds']:g}s"
         age = float(str(v["oldest_ready_age_seconds"]))
         print(f"{v['queue']!s:<24} {'paused' if v['paused'] else 'active':<7} {limit:>6} "
-              f"{v['pending']:>8} {v['scheduled']:>9} {v['running']:>8} {v['waiting']:>8} "
-              f"{age:>11.0f}s")
+              f"{rate:>14} {v['pending']:>8} {v['scheduled']:>9} {v['running']:>8} "
+              f"{v['waiting']:>8} {age:>11.0f}s")
 
 
 def info_main(argv: list[str]) -> int:

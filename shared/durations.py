@@ -46,5 +46,25 @@ def format_duration(value: timedelta) -> str:
     return text
 
 
+PERIODS = {"second": 1.0, "minute": 60.0, "hour": 3600.0, "day": 86400.0}
+"""The periods a rate may name by word; any other is an ISO 8601 duration."""
+
+
+def parse_rate(text: str) -> tuple[int, float]:
+    """``N/PERIOD`` — N starts (0 to 1,000,000) per period, the period a word (``second``,
+    ``minute``, ``hour``, ``day``) or an ISO 8601 duration of 1 s to 1 day (``PT10S``) —
+    as (N, seconds); ValueError saying what is wrong."""
+    n, sep, period = text.strip().partition("/")
+    if not sep or not n.isascii() or not n.isdigit() or len(n) > 7 \
+            or int(n) > 1_000_000:
+        raise ValueError(f"rate {text[:40]!r}: give N/PERIOD, N from 0 to 1000000 "
+                         "(e.g. 60/minute, 5/PT10S)")
+    word = period.strip().lower()
+    seconds = PERIODS.get(word) or parse_duration(period).total_seconds()
+    if not 1 <= seconds <= 86400:
+        raise ValueError(f"rate {text[:40]!r}: the period must be from 1 second to 1 day")
+    return int(n), seconds
+
+
 Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
 """A pydantic field type: an ISO 8601 duration string in, a positive timedelta out."""

@@ -169,6 +169,14 @@ class StoreCollector:
                                    labels=["queue"])
         limit = GaugeMetricFamily("jobfence_queue_limit", "The queue's limit on running "
                                   "jobs (absent when it has none).", labels=["queue"])
+        rate = GaugeMetricFamily("jobfence_queue_rate_limit", "How many of the queue's jobs "
+                                 "may start in any window of its rate's period (absent when "
+                                 "it has no rate).", labels=["queue"])
+        period = GaugeMetricFamily("jobfence_queue_rate_period_seconds", "The period of the "
+                                   "queue's rate.", labels=["queue"])
+        started = GaugeMetricFamily("jobfence_queue_rate_started", "How many of the queue's "
+                                    "jobs started within the last period of its rate.",
+                                    labels=["queue"])
         for q in self.store.queues.status():
             for state, n in (("waiting", q.waiting), ("pending", q.pending + q.scheduled),
                              ("running", q.running)):
@@ -178,7 +186,11 @@ class StoreCollector:
             paused.add_metric([q.queue], 1.0 if q.paused else 0.0)
             if q.limit is not None:
                 limit.add_metric([q.queue], float(q.limit))
-        yield from (jobs, scheduled, oldest, paused, limit)
+            if q.rate_limit is not None:
+                rate.add_metric([q.queue], float(q.rate_limit))
+                period.add_metric([q.queue], float(q.rate_period_seconds or 0))
+                started.add_metric([q.queue], float(q.rate_started or 0))
+        yield from (jobs, scheduled, oldest, paused, limit, rate, period, started)
         overdue = GaugeMetricFamily(
             "jobfence_lifecycle_overdue_seconds", "How long ago the oldest deadline that "
             "lifecycle has not enforced yet came due, by kind (timeout, expiry, retention); "

@@ -8,7 +8,7 @@ from typing import Any
 from uuid import UUID
 
 from jobfence.store import TERMINAL, Store
-from jobfence.store.types import ActionResult, JobEvent, JobRow
+from jobfence.store.types import ActionResult, JobEvent, JobRow, QueueStatus
 
 _FIELDS = (
     "job_id", "status", "attempt_count", "max_attempts", "resource", "priority", "reason",
@@ -187,3 +187,19 @@ def schedule_view(row: Any) -> dict[str, Any]:
             "last_tick_at": row.last_tick_at, "last_job_id": row.last_job_id, "spec": spec,
             "created_at": row.created_at, "created_by": row.created_by,
             "changed_at": row.changed_at, "changed_by": row.changed_by}
+
+
+def queue_view(row: QueueStatus) -> dict[str, Any]:
+    """A queue as the CLI and the API show it: its rate one object (or null), with the
+    starts of the last period."""
+    view: dict[str, Any] = row._asdict()
+    limit, period, started = (view.pop("rate_limit"), view.pop("rate_period_seconds"),
+                              view.pop("rate_started"))
+    view["rate"] = None if limit is None else {
+        "limit": limit, "period_seconds": period, "started": started}
+    return view
+
+
+def empty_queue_view(queue: str) -> dict[str, Any]:
+    """A queue nothing has touched yet."""
+    return queue_view(QueueStatus(queue, False, None, 0, 0, 0, 0, 0.0))

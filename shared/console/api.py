@@ -53,7 +53,7 @@ from jobfence.settings import Settings
 from jobfence.spec import parse_specs
 from jobfence.store import ACTIVE, TERMINAL, Store
 from jobfence.submit import cancelled_object, enqueued_object, submit
-from jobfence.views import attempts_of, job_views
+from jobfence.views import attempts_of, empty_queue_view, job_views, queue_view
 from jobfence.wire import to_jsonable
 
 PAGE_MAX = 500
@@ -243,7 +243,7 @@ class Server:
     # -- queues and drain ---------------------------------------------------------------
 
     def list_queues(self, store: Store, call: Call) -> Answer:
-        queues = [r._asdict() for r in store.queues.status()]
+        queues = [queue_view(r) for r in store.queues.status()]
         return Answer({"queues": more_routes.queue_flags(store, queues)})
 
     def queue_verb(self, verb: str) -> Callable[[Store, Call], Answer]:
@@ -262,9 +262,7 @@ class Server:
                 store.queues.configure(queue, limit=limit, set_limit=True,
                                        actor=call.caller.user)
             rows = store.queues.status(queue)
-            return Answer(rows[0]._asdict() if rows else {
-                "queue": queue, "paused": False, "limit": None, "pending": 0, "scheduled": 0,
-                "running": 0, "waiting": 0, "oldest_ready_age_seconds": 0.0})
+            return Answer(queue_view(rows[0]) if rows else empty_queue_view(queue))
         return handler
 
     def drain(self, store: Store, call: Call) -> Answer:

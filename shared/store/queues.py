@@ -1,7 +1,8 @@
 """Queues: each kind of work in its own queue, served by its own pool of worker pods. The
 count each pool's KEDA trigger reads, each queue's state, and a queue's settings: paused (it still
-accepts enqueues, claims nothing, its trigger reads 0; running jobs finish) and a limit on
-its running jobs across every pod, enforced by the claim (``attempts.sql``)."""
+accepts enqueues, claims nothing, its trigger reads 0; running jobs finish), a limit on
+its running jobs across every pod, and a rate (at most N starts in any window of a period),
+both enforced by the claim (``worker_claim``)."""
 
 from __future__ import annotations
 
@@ -48,3 +49,9 @@ class Queues(Noun):
         self._execute("configure", {"queue": queue, "paused": paused, "max_running": limit,
                                     "set_limit": set_limit, "reason": reason,
                                     "actor": actor})
+
+    def rate(self, queue: str, rate_limit: int | None, period_seconds: float | None, *,
+             actor: str | None = None) -> None:
+        """Set ``queue``'s rate (None, None: remove it), recorded with ``actor``."""
+        self._execute("rate", {"queue": queue, "rate_limit": rate_limit,
+                               "period_seconds": period_seconds, "actor": actor})

@@ -1,6 +1,6 @@
 -- Queues: the count the KEDA trigger of each pool reads, each queue's state (for `jobfence
 -- queue status` and the metrics), and a queue's settings (paused, a limit on its running
--- jobs).
+-- jobs, a rate of starts).
 -- Named statements, run by the method of the same name in store/queues.py. {schema} is
 -- the installation's schema (JOBFENCE_SCHEMA), filled in as a quoted identifier.
 
@@ -44,7 +44,12 @@ WITH names AS (
     SELECT DISTINCT queue FROM {schema}.jobs WHERE status IN ('waiting', 'pending', 'running')
 )
 SELECT n.name AS queue, coalesce(q.paused, false) AS paused, q.max_running AS "limit",
-    c.pending, c.scheduled, c.running, c.waiting, c.oldest_ready_age_seconds
+    c.pending, c.scheduled, c.running, c.waiting, c.oldest_ready_age_seconds,
+    q.rate_limit, extract(epoch FROM q.rate_period)::float8 AS rate_period_seconds,
+    CASE WHEN q.rate_limit IS NOT NULL THEN
+        (SELECT count(*) FROM {schema}.queue_starts s WHERE s.queue = n.name
+           AND s.started_at >= clock_timestamp() - q.rate_period)::integer
+    END AS rate_started
 FROM names n
 LEFT JOIN {schema}.queues q ON q.name = n.name
 CROSS JOIN LATERAL (
@@ -62,6 +67,11 @@ CROSS JOIN LATERAL (
 ) c
 WHERE %(queue)s::text IS NULL OR n.name = %(queue)s
 ORDER BY n.name;
+
+-- rate --
+-- Set or remove (NULLs) a queue's rate, recorded with who did it: operator_queue_rate.
+SELECT {schema}.operator_queue_rate(%(queue)s::text, %(rate_limit)s::integer,
+    %(period_seconds)s::float8, %(actor)s::text) AS name;
 
 -- configure --
 -- Pause, resume or limit a queue (the settings not given stay as they are), recorded with

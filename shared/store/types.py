@@ -292,6 +292,11 @@ class QueueStatus(NamedTuple):
     running: int
     waiting: int
     oldest_ready_age_seconds: float
+    rate_limit: int | None = None
+    """At most this many of the queue's jobs start in any window of ``rate_period_seconds``."""
+    rate_period_seconds: float | None = None
+    rate_started: int | None = None
+    """Starts within the last period (while a rate is set)."""
 
 
 class FunctionStatus(NamedTuple):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -172,7 +173,51 @@ def test_queue_limit_and_status(dsn: str) -> None:
                                                  "scheduled": 0, "running": 0}
 
 
+def test_a_queue_rate_is_set_shown_and_removed(dsn: str) -> None:
+    r = run_cli(dsn, "queue", "rate", "exports", "60/minute")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["queue"] == "exports"
+    text = run_cli(dsn, "queue", "status", "exports").stdout
+    assert "RATE" in text and "0/60 per 60s" in text
+    assert run_cli(dsn, "queue", "rate", "exports", "none").returncode == 0
+    assert "0/60" not in run_cli(dsn, "queue", "status", "exports").stdout
+
+
+def test_eight_draining_workers_never_start_more_than_the_rate_in_a_window(dsn: str) -> None:
+    """Eight worker processes at once, each started again as soon as it leaves (as KEDA
+    starts a pool's Jobs), draining a queue with a rate of 3 per 2 seconds until three
+    windows' worth have started: by the claims' own times no window of 2 s holds more
+    than 3 starts."""
+    assert run_cli(dsn, "queue", "rate", "metered", "3/PT2S").returncode == 0
+    for _ in range(20):
+        enqueue(dsn, QUICK, "--queue", "metered")
+    def started() -> list[datetime]:
+        with connect(dsn) as conn:
+            return sorted(r["claimed_at"] for r in conn.execute(
+                "SELECT claimed_at FROM jobs WHERE queue = 'metered' "
+                "AND claimed_at IS NOT NULL"))
+
+    deadline = time.monotonic() + 90
+    procs: list[subprocess.Popen[str]] = []
+    while len(started()) < 9 and time.monotonic() < deadline:  # three windows' worth
+        for p in [p for p in procs if p.poll() is not None]:
+            p.communicate()  # its pipes closed
+            procs.remove(p)
+        while len(procs) < 8:
+            procs.append(spawn(dsn, "worker", "--queue", "metered", "--max-jobs", "20",
+                               **FAST))
+        time.sleep(0.05)
+    for p in procs:
+        p.communicate(timeout=60)
+    times = started()
+    window = timedelta(seconds=2)
+    most = max(sum(1 for u in times[i:] if u - t <= window) for i, t in enumerate(times))
+    assert most == 3 and len(times) >= 9, times
+
+
 @pytest.mark.parametrize("args", [
+    ("rate", "exports", "5"), ("rate", "exports", "-1/minute"), ("rate", "exports", "5/week"),
+    ("rate", "exports", "5/PT0.5S"), ("rate", "exports", "5/P2D"), ("rate", "exports"),
     ("pause", "Not_A_Queue"), ("limit", "exports", "-1"), ("limit", "exports", "two"),
     ("limit", "exports", "1000001"), ("limit", "exports"), ("resume",), ("status", "a" * 64),
     ("stop", "exports"),

@@ -71,6 +71,9 @@ async function queuesPage() {
     el("td", {}, el("a", { href: "#/jobs?queue=" + encodeURIComponent(q.queue) }, q.queue)),
     el("td", { class: "state" }, q.paused ? badge("paused") : badge("active"), flagsOf(q)),
     el("td", { class: "num" }, q.limit === null ? "-" : q.limit),
+    el("td", { class: "num rate", title: q.rate ? `${q.rate.started} of ${q.rate.limit} ` +
+               `started in the last ${q.rate.period_seconds} s` : "no rate" },
+       q.rate ? `${q.rate.started}/${q.rate.limit} per ${q.rate.period_seconds}s` : "-"),
     el("td", { class: "num" }, q.waiting),
     el("td", { class: "num depth" }, q.pending),
     el("td", { class: "num" }, q.scheduled),
@@ -108,7 +111,7 @@ async function queuesPage() {
   state.after.push(() => drawCharts(histories));
   return [el("h1", {}, "Queues"),
           warnings.length ? el("ul", { class: "warnings", id: "queue-warnings" }, warnings) : null,
-          queues.length ? table(["queue", "state", "limit", "waiting", "pending", "scheduled",
+          queues.length ? table(["queue", "state", "limit", "rate", "waiting", "pending", "scheduled",
                                  "running", "succeeded 1h", "failed 1h", "oldest ready", ""],
                                 rows, { id: "queues" })
                         : el("p", { class: "empty" }, "No queue has jobs yet."),
