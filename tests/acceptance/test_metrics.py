@@ -86,6 +86,12 @@ def test_runs_record_trigger_counts_and_status_and_metrics_add_up(dsn: str) -> N
     assert got[("jobfence_queue_paused", (("queue", "default"),))] == 0
     assert got[("jobfence_queue_limit", (("queue", "exports"),))] == 3
     assert ("jobfence_queue_limit", (("queue", "default"),)) not in got
+    assert run_cli(dsn, "queue", "rate", "exports", "10/PT30S").returncode == 0
+    got = samples(run_cli(dsn, "metrics").stdout)
+    assert got[("jobfence_queue_rate_limit", (("queue", "exports"),))] == 10
+    assert got[("jobfence_queue_rate_period_seconds", (("queue", "exports"),))] == 30
+    assert got[("jobfence_queue_rate_started", (("queue", "exports"),))] == 0
+    assert ("jobfence_queue_rate_limit", (("queue", "default"),)) not in got
 
 
 def test_skipped_run_is_recorded_and_counted(dsn: str) -> None:
@@ -245,6 +251,7 @@ def test_metrics_exports_exactly_the_names_alerts_and_dashboards_may_use(
     enqueue(dsn, 'command:{"argv": ["true"]}')
     assert run_cli(dsn, "worker").returncode == 0
     assert run_cli(dsn, "queue", "limit", "default", "5").returncode == 0
+    assert run_cli(dsn, "queue", "rate", "default", "100/minute").returncode == 0
     assert run_cli(dsn, "orphan-cleanup", JOBFENCE_CLUSTER="local").returncode == 0
     # A job that expires before a worker comes (lifecycle's lag), and a datum parent
     # finalized after its one child (the finalization lag).
