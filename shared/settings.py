@@ -110,6 +110,11 @@ class Settings(BaseSettings):
 
     queue: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
     """The queue a worker serves when it is not given ``--queue`` (a pool's pods are)."""
+    worker_concurrency: int = Field(default=1, ge=1, le=1000)
+    """Jobs one worker process runs at once when it is not given ``--concurrency`` (a
+    pool's pods are), each with its own claim, fence, lease and child processes. 1: one job
+    at a time, as a one-job-per-pod pool runs it; more for I/O-bound jobs in a draining
+    pool (its KEDA query then counts work per slot, not per pod)."""
 
     command_user: str | None = Field(default=None, max_length=64)
     """Who a ``command`` child runs as when the worker runs as root without the command

@@ -48,18 +48,20 @@ from jobfence.store.types import (
     ActionOutcome,
     ChildBatches,
     Claim,
+    ClaimRequest,
     Enqueued,
     JobRow,
     NewJob,
     RetentionCandidate,
     RetryPolicy,
+    TerminalWrite,
     Transition,
 )
 
 __all__ = [
     "ACTIVE", "IMMEDIATE", "SETTLE_BATCH", "TERMINAL", "ActionOutcome", "ChildBatches",
-    "Claim", "Enqueued", "JobRow", "NewJob", "RetentionCandidate", "RetryPolicy", "Store",
-    "Transition",
+    "Claim", "ClaimRequest", "Enqueued", "JobRow", "NewJob", "RetentionCandidate",
+    "RetryPolicy", "Store", "TerminalWrite", "Transition",
 ]
 
 DEFAULT_SCHEMA = "jobfence"

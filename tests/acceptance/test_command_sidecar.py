@@ -1,4 +1,4 @@
-"""The command sidecar, as the shipped worker pod runs it (``jobfence.sidecar``).
+"""The command sidecar, as the shipped worker pod runs it (``jobfence.worker.sidecar.protocol``).
 
 The runner runs as a container of its own would (``tests.procs.Sidecar``): in a PID
 namespace of its own under a small init, with an environment that holds no key, dialing the
@@ -33,12 +33,12 @@ from hypothesis import strategies as st
 
 from jobfence.errors import ConfigError
 from jobfence.jobuids import SameUser
-from jobfence.proctree import Tail
-from jobfence.sandbox import ChildNotStarted
-from jobfence.sidecar import Channel, ProtocolError, parse_request
-from jobfence.sidecar_runner import CommandRunner
-from jobfence.sidecar_worker import RemoteSpace, RunnerLink
 from jobfence.store import Store
+from jobfence.worker.proctree import Tail
+from jobfence.worker.sandbox import ChildNotStarted
+from jobfence.worker.sidecar.link import SidecarLink, SidecarSpace
+from jobfence.worker.sidecar.protocol import Channel, ProtocolError, parse_request
+from jobfence.worker.sidecar.serve import SidecarServer
 from tests.acceptance.test_least_privilege import SEARCH, servers
 from tests.conftest import JOBFENCE, Dsn, cli_env, run_cli
 from tests.factories import enqueue_one
@@ -340,7 +340,7 @@ def dial(path: Path, hello: bool = True) -> socket.socket:
 
 def test_the_worker_takes_one_runner_and_then_leaves_nothing_to_connect_to(
         tmp_path: Path) -> None:
-    link = RunnerLink(tmp_path / "worker" / "command.sock", connect_seconds=5)
+    link = SidecarLink(tmp_path / "worker" / "command.sock", connect_seconds=5)
     first = dial(link.path)
     try:
         control = link.request(open={"attempt": str(uuid.uuid4())})
@@ -358,7 +358,7 @@ def test_the_worker_takes_one_runner_and_then_leaves_nothing_to_connect_to(
 
 
 def test_a_runner_of_another_uid_is_refused(tmp_path: Path) -> None:
-    link = RunnerLink(tmp_path / "worker" / "command.sock", runner_uid=RUNNER_UID,
+    link = SidecarLink(tmp_path / "worker" / "command.sock", runner_uid=RUNNER_UID,
                       connect_seconds=5)
     impostor = dial(link.path)  # root here, not the runner's uid
     try:
@@ -376,22 +376,22 @@ def test_the_socket_directory_must_be_the_workers_alone(tmp_path: Path) -> None:
     open_dir.mkdir()
     open_dir.chmod(0o777)
     with pytest.raises(ConfigError, match="only the worker's user may write"):
-        RunnerLink(open_dir / "command.sock")
+        SidecarLink(open_dir / "command.sock")
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     os.chown(theirs, RUNNER_UID, RUNNER_UID)
     with pytest.raises(ConfigError, match="only the worker's user may write"):
-        RunnerLink(theirs / "command.sock")
+        SidecarLink(theirs / "command.sock")
     (tmp_path / "mine").mkdir(mode=0o755)
     (tmp_path / "mine" / "command.sock").write_text("not a socket")
     with pytest.raises(ConfigError, match="exists and is not a socket"):
-        RunnerLink(tmp_path / "mine" / "command.sock")
+        SidecarLink(tmp_path / "mine" / "command.sock")
     with pytest.raises(ConfigError, match="cannot make"):
-        RunnerLink(tmp_path / "no" / "such" / "command.sock")
+        SidecarLink(tmp_path / "no" / "such" / "command.sock")
 
 
 def test_no_runner_is_a_clear_refusal(tmp_path: Path) -> None:
-    link = RunnerLink(tmp_path / "worker" / "command.sock", connect_seconds=0.2)
+    link = SidecarLink(tmp_path / "worker" / "command.sock", connect_seconds=0.2)
     with pytest.raises(ChildNotStarted, match=r"did not connect .* within 0\.2 s"):
         link.request(open={"attempt": str(uuid.uuid4())})
     assert not link.usable()
@@ -402,13 +402,13 @@ def test_no_runner_is_a_clear_refusal(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def link(tmp_path: Path) -> Iterator[RunnerLink]:
+def link(tmp_path: Path) -> Iterator[SidecarLink]:
     """A worker's link to a runner serving in a thread of this process."""
     tmp_path.chmod(0o755)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    served = RunnerLink(tmp_path / "worker" / "command.sock", connect_seconds=5)
-    runner = CommandRunner(served.path, SameUser(), scratch)
+    served = SidecarLink(tmp_path / "worker" / "command.sock", connect_seconds=5)
+    runner = SidecarServer(served.path, SameUser(), scratch)
     thread = threading.Thread(target=runner.serve, daemon=True)
     thread.start()
     yield served
@@ -417,7 +417,7 @@ def link(tmp_path: Path) -> Iterator[RunnerLink]:
     thread.join(timeout=5)
 
 
-def _raw(link: RunnerLink, data: bytes) -> dict[str, object] | None:
+def _raw(link: SidecarLink, data: bytes) -> dict[str, object] | None:
     channel = link.channel()
     channel.sock.sendall(data)
     channel.sock.shutdown(socket.SHUT_WR)
@@ -427,7 +427,7 @@ def _raw(link: RunnerLink, data: bytes) -> dict[str, object] | None:
         channel.close()
 
 
-def test_the_runner_refuses_what_is_not_the_protocol_and_goes_on(link: RunnerLink) -> None:
+def test_the_runner_refuses_what_is_not_the_protocol_and_goes_on(link: SidecarLink) -> None:
     for data in (b"not json\n", b"[1]\n", b'{"start": {"argv": []}}\n',
                  b'{"start": {"attempt": "x", "argv": ["x"], "env": {}}}\n',
                  b'{"open": {"attempt": "../../etc"}}\n', b'{"kill": true}\n',
@@ -436,7 +436,7 @@ def test_the_runner_refuses_what_is_not_the_protocol_and_goes_on(link: RunnerLin
         reply = _raw(link, data)
         assert reply is not None and str(reply["error"]), data
     assert _raw(link, b"") is None  # a channel closed at once: nothing to say
-    space = RemoteSpace(link, uuid.uuid4())
+    space = SidecarSpace(link, uuid.uuid4())
     paths = space.open()
     child = space.start(["sh", "-c", "printf '%s' \"$X\"; pwd; exit 4"],
                         {"X": "from the env", "PATH": os.defpath})
@@ -446,8 +446,8 @@ def test_the_runner_refuses_what_is_not_the_protocol_and_goes_on(link: RunnerLin
     space.close()
 
 
-def test_inputs_and_outputs_cross_as_descriptors(link: RunnerLink) -> None:
-    space = RemoteSpace(link, uuid.uuid4())
+def test_inputs_and_outputs_cross_as_descriptors(link: SidecarLink) -> None:
+    space = SidecarSpace(link, uuid.uuid4())
     paths = space.open()
     [a, b] = space.create_inputs(["a.txt", "deep/b.txt"])
     with a, b:
@@ -474,8 +474,8 @@ def test_inputs_and_outputs_cross_as_descriptors(link: RunnerLink) -> None:
     assert not any(Path(paths.workdir).parent.iterdir())
 
 
-def test_a_remote_childs_output_keeps_its_tail(link: RunnerLink) -> None:
-    space = RemoteSpace(link, uuid.uuid4())
+def test_a_remote_childs_output_keeps_its_tail(link: SidecarLink) -> None:
+    space = SidecarSpace(link, uuid.uuid4())
     space.open()
     child = space.start([sys.executable, "-c",
                          "import sys; sys.stdout.write('x' * 300000 + 'END')"], {})

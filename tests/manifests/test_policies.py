@@ -22,9 +22,9 @@ from jobfence.db import queries
 from jobfence.errors import InvalidSpec
 from jobfence.functions.cli import COMMANDS
 from jobfence.functions.pools import render as render_pools
-from jobfence.functions.worker import EXIT_GRACE_SECONDS
 from jobfence.spec import parse_spec_text
 from jobfence.store.roles import ROLE_OF_COMMAND
+from jobfence.worker.loop import EXIT_GRACE_SECONDS
 from tests.manifests.rendered import (
     PERIODIC,
     REPO,
@@ -55,7 +55,7 @@ def minutes_between_runs(schedule: str) -> int:
 
 
 SIDECAR = "command-runner"
-"""A worker pod's command sidecar (jobfence.sidecar): no function, no settings, no key."""
+"""A worker pod's command sidecar (jobfence.worker.sidecar): no function, no settings, no key."""
 
 
 def containers(template: Obj) -> list[Obj]:

@@ -1,7 +1,7 @@
 """The command sidecar's side (``jobfence command-runner``): dial the worker, then serve its
-channels one at a time (the protocol: ``jobfence.sidecar``).
+channels one at a time (the protocol: ``jobfence.worker.sidecar.protocol``).
 
-The runner keeps one job's space at a time (``jobfence.jobspace.LocalSpace`` under its
+The runner keeps one job's space at a time (``jobfence.worker.jobspace.LocalSpace`` under its
 scratch directory): it makes the directories, hands the worker descriptors of new input
 files and of the job's accepted output files, and starts the children there, as the job's
 user (a uid of its own per job where the runner may switch users; in the shipped pod, which
@@ -21,13 +21,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from jobfence.actions.child import ChildNotStarted
 from jobfence.fsboundary import BoundaryError, Listed
-from jobfence.jobspace import LocalSpace
 from jobfence.jobuids import Users
 from jobfence.logs import get_logger
-from jobfence.proctree import kill_descendants
-from jobfence.sandbox import ChildNotStarted, LocalChild
-from jobfence.sidecar import (
+from jobfence.worker.jobspace import LocalSpace
+from jobfence.worker.proctree import kill_descendants
+from jobfence.worker.sandbox import LocalChild
+from jobfence.worker.sidecar.protocol import (
     FIRST_MESSAGE_SECONDS,
     LISTED_PER_MESSAGE,
     Channel,
@@ -42,7 +43,7 @@ DIAL_SECONDS = 0.05
 """How often the runner tries the worker's socket until the worker listens."""
 
 
-class CommandRunner:
+class SidecarServer:
     """Dials ``path`` and serves the worker there until ``stop`` (SIGTERM: the pod is going
     away) kills the child in hand; after a worker goes, dials again for the next."""
 
