@@ -187,6 +187,7 @@ class Execution:
         claim = self.claim
         if not guard.lease_live() or guard.stop.is_set():
             return self._stopped_before_write(guard)
+        guard.ending.set()
         wants = self.nxt.want()
         done = self.w.completer.finish(
             guard, TerminalWrite(claim.job_id, claim.attempt_id, True, outcome), wants)
@@ -210,6 +211,7 @@ class Execution:
         log.warning("action_failed", job_id=str(claim.job_id), index=outcome.index,
                     action=outcome.name, error=outcome.error)
         reason = f"action {outcome.index + 1} ({outcome.name}) failed: {outcome.error}"
+        guard.ending.set()
         t = self.w.completer.write(guard, lambda s: s.attempts.release(
             job_id=claim.job_id, attempt_id=claim.attempt_id, reason=reason[:2000],
             retry=self.w.retry, outcome=outcome, error=outcome.error,
@@ -224,6 +226,7 @@ class Execution:
         if reason is StopReason.TIMED_OUT:
             error = "timed out"
             outcome = ActionOutcome(index, name, False, started, error=error)
+            guard.ending.set()
             t = self.w.completer.write(guard, lambda s: s.attempts.release(
                 job_id=claim.job_id, attempt_id=claim.attempt_id, reason="timed out",
                 retry=self.w.retry, outcome=outcome, error=error), even_if_stopped=True)
@@ -243,6 +246,7 @@ class Execution:
         claim = self.claim
         error = f"the attempt's result could not be stored: {exc}"
         log.error("write_refused", job_id=str(claim.job_id), error=str(exc))
+        guard.ending.set()
         try:
             t = self.w.completer.write(guard, lambda s: s.attempts.finish(
                 job_id=claim.job_id, attempt_id=claim.attempt_id, succeeded=False,

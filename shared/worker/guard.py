@@ -166,6 +166,9 @@ class Guard:
         self._pgids: set[int] = set()
         self._sessions: set[int] = set()
         self._lock = threading.Lock()
+        self.ending = threading.Event()
+        """Set when the execution makes its last write: from then on its own write says
+        whether the fence held, and the guards leave it alone."""
 
     @property
     def job_id(self) -> UUID:
@@ -382,7 +385,7 @@ class Guards:
 
     def _live(self, guards: Sequence[Guard] | None = None) -> list[Guard]:
         return [g for g in (self.held() if guards is None else guards)
-                if not g.stop.is_set() and not g.deadline_passed()]
+                if not g.ending.is_set() and not g.stop.is_set() and not g.deadline_passed()]
 
     def beat(self) -> None:
         """One heartbeat for every live execution, due now: renew their leases in one
@@ -432,7 +435,7 @@ class Guards:
             self._next_check = self.clock() + (every * 10 if self.side.listening else every)
 
     def _lost(self, guard: Guard) -> None:
-        if guard.stop.is_set():
+        if guard.stop.is_set() or guard.ending.is_set():
             return
         claim = guard.claim
         try:
