@@ -42,7 +42,8 @@ message is the request:
   close and kills the child's group and every process the child left behind (the runner
   is their subreaper).
 
-Any request may be answered ``{"error": WHY}``. The runner serves one channel at a time.
+Any request may be answered ``{"error": WHY}``. The sidecar serves each channel on a
+thread of its own: a worker running many jobs has as many children there.
 """
 
 from __future__ import annotations
