@@ -448,6 +448,7 @@ def test_pools_differ_only_where_the_pools_file_says(base: list[Obj]) -> None:
         [trigger] = spec["triggers"]
         trigger.pop("name")
         trigger["metadata"].pop("query")
+        trigger["metadata"].pop("targetQueryValue")  # the pool's concurrency
         return obj
 
     first, *rest = scaled.values()
@@ -523,7 +524,9 @@ def test_scaledjob_trigger_is_postgresql_with_string_metadata(base: list[Obj]) -
         assert trigger["type"] == "postgresql"
         metadata = trigger["metadata"]
         assert all(isinstance(v, str) for v in metadata.values()), metadata
-        assert metadata["targetQueryValue"] == "1"
+        pool = scaled["metadata"]["labels"]["jobfence.io/pool"]
+        [declared] = [p for p in POOLS.pools if p.name == pool]
+        assert metadata["targetQueryValue"] == str(declared.concurrency)
         assert metadata["activationTargetQueryValue"] == "0"
         assert set(metadata) == {"query", "targetQueryValue", "activationTargetQueryValue"}
 
