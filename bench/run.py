@@ -26,6 +26,7 @@ BENCHMARKS = {
     "throughput": "bench.bench_throughput",
     "history": "bench.bench_history",
     "sigterm": "bench.bench_sigterm",
+    "latency": "bench.bench_latency",
     "cancel": "bench.bench_cancel",
     "reclaim": "bench.bench_reclaim",
     "coldstart": "bench.bench_coldstart",
