@@ -99,6 +99,14 @@ class Completer:
         with self._lock:
             self.store.conn.close()
 
+    def _usable(self) -> Store:
+        """The store, on a new connection when the last one broke (a database restart, a
+        terminated backend): a claim after an outage the writes rode out must not fail on
+        the connection they left behind."""
+        if self.store.conn.closed or self.store.conn.broken:
+            self._reconnect()
+        return self.store
+
     def request(self, limit: int) -> ClaimRequest:
         return ClaimRequest(self.settings.worker, self.settings.lease_seconds, self.queue,
                             limit)
@@ -110,14 +118,14 @@ class Completer:
         fence; [] when nothing is ready (or on the way out)."""
         r = self.request(limit)
         with self._lock:
-            return self.store.attempts.claim(worker_id=r.worker_id,
+            return self._usable().attempts.claim(worker_id=r.worker_id,
                                              lease_seconds=r.lease_seconds, queue=r.queue,
                                              limit=r.limit)
 
     def read(self, fn: Callable[[Store], T]) -> T:
         """A read on the worker's connection (no retry: the caller decides)."""
         with self._lock:
-            return fn(self.store)
+            return fn(self._usable())
 
     def write(self, guard: Guard, fn: Callable[[Store], T],
               even_if_stopped: bool = False) -> T | None:
@@ -129,7 +137,7 @@ class Completer:
                 return None
             with self._lock:
                 try:
-                    return fn(self.store)
+                    return fn(self._usable())
                 except StoreUnavailable as exc:
                     log.warning("write_retry", error=str(exc))
                 except JobfenceError as exc:
