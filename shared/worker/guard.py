@@ -287,6 +287,7 @@ class Guards:
         the guard is stopped at once and its job given back (a claim made meanwhile)."""
         guard = Guard(claim, self.settings, self.clock, alone=self._alone)
         with self._cond:
+            idle = not self._guards
             self._guards[claim.job_id] = guard
             terminated = self._terminated
             if not self._threads and not terminated:
@@ -299,7 +300,8 @@ class Guards:
                                        ("watchdog", self._watchdog_loop))]
                 for t in self._threads:
                     t.start()
-            self._cond.notify_all()
+            if idle:  # the threads wait for a first guard; a later one needs no wake-up
+                self._cond.notify_all()
         if terminated:
             self._give_back([guard])
         return guard

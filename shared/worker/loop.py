@@ -173,6 +173,8 @@ class Worker:
         self.report = Report(worker_id=settings.worker, queue=self.queue,
                              concurrency=self.concurrency)
         self._results: queue.Queue[Result | BaseException] = queue.Queue()
+        """A slot's last result when it is free, or what crashed in it."""
+        self._counting = threading.Lock()
         self._main_done = threading.Event()
 
     def objects(self) -> ObjectStore:
@@ -194,15 +196,22 @@ class Worker:
 
     def _slot(self, claim: Claim | None, budget: Budget) -> None:
         """Run a claimed job, then the one whose claim rode on its terminal write, and so
-        on; every result goes to the loop."""
+        on, counting each one's result; the loop hears when the slot is free (or what
+        crashed), not of every job: a job costs no wake-up of the loop."""
+        result: Result | None = None
         while claim is not None:
             try:
                 result = Execution(claim, self.wiring, budget.next()).run()
             except BaseException as exc:
                 self._results.put(exc)
                 return
-            self._results.put(result)
+            with self._counting:
+                self.report.count(result)
+                if result.next_claim is not None:
+                    self.report.claimed += 1
             claim = result.next_claim
+        assert result is not None
+        self._results.put(result)
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -252,7 +261,8 @@ class Worker:
                         log.info("nothing_to_claim", queue=self.queue)
                     dry = len(claims) < granted
                     for claim in claims:
-                        self.report.claimed += 1
+                        with self._counting:
+                            self.report.claimed += 1
                         self._start(claim, budget)
                     running += len(claims)
                     continue
@@ -265,17 +275,10 @@ class Worker:
                 got = self._results.get(timeout=wait)
             except queue.Empty:
                 continue
+            running -= 1  # a slot is free
             if isinstance(got, BaseException):
                 log.error("execution_crashed", error=repr(got))
                 crash = crash or got
-                running -= 1
-                continue
-            self.report.count(got)
-            if got.next_claim is not None:
-                self.report.claimed += 1
-                dry = False
-            else:
-                running -= 1
 
     def _on_signal(self, signum: int, budget: Budget) -> None:
         """Runs on the shutdown watcher thread, while executions may be blocked in their
