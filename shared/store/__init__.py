@@ -30,6 +30,7 @@ from functools import cached_property
 
 from jobfence.db import Connection
 from jobfence.store.attempts import Attempts
+from jobfence.store.batches import ClaimRequest, TerminalWrite
 from jobfence.store.control import Control
 from jobfence.store.dependencies import SETTLE_BATCH, Dependencies
 from jobfence.store.job_metrics import JobMetrics
@@ -48,13 +49,11 @@ from jobfence.store.types import (
     ActionOutcome,
     ChildBatches,
     Claim,
-    ClaimRequest,
     Enqueued,
     JobRow,
     NewJob,
     RetentionCandidate,
     RetryPolicy,
-    TerminalWrite,
     Transition,
 )
 

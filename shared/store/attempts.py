@@ -17,14 +17,13 @@ from uuid import UUID
 from jobfence import db
 from jobfence.limits import MAX_DETAIL_CHARS, MAX_ERROR_CHARS, storable_text
 from jobfence.store.base import Noun
+from jobfence.store.batches import ClaimRequest, TerminalWrite
 from jobfence.store.types import (
     NO_OUTCOME,
     ActionOutcome,
     Claim,
-    ClaimRequest,
     Fence,
     RetryPolicy,
-    TerminalWrite,
     Transition,
     transitions,
 )

@@ -5,7 +5,6 @@ a short-lived function defines them all at every start)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -133,41 +132,6 @@ class ActionOutcome:
 NO_OUTCOME = {"action_index": None, "action_name": None, "action_status": None,
               "action_started_at": None, "action_result": None, "action_error": None,
               "action_error_detail": None}
-
-
-@dataclass(frozen=True, slots=True)
-class TerminalWrite:
-    """One attempt's terminal write, as a batch of them carries it (``finish_many``):
-    succeeded or failed, matched on its own fence, with its last action's outcome."""
-
-    job_id: UUID
-    attempt_id: UUID
-    succeeded: bool
-    outcome: ActionOutcome | None = None
-    reason: str | None = None
-    error: str | None = None
-    error_detail: str | None = None
-
-    def row(self) -> dict[str, Any]:
-        status = "succeeded" if self.succeeded else "failed"
-        action = self.outcome.params("action_") if self.outcome else NO_OUTCOME
-        if action["action_result"] is not None:  # JSON text: nested as the value it holds
-            action["action_result"] = json.loads(action["action_result"])
-        return {"job_id": str(self.job_id), "attempt_id": str(self.attempt_id),
-                "status": status, "reason": storable_text(self.reason or status),
-                "error": storable_text(self.error),
-                "error_detail": storable_text(self.error_detail, MAX_DETAIL_CHARS),
-                **action}
-
-
-class ClaimRequest(NamedTuple):
-    """What a claim riding on a batch of terminal writes asks for: up to ``limit`` ready
-    jobs of ``queue`` for ``worker_id``."""
-
-    worker_id: str
-    lease_seconds: float
-    queue: str
-    limit: int
 
 
 class Transition(NamedTuple):
