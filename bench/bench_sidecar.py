@@ -17,9 +17,9 @@ import uuid
 from pathlib import Path
 
 from bench.common import JOBFENCE, REPO, Bench, Section, median, p95
+from jobfence.actions.child import Child, JobSpace
 from jobfence.jobuids import SameUser
-from jobfence.worker.jobspace import JobSpace, LocalSpace
-from jobfence.worker.sandbox import Child
+from jobfence.worker.jobspace import LocalSpace
 from jobfence.worker.sidecar.link import SidecarLink, SidecarSpace
 
 
