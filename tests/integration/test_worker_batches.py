@@ -100,3 +100,45 @@ def test_the_batched_writes_carry_the_fence_per_row_as_installed(conn: Connectio
         assert re.search(r"j\.job_id = (a|g)\.job_id AND j\.attempt_id = (a|g)\.attempt_id",
                          body), name
         assert "visible_at > clock_timestamp()" in body, name
+
+
+# -- races, run as races -------------------------------------------------------------------
+
+
+def test_batched_claims_racing_take_each_job_once(dsn: str, store: Store) -> None:
+    from tests.integration.test_store_races import THREADS, race
+
+    ids = {enqueue_one(store) for _ in range(120)}
+    results = race(dsn, lambda s: s.attempts.claim(worker_id="racer", lease_seconds=30,
+                                                   limit=10))
+    claimed = [c.job_id for r in results for c in r]
+    assert sorted(claimed) == sorted(ids) and len(claimed) == 120 < THREADS * 10
+    assert len({c.attempt_id for r in results for c in r}) == 120
+
+
+def test_batched_terminal_writes_racing_with_cancels_end_each_job_once(
+        dsn: str, store: Store) -> None:
+    """Batches that repeat one another's rows, and cancels, all at once: every job ends
+    exactly once, each either by its batch (its fence held) or by its cancel."""
+    from tests.integration.test_store_races import race
+
+    for _ in range(40):
+        enqueue_one(store)
+    claims = store.attempts.claim(worker_id="w", lease_seconds=60, limit=40)
+    writes = [TerminalWrite(c.job_id, c.attempt_id, True) for c in claims]
+    turn = iter(range(10**6))
+    lock = __import__("threading").Lock()
+
+    def one(s: Store) -> Any:
+        with lock:
+            i = next(turn)
+        if i % 5 == 0:  # a cancel of one job
+            return s.jobs.cancel(job_id=claims[i % 40].job_id, reason="operator")
+        return s.attempts.finish_many(writes[i % 7:] + writes[: i % 7])[0]
+
+    results = race(dsn, one)
+    written: set[Any] = set().union(*(r for r in results if isinstance(r, set)))
+    for c in claims:
+        ends = terminal_events(store, c.job_id)
+        assert len(ends) == 1, (c.job_id, ends)
+        assert (ends == ["succeeded"]) == (c.job_id in written)
