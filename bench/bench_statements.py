@@ -68,4 +68,28 @@ def run(bench: Bench) -> Section:
     s.notes.append(f"{jobs:,} no-op jobs, one worker process, a durable server. Execution "
                    "time only: a commit (the WAL flush) and the round trip come on top, "
                    "once per terminal write batch.")
+    s.notes.append("What each per-job write is, one job at a time: the claim "
+                   "(`worker_claim`: the candidate scan `FOR UPDATE SKIP LOCKED` and its "
+                   "UPDATE with a fresh `attempt_id`), the fenced terminal write "
+                   "(`worker_finish_many`: the UPDATE matched on job, attempt and a live "
+                   "lease, with the last action's result), the audit trigger of each of "
+                   "those two statements (`job_events`: one event per job; and the metric "
+                   "deltas, `WITH t AS MATERIALIZED …`, one statement per transition "
+                   "statement), and `settle_dependents` after each terminal write's commit "
+                   "(a second transaction in the same round trip, so that an `after` job "
+                   "enqueued meanwhile is never missed). With ten jobs at once the triggers "
+                   "and the settling run once per batch, not per job: their calls per job "
+                   "fall by the batch size, while the row work (the UPDATEs, one event per "
+                   "job) stays.")
+    s.notes.append("What made a job dearer since the first benchmarks, in the order the "
+                   "table shows: the metric deltas in the audit trigger (0015, 0020), "
+                   "settling dependents after every terminal write (0014's read-after-commit "
+                   "rule, a plpgsql call even when nothing waits), and every worker verb "
+                   "becoming a `SECURITY DEFINER` function with a pinned `search_path` "
+                   "(0014, 0019: a function call that PostgreSQL cannot inline, with a "
+                   "setting saved and restored around it). Each protects something (the "
+                   "metrics, the `after` race, least privilege against a hostile login); "
+                   "none is removed. What is fixed is how often they run: batched claims, "
+                   "heartbeats and terminal writes pay them per statement, so a worker "
+                   "running many jobs pays them once per batch.")
     return s
