@@ -219,3 +219,26 @@ def test_a_worker_that_stops_claiming_lets_its_jobs_finish(dsn: str, store: Stor
         job(store, ("wait", {"seconds": 0.5}))
     report = Worker(settings(dsn), concurrency=3).run(100, max_seconds=0.2)
     assert (report.claimed, report.succeeded, report.ok) == (3, 3, True)
+
+
+def test_one_run_timeout_while_the_others_finish(dsn: str, store: Store,
+                                                 conn: Connection) -> None:
+    slow = job(store, ("wait", {"seconds": 30}), timeout_seconds=0.5, max_attempts=2,
+               priority=10)
+    quick = [job(store, ("wait", {"seconds": 0.8})) for _ in range(2)]
+    report = Worker(settings(dsn), concurrency=3).run(3)
+    assert (report.claimed, report.retried, report.succeeded) == (3, 1, 2)
+    assert row(conn, slow)["reason"] == "timed out"
+    assert all(row(conn, j)["status"] == "succeeded" for j in quick)
+
+
+def test_failing_jobs_at_once_each_retried_on_its_own(dsn: str, store: Store,
+                                                      conn: Connection) -> None:
+    failing = [job(store, ("fail", {"message": f"no {i}"}), max_attempts=2) for i in range(3)]
+    fine = [job(store, ("shout", {"text": str(i)})) for i in range(3)]
+    report = run(dsn, concurrency=6, idle=3.0)
+    assert (report.succeeded, report.retried, report.failed) == (3, 3, 3)
+    for i, j in enumerate(failing):
+        r = row(conn, j)
+        assert r["status"] == "failed" and r["attempt_count"] == 2 and r["error"] == f"no {i}"
+    assert all(row(conn, j)["status"] == "succeeded" for j in fine)
