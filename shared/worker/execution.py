@@ -33,7 +33,6 @@ from jobfence.settings import Settings
 from jobfence.store import ActionOutcome, Claim, RetryPolicy, TerminalWrite, Transition
 from jobfence.worker.completer import Completer, WriteRefused
 from jobfence.worker.guard import Guard, Guards, StopReason
-from jobfence.worker.proctree import kill_descendants
 from jobfence.worker.sandbox import Sandbox
 
 log = get_logger("jobfence.worker")
@@ -146,8 +145,7 @@ class Execution:
                 try:
                     result = action.run(ctx, spec.get("params", {}))
                 finally:
-                    # daemons and strays of this job die with its action
-                    kill_descendants(reap_children=True, tree=guard.tree())
+                    guard.kill_tree(reap_children=True)  # its daemons and strays die with it
             except StopRequested:
                 return self._stopped(guard, index, spec["name"], started)
             except FenceLost:

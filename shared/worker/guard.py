@@ -112,14 +112,15 @@ class Guard:
         with self._lock:
             self._pgids.discard(pgid)
 
-    def tree(self) -> Tree | None:
-        """What of the worker's descendants is this job's (None: all of them, when it is
-        the only job running here)."""
-        if self.alone():
-            return None
+    def kill_tree(self, *, reap_children: bool) -> None:
+        """Kill what of the worker's descendants is this job's: all of them while it runs
+        alone here (exactly a one-job worker), else its children's sessions and what
+        carries its ``JOBFENCE_ATTEMPT_ID``."""
         with self._lock:
             sessions = frozenset(self._sessions)
-        return Tree(sessions, f"JOBFENCE_ATTEMPT_ID={self.claim.attempt_id}".encode())
+        kill_descendants(reap_children=reap_children, alone=self.alone,
+                         tree=Tree(sessions, f"JOBFENCE_ATTEMPT_ID={self.claim.attempt_id}"
+                                   .encode()))
 
     def lease_live(self) -> bool:
         """Whether the local lease deadline is still beyond the self-fencing margin."""
@@ -136,7 +137,7 @@ class Guard:
             pgids = list(self._pgids)
         for pgid in pgids:
             kill_group(pgid)
-        kill_descendants(reap_children=False, tree=self.tree())  # setsid, daemons
+        self.kill_tree(reap_children=False)  # setsid, daemons
         return True
 
     # -- what the worker's threads use -----------------------------------------------------

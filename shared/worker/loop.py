@@ -39,6 +39,7 @@ from jobfence.worker.completer import Completer
 from jobfence.worker.execution import Execution, Next, Outcome, Result, Wiring
 from jobfence.worker.guard import Guards
 from jobfence.worker.jobspace import LocalSpaces
+from jobfence.worker.proctree import kill_descendants
 from jobfence.worker.sandbox import Sandbox, Spaces
 
 log = get_logger("jobfence.worker")
@@ -184,6 +185,8 @@ class Worker:
         return self._objects
 
     def close(self) -> None:
+        # No job runs any more: whatever a job left that could not be told apart dies now.
+        kill_descendants(reap_children=True)
         self.wiring.guards.close()  # its threads end before the connections they use
         self.wiring.completer.close()
         self.sandbox.spaces.close()

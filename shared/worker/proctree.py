@@ -164,7 +164,7 @@ class _Children:
     leave them alone, or the ``Popen`` would read a stolen exit status as 0. Popen and
     registration happen under ``lock``, and so does reaping."""
 
-    lock = threading.Lock()
+    lock = threading.RLock()
     waited: ClassVar[set[int]] = set()
 
 
@@ -194,13 +194,24 @@ class Tree(NamedTuple):
 
 
 def kill_descendants(*, reap_children: bool, timeout: float = 2.0,
-                     tree: Tree | None = None) -> int:
-    """SIGKILL every descendant of this process — only those of ``tree`` when one is given
-    (other jobs run here too) — and how many were killed. With ``reap_children``, also
-    collect the exited ones that no ``Popen`` waits for (orphans re-parented here). A no-op
-    unless ``become_subreaper`` succeeded."""
+                     tree: Tree | None = None,
+                     alone: Callable[[], bool] | None = None) -> int:
+    """SIGKILL every descendant of this process — only those of ``tree`` unless its job
+    runs ``alone`` (no other job here, no other child a ``Popen`` waits for: judged while
+    no child can start) — and how many were killed. With ``reap_children``, also collect
+    the exited ones that no ``Popen`` waits for (orphans re-parented here). A no-op unless
+    ``become_subreaper`` succeeded."""
     if not _State.enabled or not has_children():
         return 0  # a subreaper without children has no descendants: nothing to scan
+    if tree is None:
+        return _kill(None, reap_children, timeout)
+    with _Children.lock:  # no child starts while this is judged (and, alone, killed)
+        if alone is not None and alone() and not _Children.waited:
+            return _kill(None, reap_children, timeout)
+    return _kill(tree, reap_children, timeout)
+
+
+def _kill(tree: Tree | None, reap_children: bool, timeout: float) -> int:
     me = os.getpid()
     killed = 0
     deadline = time.monotonic() + timeout

@@ -123,3 +123,22 @@ def test_a_paused_worker_resumed_after_its_jobs_were_reclaimed_writes_nothing(
         assert row["status"] == "succeeded" and row["attempt_id"] != fences[j]
         terminal = [e for e in events(dsn, j) if e["to_status"] == "succeeded"]
         assert len(terminal) == 1 and terminal[0]["attempt_id"] == row["attempt_id"]
+
+
+def test_a_jobs_daemon_dies_with_its_job_and_the_others_children_live_on(
+        dsn: str, tmp_path: Path) -> None:
+    """Two jobs at once: one leaves a daemon in a session of its own and ends; its daemon
+    is killed (it carries the job's attempt id), the other job's child runs on."""
+    leaver = enqueue(dsn, "command:" + json.dumps({"argv": ["sh", "-c", (
+        f"setsid sleep 300 & echo $! > {tmp_path}/daemon")]}), "--priority", "5")
+    [stayer] = long_commands(dsn, tmp_path, n=1, seconds=30)
+    worker = spawn(dsn, "worker", "--concurrency", "2", "--max-jobs", "2", **SLOW)
+    try:
+        [child] = children(tmp_path, 1)
+        daemon = read_pid(tmp_path / "daemon")
+        wait_for(lambda: job(dsn, leaver)["status"] == "succeeded")
+        wait_for(lambda: not alive(daemon), timeout=5)
+        assert alive(child) and job(dsn, stayer)["status"] == "running"
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.communicate(timeout=10)

@@ -221,13 +221,16 @@ class SidecarServer:
                 for file in files:
                     file.close()
 
-    def _tree(self, child: LocalChild, attempt: str) -> Tree | None:
-        """What of this process's descendants is this child's job's (None: all of them,
-        when no other child runs here)."""
-        with self._lock:
-            if not [c for c in self._children.values() if c is not child]:
-                return None
-        return Tree(frozenset({child.pid}), f"JOBFENCE_ATTEMPT_ID={attempt}".encode())
+    def _kill_tree(self, child: LocalChild, attempt: str, *, reap_children: bool) -> None:
+        """Kill what of this process's descendants is this child's job's: all of them when
+        no other child runs here, else its session and what carries its attempt id."""
+        def alone() -> bool:
+            with self._lock:
+                return not [c for c in self._children.values() if c is not child]
+
+        kill_descendants(reap_children=reap_children, alone=alone,
+                         tree=Tree(frozenset({child.pid}),
+                                   f"JOBFENCE_ATTEMPT_ID={attempt}".encode()))
 
     def _start(self, channel: Channel, args: dict[str, Any]) -> int | None:
         attempt = str(args["attempt"])
@@ -258,7 +261,7 @@ class SidecarServer:
         with self._lock:
             del self._children[child.pid]
         # what left its group (setsid, daemons): its own only, while others run here
-        kill_descendants(reap_children=True, tree=self._tree(child, attempt))
+        self._kill_tree(child, attempt, reap_children=True)
         with contextlib.suppress(OSError):
             channel.send(exit=code)
         channel.close()
@@ -275,7 +278,7 @@ class SidecarServer:
             except (OSError, ProtocolError):
                 message = None
             if (message is None or message.get("kill") is True) and child.kill():
-                kill_descendants(reap_children=False, tree=self._tree(child, attempt))
+                self._kill_tree(child, attempt, reap_children=False)
             if message is None:
                 return
 
