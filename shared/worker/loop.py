@@ -48,9 +48,10 @@ EXIT_GRACE_SECONDS = 2.0
 """After SIGTERM the guards have given back every job; the executions get this long to come
 back from their actions before the process exits regardless."""
 
-BUSY_POLL_SECONDS = 1.0
+BUSY_POLL_SECONDS = 0.25
 """While some slots run jobs and the last claim found nothing: how often the free slots
-look again (each finishing job also asks, on its terminal write)."""
+look again (each finishing job also asks, on its terminal write, and a job found that way
+wakes the loop to fill the free slots at once)."""
 
 IDLE_POLL_SECONDS = 0.02
 """With ``--idle-seconds``, while nothing runs: how often the worker looks for ready work."""
@@ -90,6 +91,11 @@ class Report:
     def ok(self) -> bool:
         return (self.succeeded == self.claimed and not self.terminated
                 and self.stopped_by != "sidecar_lost")
+
+
+MORE = object()
+"""What a slot tells the loop when its next claim found a job while the loop thought
+nothing was ready."""
 
 
 class Budget:
@@ -173,9 +179,12 @@ class Worker:
                                                settings.retry_max_seconds))
         self.report = Report(worker_id=settings.worker, queue=self.queue,
                              concurrency=self.concurrency)
-        self._results: queue.Queue[Result | BaseException] = queue.Queue()
-        """A slot's last result when it is free, or what crashed in it."""
+        self._results: queue.Queue[Result | BaseException | object] = queue.Queue()
+        """A slot's last result when it is free, what crashed in it, or ``MORE``."""
         self._counting = threading.Lock()
+        self._dry = threading.Event()
+        """Set while the loop's last claim found fewer jobs than it asked for: the first
+        slot whose next claim then finds a job tells the loop (more may be ready)."""
         self._main_done = threading.Event()
 
     def objects(self) -> ObjectStore:
@@ -213,6 +222,9 @@ class Worker:
                 if result.next_claim is not None:
                     self.report.claimed += 1
             claim = result.next_claim
+            if claim is not None and self._dry.is_set():
+                self._dry.clear()
+                self._results.put(MORE)
         assert result is not None
         self._results.put(result)
 
@@ -263,6 +275,10 @@ class Worker:
                     elif not dry and not running:
                         log.info("nothing_to_claim", queue=self.queue)
                     dry = len(claims) < granted
+                    if dry:
+                        self._dry.set()
+                    else:
+                        self._dry.clear()
                     for claim in claims:
                         with self._counting:
                             self.report.claimed += 1
@@ -277,6 +293,9 @@ class Worker:
             try:
                 got = self._results.get(timeout=wait)
             except queue.Empty:
+                continue
+            if got is MORE:  # a slot's next claim found work: the free slots look now
+                dry = False
                 continue
             running -= 1  # a slot is free
             if isinstance(got, BaseException):
