@@ -3,8 +3,8 @@ measured throughput, for workers running one job at a time and ten at once.
 
 The rate is measured first (2 worker processes, the same concurrency, no-op jobs). Then
 jobs are enqueued with `run_at` spaced evenly at half that rate over the run, and 2 worker
-processes keep looking for ready work (`--idle-seconds`) while they arrive: what a user of
-a draining pool sees between a job becoming due and its action starting. A job's start is
+processes, started first, keep looking for ready work (`--idle-seconds`) while they arrive:
+what a user of a draining pool sees between a job becoming due and its action starting. A job's start is
 its first claim (`started_at`); its lateness is `started_at - run_at`.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import subprocess
+import time
 from typing import Any
 
 from bench.bench_throughput import jobfence
@@ -30,17 +31,27 @@ def lateness(bench: Bench, pg: EmbeddedPostgres, rate: float, seconds: float,
     dsn = create_database(pg, f"latency_{concurrency}")
     env = bench.deployed_env(dsn)
     jobs = max(1, int(rate * seconds))
-    start = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=3)  # the workers are up by then
+    # The workers first, looking for work: a job's lateness is the worker's, not its start.
+    workers = [subprocess.Popen([*JOBFENCE, "worker", "--max-jobs", str(jobs),
+                                 "--concurrency", str(concurrency), "--idle-seconds", "8"],
+                                env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+               for _ in range(PROCESSES)]
+    with connect(dsn) as conn:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            up = conn.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE "
+                              "application_name = 'jobfence-worker' AND datname = "
+                              "current_database()").fetchone()
+            if up is not None and up["n"] >= PROCESSES:
+                break
+            time.sleep(0.05)
+    start = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=1)
     spec = [{"actions": [{"name": "sleep", "params": {"seconds": 0}}],
              "run_at": (start + dt.timedelta(seconds=i / rate)).isoformat()}
             for i in range(jobs)]
     subprocess.run([*JOBFENCE, "enqueue", "--spec", "-"], input=json.dumps(spec), env=env,
                    cwd=REPO, capture_output=True, text=True, check=True)
-    workers = [subprocess.Popen([*JOBFENCE, "worker", "--max-jobs", str(jobs),
-                                 "--concurrency", str(concurrency), "--idle-seconds", "5"],
-                                env=env, cwd=REPO, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-               for _ in range(PROCESSES)]
     for w in workers:
         w.wait()
     with connect(dsn) as conn:
@@ -72,6 +83,7 @@ def run(bench: Bench) -> Section:
                    f"{seconds} s. An idle worker looks for ready work every 20 ms "
                    "(`--idle-seconds`); a worker with jobs in hand takes the next one in the "
                    "same transaction as a terminal write, and its free slots look again "
-                   "every second. A pool scaled by KEDA adds its polling interval and a "
+                   "every quarter second, or at once when a terminal write's claim found "
+                   "work. A pool scaled by KEDA adds its polling interval and a "
                    "pod's start to the first job of a burst.")
     return s
