@@ -17,10 +17,10 @@ import uuid
 from pathlib import Path
 
 from bench.common import JOBFENCE, REPO, Bench, Section, median, p95
-from jobfence.jobspace import JobSpace, LocalSpace
+from jobfence.actions.child import Child, JobSpace
 from jobfence.jobuids import SameUser
-from jobfence.sandbox import Child
-from jobfence.sidecar_worker import RemoteSpace, RunnerLink
+from jobfence.worker.jobspace import LocalSpace
+from jobfence.worker.sidecar.link import SidecarLink, SidecarSpace
 
 
 def runner(sock: Path, scratch: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -72,9 +72,9 @@ def run(bench: Bench) -> Section:
         proc = runner(sock, shared / "scratch", env)
         try:
             local = per_command(LocalSpace(shared, uuid.uuid4(), SameUser()), n)
-            link = RunnerLink(sock, connect_seconds=30)
+            link = SidecarLink(sock, connect_seconds=30)
             try:
-                remote = per_command(RemoteSpace(link, uuid.uuid4()), n)
+                remote = per_command(SidecarSpace(link, uuid.uuid4()), n)
             finally:
                 link.close()
             here = per_job(bench, jobs, JOBFENCE_COMMAND_USER="worker")

@@ -62,12 +62,14 @@ SCHEDULE = {"sweeper": 1.0, "reconciliation": 1.5, "export-finalize": 1.0, "life
 
 def pools(workers: int) -> tuple[Pool, ...]:
     """Three pools as manifests/pools.yaml declares them: maintenance work one job per
-    pod, short work on draining workers, and a draining pool whose queue is limited."""
+    pod, short work on draining workers running four jobs at once, and a draining pool
+    whose queue is limited to fewer running jobs than one of its pods would run."""
     half = max(1, workers // 2)
     return (Pool(name="default", mode="one-per-pod", maxPods=half),
-            Pool(name="datums", mode="draining", maxJobs=20, maxSeconds=20,
+            Pool(name="datums", mode="draining", maxJobs=20, maxSeconds=20, concurrency=4,
                  maxPods=max(1, workers - half)),
-            Pool(name="limited", mode="draining", maxJobs=20, maxSeconds=20, maxPods=4))
+            Pool(name="limited", mode="draining", maxJobs=20, maxSeconds=20, concurrency=3,
+                 maxPods=4))
 
 
 def chaos_env(dsn: str, s3: str, pooler: str) -> dict[str, str]:
@@ -367,6 +369,8 @@ def main() -> int:
               f"PostgreSQL on 127.0.0.1:{pg.port}"
               f"{' through PgBouncer (transaction mode)' if args.pgbouncer else ''}, "
               f"S3 on {s3}", flush=True)
+        print("chaos: jobs at once per worker: " + ", ".join(
+            f"{p.name} {p.concurrency}" for p in pools(args.workers)), flush=True)
         platform.start()
         feeder.start()
         # Faults for as long as the work keeps coming in, and a little after.

@@ -26,6 +26,8 @@ BENCHMARKS = {
     "throughput": "bench.bench_throughput",
     "history": "bench.bench_history",
     "sigterm": "bench.bench_sigterm",
+    "latency": "bench.bench_latency",
+    "statements": "bench.bench_statements",
     "cancel": "bench.bench_cancel",
     "reclaim": "bench.bench_reclaim",
     "coldstart": "bench.bench_coldstart",

@@ -170,7 +170,8 @@ class LocalPlatform:
         for pool in self.pools.values():
             value = queues.scaler_value(pool.queue)
             running = len(self.live_workers(pool.name))  # a Job counts from its creation
-            wanted = min(pool.max_pods, math.ceil(value)) - running
+            # targetQueryValue is the pool's concurrency (manifests/pools.yaml)
+            wanted = min(pool.max_pods, math.ceil(value / pool.concurrency)) - running
             for _ in range(max(0, wanted)):
                 self.spawn_worker(pool.name)
 

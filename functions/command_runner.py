@@ -1,4 +1,4 @@
-"""command-runner: the command sidecar of a worker pod (``jobfence.sidecar``). Dials the
+"""command-runner: the command sidecar of a worker pod (``jobfence.worker.sidecar``). Dials the
 worker's socket (``--socket``, in a directory only the worker may write) once the worker
 listens, keeps that one connection, and runs each job's ``command`` children the worker
 asks for in the job's space under ``--scratch``, streaming their output back and handing
@@ -22,10 +22,10 @@ from pathlib import Path
 from jobfence import cli, logs
 from jobfence.errors import ConfigError
 from jobfence.jobuids import DEFAULT_UIDS, users_for
-from jobfence.proctree import become_subreaper
-from jobfence.sandbox import protect_worker
 from jobfence.shutdown import on_termination
-from jobfence.sidecar_runner import CommandRunner
+from jobfence.worker.proctree import become_subreaper
+from jobfence.worker.sandbox import protect_worker
+from jobfence.worker.sidecar.serve import SidecarServer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
                               "directory")
         become_subreaper()  # what a child leaves behind stays ours to kill
         protect_worker()  # the jobs' env passes through here: closed to their children
-        runner = CommandRunner(Path(args.socket), users, args.scratch)
+        runner = SidecarServer(Path(args.socket), users, args.scratch)
         with on_termination(lambda _signum: runner.stop()):
             runner.serve()
         cli.emit({"function": "command-runner", "served": runner.served})

@@ -21,7 +21,7 @@ BATCH = "--batch-size"
 FLAGS: dict[str, str] = {
     "enqueue": "--after --delay --expires-in --idempotency-key --inputs --label "
                "--max-attempts --priority --queue --resource --run-at --spec --timeout --ttl",
-    "worker": "--max-jobs --max-seconds --queue",
+    "worker": "--concurrency --idle-seconds --max-jobs --max-seconds --queue",
     "sweeper": BATCH, "reconciliation": BATCH, "orphan-cleanup": BATCH, "lifecycle": BATCH,
     "export-finalize": BATCH, "schedules": BATCH,
     "migrate": "--roles-sql",

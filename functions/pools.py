@@ -17,12 +17,16 @@ HEADER = """\
 # One KEDA ScaledJob per pool. Its trigger counts only its queue: ready work plus the
 # queue's live claims, capped at the queue's limit, 0 while drain mode is on or the queue
 # is paused. KEDA's default scaling strategy starts min(maxReplicaCount,
-# ceil(value / targetQueryValue)) Jobs minus the pool's Jobs still running. For a pool of
-# one job per pod, each running pod holds one claim, so the value asks for one pod per
-# ready job. For a draining pool the same arithmetic holds: each of its pods holds one
-# claim at a time, so while work is ready the pool grows to maxReplicaCount, and once
-# nothing is ready the value is the pods' own claims — no pod more is started, and each
-# pod exits when it finds nothing to claim (or its budget is spent).
+# ceil(value / targetQueryValue)) Jobs minus the pool's Jobs still running, and a pool's
+# targetQueryValue is its concurrency C (the jobs one pod runs at once). With R ready jobs,
+# P running pods and L live claims (L <= P * C): new pods = ceil((R + L) / C) - P.
+# - One job per pod (C = 1): each running pod holds one claim (L = P), so one new pod per
+#   ready job.
+# - A draining pool: while its pods are full (L = P * C) that is ceil(R / C) new pods, each
+#   taking C ready jobs at once; pods with free slots (L < P * C) claim ready work
+#   themselves at their next terminal write or look, and count for less than a pod. Once
+#   nothing is ready the value is the pods' own claims, ceil(L / C) <= P: no pod more is
+#   started, and each pod exits when it finds nothing to claim (or its budget is spent).
 """
 
 

@@ -5,7 +5,7 @@ At enqueue, a job with ``inputs`` becomes a parent with one child per input obje
 memory at once.
 
 While an attempt runs, ``AttemptFiles`` downloads the child's inputs and publishes its
-outputs, through descriptors of the job's space (``jobfence.jobspace``): every output is
+outputs, through descriptors of the job's space (a ``JobSpace``): every output is
 registered under the fence before upload (``running``) and confirmed after
 (``done``/``error``). A fenced-out attempt's registration matches nothing,
 so it raises ``FenceLost`` and uploads nothing; whatever it uploaded before losing the fence
@@ -22,10 +22,10 @@ from pathlib import PurePosixPath
 from typing import Any, BinaryIO, TypeVar
 from uuid import UUID
 
+from jobfence.actions.child import JobSpace
 from jobfence.errors import ConfigError, FenceLost
 from jobfence.fsboundary import Listed, Refused
 from jobfence.ids import uuid7
-from jobfence.jobspace import JobSpace
 from jobfence.limits import Unstorable, check_text
 from jobfence.logs import get_logger
 from jobfence.objectstore import ObjectStore, ObjectStoreError, attempt_prefix, parse_s3_url, s3_url
@@ -37,7 +37,7 @@ CHILD_BATCH = 1000
 TRANSFER_THREADS = 8
 FILES_AT_ONCE = 64
 """Input or output files open at once (and handed over by the command sidecar in one
-message): jobfence.sidecar's MAX_FDS."""
+message): the command sidecar's MAX_FDS."""
 
 REFUSALS_KEPT = 100
 """Refused outputs named in an action's result (the count says how many there were)."""

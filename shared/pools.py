@@ -37,7 +37,12 @@ class Pool(BaseModel):
     max_jobs: int = Field(default=1000, ge=1, le=10_000_000, alias="maxJobs")
     """A draining pod's budget: jobs claimed before it exits."""
     max_seconds: int = Field(default=600, ge=1, le=7 * 86_400, alias="maxSeconds")
-    """A draining pod's budget: no claim after this many seconds (the job in hand ends)."""
+    """A draining pod's budget: no claim after this many seconds (the jobs in hand end)."""
+    concurrency: int = Field(default=1, ge=1, le=1000)
+    """Jobs a draining pod runs at once (``--concurrency``), each with its own claim, fence,
+    lease and child processes: for I/O-bound work, one pod's start-up and connections
+    serve many jobs. Its trigger then counts a pod's worth of work per ``concurrency``
+    claims (``targetQueryValue``). One-per-pod pools run one job: 1."""
     image: str = "jobfence"
     """A team's own image built FROM the jobfence image (manifests/README.md); both the
     worker and the command sidecar run it."""
@@ -56,14 +61,18 @@ class Pool(BaseModel):
     def _default_queue(self) -> Pool:
         if not self.queue:
             object.__setattr__(self, "queue", queue_name(self.name))
+        if self.mode == "one-per-pod" and self.concurrency != 1:
+            raise ValueError(f"pool {self.name}: a pod of one job runs one job at a time "
+                             "(concurrency 1); use mode: draining for more")
         return self
 
     @property
     def args(self) -> list[str]:
         if self.mode == "one-per-pod":
             return ["worker", "--queue", self.queue]
-        return ["worker", "--queue", self.queue, "--max-jobs", str(self.max_jobs),
+        args = ["worker", "--queue", self.queue, "--max-jobs", str(self.max_jobs),
                 "--max-seconds", str(self.max_seconds)]
+        return args + (["--concurrency", str(self.concurrency)] if self.concurrency > 1 else [])
 
 
 class Pools(BaseModel):
@@ -112,4 +121,6 @@ def scaled_job(pool: Pool, query: str, base: dict[str, Any]) -> dict[str, Any]:
     [trigger] = spec["triggers"]
     trigger["name"] = f"queue-{pool.queue}"
     trigger["metadata"]["query"] = query
+    # A pod is a pool's worth of work per `concurrency` claims (functions/pools.py says why).
+    trigger["metadata"]["targetQueryValue"] = str(pool.concurrency)
     return obj

@@ -91,6 +91,9 @@ class Settings(BaseSettings):
 
     queue: str = Field(default="default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
     """The queue a worker serves when it is not given ``--queue`` (a pool's pods are)."""
+    worker_concurrency: int = Field(default=1, ge=1, le=1000)
+    """Jobs a worker runs at once without ``--concurrency``, each with its own claim, fence,
+    lease and children. 1: one at a time; more for I/O-bound jobs in a draining pool."""
 
     worker_id: str | None = None
     """Claimer identity written on every claim; default the pod name from the downward API

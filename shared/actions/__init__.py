@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from uuid import UUID
 
 from jobfence.errors import InvalidSpec
-from jobfence.sandbox import Sandbox
 
 if TYPE_CHECKING:
+    from jobfence.actions.child import ChildEnvironment, JobSpace, SpacePaths
     from jobfence.datums import Published
-    from jobfence.jobspace import JobSpace, SpacePaths
 
 ENTRY_POINT_GROUP = "jobfence.actions"
 
@@ -39,7 +38,7 @@ class AttemptFiles(Protocol):
 
 
 class AttemptSpace:
-    """An attempt's space (``jobfence.jobspace``: its directories and its user), opened on
+    """An attempt's space (a ``JobSpace``: its directories and its user), opened on
     first use, so that a job that never runs a command costs no mkdir and no uid (on some
     container filesystems a mkdir costs more than the job's own database round trips); the
     inputs are downloaded into it once, before its first child."""
@@ -79,10 +78,10 @@ class ActionContext:
     stop: threading.Event
     track_process: Callable[[int], None]
     untrack_process: Callable[[int], None]
+    child_env: ChildEnvironment
+    """Builds a child process's environment: away from the worker's keys."""
     files: AttemptFiles | None = None
     env: Mapping[str, str] = field(default_factory=dict)
-    sandbox: Sandbox = field(default_factory=Sandbox)
-    """How a child process of the job is started: away from the worker's keys."""
     unconfirmed: threading.Event = field(default_factory=threading.Event)
     """Set by an action when a child it started could not be confirmed gone (a command
     sidecar that did not answer): the job must not run again before its lease ends."""

@@ -3,7 +3,8 @@
 ``command`` runs an argv in its own process group so that the whole tree can be killed at
 once — by the action itself on timeout or stop, or by the worker's heartbeat or SIGTERM
 watcher from another thread when the attempt must stop. Where the child runs (here, or in
-the command sidecar) is the sandbox's business (``jobfence.sandbox``).
+the command sidecar) is not the action's business: it drives the child protocol of
+``jobfence.actions.child``, whichever the worker was wired with.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from jobfence.actions import Action, ActionContext, StopRequested
+from jobfence.actions.child import Child, ChildLost, ChildNotStarted
 from jobfence.durations import Duration
 from jobfence.errors import InvalidSpec
 from jobfence.fsboundary import BoundaryError
-from jobfence.sandbox import Child, ChildLost, ChildNotStarted
 
 
 class ActionFailed(Exception):
@@ -108,8 +109,8 @@ class CommandParams(BaseModel):
 
 class CommandAction:
     """Run ``argv`` (no shell unless the argv asks for one) in the job's sandbox
-    (``jobfence.sandbox``: its own environment, a user of its own when the worker is root)
-    and space (``jobfence.jobspace``): the job's S3 inputs are downloaded into
+    (its own environment, a user of its own when the worker is root) and space (a
+    ``JobSpace``): the job's S3 inputs are downloaded into
     JOBFENCE_INPUT_DIR before its first command, and the regular files the command writes
     into JOBFENCE_OUTPUT_DIR are uploaded when it exits 0 — anything else found there is
     refused, and the result says what and why (``outputs_refused``)."""
@@ -125,7 +126,7 @@ class CommandAction:
         ctx.check_stop()
         try:
             space, paths = ctx.space.open()  # the child may use inputs/ and outputs/
-            env = ctx.sandbox.environment(ctx.env, p.env, paths)
+            env = ctx.child_env.environment(ctx.env, p.env, paths)
             if ctx.files is not None and not ctx.space.inputs_ready:
                 ctx.files.download_inputs(space)  # once: later actions see what it left
                 ctx.space.inputs_ready = True

@@ -30,6 +30,7 @@ from functools import cached_property
 
 from jobfence.db import Connection
 from jobfence.store.attempts import Attempts
+from jobfence.store.batches import ClaimRequest, TerminalWrite
 from jobfence.store.control import Control
 from jobfence.store.dependencies import SETTLE_BATCH, Dependencies
 from jobfence.store.job_metrics import JobMetrics
@@ -58,8 +59,8 @@ from jobfence.store.types import (
 
 __all__ = [
     "ACTIVE", "IMMEDIATE", "SETTLE_BATCH", "TERMINAL", "ActionOutcome", "ChildBatches",
-    "Claim", "Enqueued", "JobRow", "NewJob", "RetentionCandidate", "RetryPolicy", "Store",
-    "Transition",
+    "Claim", "ClaimRequest", "Enqueued", "JobRow", "NewJob", "RetentionCandidate",
+    "RetryPolicy", "Store", "TerminalWrite", "Transition",
 ]
 
 DEFAULT_SCHEMA = "jobfence"

@@ -17,6 +17,7 @@ from uuid import UUID
 from jobfence import db
 from jobfence.limits import MAX_DETAIL_CHARS, MAX_ERROR_CHARS, storable_text
 from jobfence.store.base import Noun
+from jobfence.store.batches import ClaimRequest, TerminalWrite
 from jobfence.store.types import (
     NO_OUTCOME,
     ActionOutcome,
@@ -75,30 +76,46 @@ class Attempts(Noun):
                 **_texts(reason=reason or status, error=error, error_detail=error_detail),
                 **(outcome.params("action_") if outcome else NO_OUTCOME)})
             sync()  # the terminal write commits here
-            self.store.dependencies.settle_cursor(job_id)
+            self.store.dependencies.settle_cursor([job_id])
         return self._finished(fin.fetchone())
 
-    def finish_and_claim(self, *, job_id: UUID, attempt_id: UUID,
-                         outcome: ActionOutcome | None, worker_id: str,
-                         lease_seconds: float,
-                         queue: str = "default") -> tuple[Transition | None, Claim | None]:
-        """One attempt's successful terminal write and the claim of the next ready job, in
-        one transaction: one round trip and one commit per job for a worker that runs many.
-        Each job keeps its own fence; the terminal write is fenced exactly as ``finish``.
-        The transition is None when the fence was lost; the claim None when nothing is
-        ready (or draining)."""
+    def finish_many(self, writes: Sequence[TerminalWrite], *,
+                    claim: ClaimRequest | None = None) -> tuple[set[UUID], list[Claim]]:
+        """Terminal writes of many attempts in one statement, each matched on its own fence
+        (a write whose fence was lost matches nothing; the others are written), and — in
+        the same transaction, so in the same round trip and commit — the claim of up to
+        ``claim.limit`` ready jobs, each with a fresh fence. The jobs written, and the
+        claims. Their dependents are settled in the same round trip, after the commit."""
+        rows = json.dumps([w.row() for w in writes], default=str)
         with db.pipeline(self.conn) as sync:
-            # One implicit transaction up to the Sync: finish and claim commit together.
-            fin = self._execute("finish", {
-                "job_id": job_id, "attempt_id": attempt_id, "status": "succeeded",
-                "reason": "succeeded", "error": None, "error_detail": None,
-                **(outcome.params("action_") if outcome else NO_OUTCOME)})
-            nxt = db.execute(self.conn, self.sql["claim"], self._claim_params(
-                worker_id, lease_seconds, queue, 1), row=Claim)
-            sync()
-            self.store.dependencies.settle_cursor(job_id)
-        claim: Claim | None = nxt.fetchone()
-        return self._finished(fin.fetchone()), claim
+            fin = self._execute("finish_many", {"rows": rows})
+            nxt = (db.execute(self.conn, self.sql["claim"], self._claim_params(
+                claim.worker_id, claim.lease_seconds, claim.queue, claim.limit), row=Claim)
+                if claim is not None and claim.limit > 0 else None)
+            sync()  # the terminal writes (and the claims) commit here
+            self.store.dependencies.settle_cursor([w.job_id for w in writes])
+        claims: list[Claim] = nxt.fetchall() if nxt is not None else []
+        return {r["job_id"] for r in fin.fetchall()}, claims
+
+    def heartbeat_many(self, held: Sequence[tuple[UUID, UUID]],
+                       lease_seconds: float) -> dict[UUID, datetime]:
+        """Renew the lease of every (job_id, attempt_id) held, in one statement, each
+        matched on its own fence: the new deadline of each one renewed (a job missing has
+        lost its fence)."""
+        return {r["job_id"]: r["lease_expires_at"] for r in self._all("heartbeat_many", {
+            "job_ids": [j for j, _ in held], "attempt_ids": [a for _, a in held],
+            "lease_seconds": lease_seconds})}
+
+    def interrupt_many(self, held: Sequence[tuple[UUID, UUID]], *, reason: str,
+                       max_interruptions: int) -> list[Transition]:
+        """``interrupt`` for every (job_id, attempt_id) held, in one statement, each matched
+        on its own fence: the jobs given back."""
+        rows = self._all("interrupt_many", {
+            "job_ids": [j for j, _ in held], "attempt_ids": [a for _, a in held],
+            "reason": storable_text(reason), "max_interruptions": max_interruptions})
+        done = transitions(rows)
+        self.store.dependencies.settle(done)
+        return done
 
     @staticmethod
     def _finished(row: dict[str, Any] | None) -> Transition | None:

@@ -79,3 +79,20 @@ SELECT * FROM {schema}.worker_holding(%(job_ids)s::uuid[], %(attempt_ids)s::uuid
 -- An attempt whose fence was rotated confirms that its command is gone: its job's
 -- resource is free, and the job may be claimed again. False when it was not stopping.
 SELECT {schema}.worker_stopped(%(job_id)s::uuid, %(attempt_id)s::uuid) AS confirmed;
+
+-- heartbeat_many --
+-- Renew the leases of every attempt a worker holds, each matched on its own fence; the
+-- ones renewed (a job left out has lost its fence: it stops, the others run on).
+SELECT * FROM {schema}.worker_heartbeat_many(%(job_ids)s::uuid[], %(attempt_ids)s::uuid[],
+                                             %(lease_seconds)s::float8);
+
+-- finish_many --
+-- The terminal writes of attempts that finished, each matched on its own fence, with each
+-- one's last action outcome; the jobs written (a job left out had lost its fence).
+SELECT * FROM {schema}.worker_finish_many(%(rows)s::jsonb);
+
+-- interrupt_many --
+-- SIGTERM with many jobs in hand: every one given back at once, each matched on its own
+-- fence (pending at once, the attempt not counted up to %(max_interruptions)s times).
+SELECT * FROM {schema}.worker_interrupt_many(%(job_ids)s::uuid[], %(attempt_ids)s::uuid[],
+    %(reason)s::text, %(max_interruptions)s::integer);

@@ -51,10 +51,11 @@ class Dependencies(Noun):
             self._execute("insert_many", {"deps": json.dumps(
                 [{"job_id": str(j), "depends_on": str(d)} for j, d in pairs])})
 
-    def settle_cursor(self, job_id: UUID) -> db.Cursor:
-        """Settle a job's dependents: queued in a pipeline after the Sync of the job's
-        terminal write, it runs after that commit (its transitions need not be read)."""
-        return self._execute("settle", {"job_ids": [job_id], "budget": SETTLE_BATCH})
+    def settle_cursor(self, job_ids: Sequence[UUID]) -> db.Cursor:
+        """Settle the dependents of jobs one statement made terminal: queued in a pipeline
+        after the Sync of that statement, it runs after its commit (its transitions need
+        not be read). One settling statement however many jobs."""
+        return self._execute("settle", {"job_ids": list(job_ids), "budget": SETTLE_BATCH})
 
     def settle(self, done: Sequence[Transition], budget: int = SETTLE_BATCH) -> list[Transition]:
         """Resolve jobs waiting on the jobs that just became terminal, transitively, at

@@ -68,6 +68,9 @@ GRANT EXECUTE ON FUNCTION
     {schema}.worker_done_actions(uuid, uuid),
     {schema}.worker_holding(uuid[], uuid[]),
     {schema}.worker_stopped(uuid, uuid),
+    {schema}.worker_heartbeat_many(uuid[], uuid[], float8),
+    {schema}.worker_finish_many(jsonb),
+    {schema}.worker_interrupt_many(uuid[], uuid[], text, integer),
     {schema}.settle_dependents(uuid[], integer),
     -- the parent of a child this attempt made terminal, finalized when it was the last
     {schema}.worker_parent_summary(uuid, uuid),

@@ -1,7 +1,8 @@
 """The short chaos run (`make chaos` at 150 jobs, 20 s of faults), every process reaching
 PostgreSQL through a real PgBouncer in transaction mode: workers SIGKILLed, SIGTERMed and
 paused past their lease, server connections terminated, jobs cancelled and PostgreSQL
-restarted behind the pooler while the periodic functions run — and every invariant holds,
+restarted behind the pooler while the periodic functions run, some workers running several
+jobs at once (one of them in a queue limited below that) — and every invariant holds,
 judged from the audit trail and the object store (bench/chaos_checks.py). `make chaos`
 runs the full size directly against the server."""
 
@@ -25,3 +26,4 @@ def test_short_chaos_run_violates_no_invariant() -> None:
     assert "VIOLATED" not in out
     assert "restart PostgreSQL" in out and "SIGKILL a worker" in out
     assert "through PgBouncer (transaction mode)" in out
+    assert "jobs at once per worker: default 1, datums 4, limited 3" in out

@@ -1,4 +1,4 @@
-"""The command sidecar, as the shipped worker pod runs it (``jobfence.sidecar``).
+"""The command sidecar, as the shipped worker pod runs it (``jobfence.worker.sidecar.protocol``).
 
 The runner runs as a container of its own would (``tests.procs.Sidecar``): in a PID
 namespace of its own under a small init, with an environment that holds no key, dialing the
@@ -7,8 +7,7 @@ children get a uid of their own per job; as a non-root uid (the restricted pod) 
 children share that uid. Each test drives a real worker against it: results come back, a
 failure, a cancel, a timeout and a worker killed outright leave nothing running, and a
 child of the runner's own uid can neither stand in for the runner nor deny later jobs. The
-link's own rules (one runner in a worker's life, from the expected uid; a directory of the
-worker's alone) and the protocol are tested in process.
+link's own rules and the protocol are unit tests (tests/unit/test_sidecar_protocol.py).
 """
 
 from __future__ import annotations
@@ -17,27 +16,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import tempfile
-import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from jobfence.errors import ConfigError
-from jobfence.jobuids import SameUser
-from jobfence.proctree import Tail
-from jobfence.sandbox import ChildNotStarted
-from jobfence.sidecar import Channel, ProtocolError, parse_request
-from jobfence.sidecar_runner import CommandRunner
-from jobfence.sidecar_worker import RemoteSpace, RunnerLink
 from jobfence.store import Store
 from tests.acceptance.test_least_privilege import SEARCH, servers
 from tests.factories import enqueue_one
@@ -321,208 +307,3 @@ def test_a_child_that_stops_its_runner_is_cancelled_and_the_worker_takes_no_more
     assert (row["status"], row["attempt_count"]) == ("pending", 0)
     kill_quietly(pod_sidecar.proc)  # the pod ends: its namespace and the child with it
     wait_for(lambda: not processes_with(marker), timeout=10)
-
-
-# -- the link's own rules, in process --------------------------------------------------------
-
-
-def dial(path: Path, hello: bool = True) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(str(path))
-    except OSError:
-        sock.close()
-        raise
-    if hello:
-        sock.sendall(b'{"runner":{"version":1}}\n')
-    return sock
-
-
-def test_the_worker_takes_one_runner_and_then_leaves_nothing_to_connect_to(
-        tmp_path: Path) -> None:
-    link = RunnerLink(tmp_path / "worker" / "command.sock", connect_seconds=5)
-    first = dial(link.path)
-    try:
-        control = link.request(open={"attempt": str(uuid.uuid4())})
-        control.close()
-        assert not link.path.exists()
-        with pytest.raises(FileNotFoundError):
-            dial(link.path)
-        assert link.usable()
-    finally:
-        first.close()
-    wait_for(lambda: not link.usable())  # the runner went: never another
-    with pytest.raises(ChildNotStarted, match="starts no more commands"):
-        link.request(open={"attempt": str(uuid.uuid4())})
-    link.close()
-
-
-def test_a_runner_of_another_uid_is_refused(tmp_path: Path) -> None:
-    link = RunnerLink(tmp_path / "worker" / "command.sock", runner_uid=RUNNER_UID,
-                      connect_seconds=5)
-    impostor = dial(link.path)  # root here, not the runner's uid
-    try:
-        with pytest.raises(ChildNotStarted, match=f"refused a command runner of uid 0 .*"
-                                                  f"expected {RUNNER_UID}"):
-            link.request(open={"attempt": str(uuid.uuid4())})
-        assert not link.usable() and not link.path.exists()
-    finally:
-        impostor.close()
-        link.close()
-
-
-def test_the_socket_directory_must_be_the_workers_alone(tmp_path: Path) -> None:
-    open_dir = tmp_path / "open"
-    open_dir.mkdir()
-    open_dir.chmod(0o777)
-    with pytest.raises(ConfigError, match="only the worker's user may write"):
-        RunnerLink(open_dir / "command.sock")
-    theirs = tmp_path / "theirs"
-    theirs.mkdir()
-    os.chown(theirs, RUNNER_UID, RUNNER_UID)
-    with pytest.raises(ConfigError, match="only the worker's user may write"):
-        RunnerLink(theirs / "command.sock")
-    (tmp_path / "mine").mkdir(mode=0o755)
-    (tmp_path / "mine" / "command.sock").write_text("not a socket")
-    with pytest.raises(ConfigError, match="exists and is not a socket"):
-        RunnerLink(tmp_path / "mine" / "command.sock")
-    with pytest.raises(ConfigError, match="cannot make"):
-        RunnerLink(tmp_path / "no" / "such" / "command.sock")
-
-
-def test_no_runner_is_a_clear_refusal(tmp_path: Path) -> None:
-    link = RunnerLink(tmp_path / "worker" / "command.sock", connect_seconds=0.2)
-    with pytest.raises(ChildNotStarted, match=r"did not connect .* within 0\.2 s"):
-        link.request(open={"attempt": str(uuid.uuid4())})
-    assert not link.usable()
-    link.close()
-
-
-# -- the protocol, in process ----------------------------------------------------------------
-
-
-@pytest.fixture
-def link(tmp_path: Path) -> Iterator[RunnerLink]:
-    """A worker's link to a runner serving in a thread of this process."""
-    tmp_path.chmod(0o755)
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    served = RunnerLink(tmp_path / "worker" / "command.sock", connect_seconds=5)
-    runner = CommandRunner(served.path, SameUser(), scratch)
-    thread = threading.Thread(target=runner.serve, daemon=True)
-    thread.start()
-    yield served
-    served.close()
-    runner.stop()
-    thread.join(timeout=5)
-
-
-def _raw(link: RunnerLink, data: bytes) -> dict[str, object] | None:
-    channel = link.channel()
-    channel.sock.sendall(data)
-    channel.sock.shutdown(socket.SHUT_WR)
-    try:
-        return channel.receive()
-    finally:
-        channel.close()
-
-
-def test_the_runner_refuses_what_is_not_the_protocol_and_goes_on(link: RunnerLink) -> None:
-    for data in (b"not json\n", b"[1]\n", b'{"start": {"argv": []}}\n',
-                 b'{"start": {"attempt": "x", "argv": ["x"], "env": {}}}\n',
-                 b'{"open": {"attempt": "../../etc"}}\n', b'{"kill": true}\n',
-                 b'{"inputs": {"attempt": "' + str(uuid.uuid4()).encode()
-                 + b'", "paths": ["a"]}}\n'):
-        reply = _raw(link, data)
-        assert reply is not None and str(reply["error"]), data
-    assert _raw(link, b"") is None  # a channel closed at once: nothing to say
-    space = RemoteSpace(link, uuid.uuid4())
-    paths = space.open()
-    child = space.start(["sh", "-c", "printf '%s' \"$X\"; pwd; exit 4"],
-                        {"X": "from the env", "PATH": os.defpath})
-    assert wait_for(lambda: child.wait(0.1) is not None) and child.wait(0) == 4
-    child.close()
-    assert child.output() == (f"from the env{paths.workdir}\n", "")
-    space.close()
-
-
-def test_inputs_and_outputs_cross_as_descriptors(link: RunnerLink) -> None:
-    space = RemoteSpace(link, uuid.uuid4())
-    paths = space.open()
-    [a, b] = space.create_inputs(["a.txt", "deep/b.txt"])
-    with a, b:
-        a.write(b"alpha")
-        b.write(b"beta")
-    child = space.start(["sh", "-c", 'cat "$0"/a.txt "$0"/deep/b.txt > "$1"/out.txt; '
-                                     'ln -s /etc/passwd "$1"/link; mkfifo "$1"/fifo; '
-                                     'mkdir "$1"/sub && echo x > "$1"/sub/y',
-                         paths.inputs, paths.outputs], {"PATH": os.defpath})
-    assert wait_for(lambda: child.wait(0.1) is not None)
-    assert child.wait(0) == 0
-    child.close()
-    listed, refused = space.list_outputs()
-    assert [i.path for i in listed] == ["out.txt", "sub/y"]
-    assert {r.path: r.why for r in refused} == {"fifo": "a FIFO", "link": "a symbolic link"}
-    opened = space.open_outputs(listed)
-    contents = []
-    for f in opened:
-        assert not isinstance(f, str)
-        with f:
-            contents.append(f.read())
-    assert contents == [b"alphabeta", b"x\n"]
-    space.close()
-    assert not any(Path(paths.workdir).parent.iterdir())
-
-
-def test_a_remote_childs_output_keeps_its_tail(link: RunnerLink) -> None:
-    space = RemoteSpace(link, uuid.uuid4())
-    space.open()
-    child = space.start([sys.executable, "-c",
-                         "import sys; sys.stdout.write('x' * 300000 + 'END')"], {})
-    assert wait_for(lambda: child.wait(0.1) == 0)
-    child.close()
-    tail = Tail()
-    tail.add(b"x" * 300000 + b"END")
-    assert child.output()[0] == tail.text() and child.output()[0].endswith("END")
-    space.close()
-
-
-@settings(max_examples=300, deadline=None, derandomize=True)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
-                    lambda inner: st.lists(inner, max_size=4)
-                    | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=20)
-       | st.fixed_dictionaries({"start": st.fixed_dictionaries({
-           "attempt": st.uuids().map(str) | st.text(), "argv": st.lists(st.text(), max_size=3),
-           "env": st.dictionaries(st.text(), st.text(), max_size=3)})})
-       | st.fixed_dictionaries({"inputs": st.fixed_dictionaries({
-           "attempt": st.uuids().map(str), "paths": st.lists(st.text(), max_size=3)})}))
-def test_a_first_message_is_a_request_or_a_protocol_error(message: object) -> None:
-    if not isinstance(message, dict):
-        return  # Channel.receive refuses anything but an object before parse_request
-    try:
-        kind, args = parse_request(message)
-    except ProtocolError:
-        return
-    assert uuid.UUID(args["attempt"])
-    if kind == "start":
-        assert args["argv"] and args["argv"][0]
-        assert all("=" not in k and k for k in args["env"])
-
-
-def test_a_channel_carries_descriptors_with_their_message() -> None:
-    a, b = socket.socketpair()
-    left, right = Channel(a), Channel(b)
-    with tempfile.TemporaryFile() as f1, tempfile.TemporaryFile() as f2:
-        left.send(fds=[f1.fileno(), f2.fileno()], files=2)
-        left.send(plain=True)
-        got = right.receive_with_fds()
-        assert got is not None and got[0] == {"files": 2} and len(got[1]) == 2
-        for fd, f in zip(got[1], (f1, f2), strict=True):
-            assert os.fstat(fd).st_ino == os.fstat(f.fileno()).st_ino
-            os.close(fd)
-        assert right.receive() == {"plain": True}
-        left.send(fds=[f1.fileno()], sneaky=True)
-        with pytest.raises(ProtocolError, match="descriptors where none belong"):
-            right.receive()
-    left.close()
-    right.close()

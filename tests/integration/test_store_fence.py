@@ -200,18 +200,3 @@ def test_stale_finish_leaves_no_action_record_behind(store: Store) -> None:
     assert store.attempts.finish(job_id=job_id, attempt_id=claim.attempt_id, succeeded=True,
                         outcome=OUTCOME) is None
     assert store.jobs.action_results([job_id]) == []
-
-
-def test_finish_and_claim_is_one_fenced_write_and_one_fresh_claim(store: Store) -> None:
-    first, second = enqueue_one(store), enqueue_one(store)
-    [c1] = store.attempts.claim(worker_id="w", lease_seconds=60)
-    t, c2 = store.attempts.finish_and_claim(job_id=c1.job_id, attempt_id=c1.attempt_id,
-                                            outcome=None, worker_id="w", lease_seconds=60)
-    assert t is not None and t.status == "succeeded" and t.job_id == first
-    assert c2 is not None and c2.job_id == second and c2.attempt_id != c1.attempt_id
-    # The old fence is spent; a stale combined write matches nothing but still claims.
-    third = enqueue_one(store)
-    t2, c3 = store.attempts.finish_and_claim(job_id=c1.job_id, attempt_id=c1.attempt_id,
-                                             outcome=None, worker_id="w", lease_seconds=60)
-    assert t2 is None and c3 is not None and c3.job_id == third
-    assert [e.to_status for e in terminal_events(store, first)] == ["succeeded"]

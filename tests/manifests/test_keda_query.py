@@ -51,9 +51,8 @@ class Trigger:
     queue: str
 
 
-@pytest.fixture(scope="module", params=[p.name for p in pools().pools])
-def trigger(base: list[Obj], request: pytest.FixtureRequest) -> Trigger:
-    spec = one(base, "ScaledJob", f"jobfence-worker-{request.param}")["spec"]
+def trigger_of(base: list[Obj], pool: str) -> Trigger:
+    spec = one(base, "ScaledJob", f"jobfence-worker-{pool}")["spec"]
     [pg] = spec["triggers"]
     assert pg["type"] == "postgresql"
     meta = pg["metadata"]
@@ -62,6 +61,12 @@ def trigger(base: list[Obj], request: pytest.FixtureRequest) -> Trigger:
                    activation=float(meta["activationTargetQueryValue"]),
                    max_replicas=int(spec.get("maxReplicaCount", 100)),
                    queue=labels["jobfence.io/queue"])
+
+
+@pytest.fixture(scope="module", params=[p.name for p in pools().pools if p.concurrency == 1])
+def trigger(base: list[Obj], request: pytest.FixtureRequest) -> Trigger:
+    """A pool whose pods run one job at a time (test_keda_concurrency.py: the others)."""
+    return trigger_of(base, request.param)
 
 
 @pytest.fixture

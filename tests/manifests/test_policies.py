@@ -22,9 +22,9 @@ from jobfence.db import queries
 from jobfence.errors import InvalidSpec
 from jobfence.functions.cli import COMMANDS
 from jobfence.functions.pools import render as render_pools
-from jobfence.functions.worker import EXIT_GRACE_SECONDS
 from jobfence.spec import parse_spec_text
 from jobfence.store.roles import ROLE_OF_COMMAND
+from jobfence.worker.loop import EXIT_GRACE_SECONDS
 from tests.manifests.rendered import (
     PERIODIC,
     REPO,
@@ -55,7 +55,7 @@ def minutes_between_runs(schedule: str) -> int:
 
 
 SIDECAR = "command-runner"
-"""A worker pod's command sidecar (jobfence.sidecar): no function, no settings, no key."""
+"""A worker pod's command sidecar (jobfence.worker.sidecar): no function, no settings, no key."""
 
 
 def containers(template: Obj) -> list[Obj]:
@@ -448,6 +448,7 @@ def test_pools_differ_only_where_the_pools_file_says(base: list[Obj]) -> None:
         [trigger] = spec["triggers"]
         trigger.pop("name")
         trigger["metadata"].pop("query")
+        trigger["metadata"].pop("targetQueryValue")  # the pool's concurrency
         return obj
 
     first, *rest = scaled.values()
@@ -523,7 +524,9 @@ def test_scaledjob_trigger_is_postgresql_with_string_metadata(base: list[Obj]) -
         assert trigger["type"] == "postgresql"
         metadata = trigger["metadata"]
         assert all(isinstance(v, str) for v in metadata.values()), metadata
-        assert metadata["targetQueryValue"] == "1"
+        pool = scaled["metadata"]["labels"]["jobfence.io/pool"]
+        [declared] = [p for p in POOLS.pools if p.name == pool]
+        assert metadata["targetQueryValue"] == str(declared.concurrency)
         assert metadata["activationTargetQueryValue"] == "0"
         assert set(metadata) == {"query", "targetQueryValue", "activationTargetQueryValue"}
 

@@ -9,7 +9,7 @@ import sys
 
 SCRIPT = """
 import subprocess
-from jobfence.proctree import has_children
+from jobfence.worker.proctree import has_children
 seen = [has_children()]
 p = subprocess.Popen(["sleep", "30"])
 seen.append(has_children())

@@ -1,6 +1,6 @@
-"""The worker's side of the command sidecar (the protocol: ``jobfence.sidecar``).
+"""The worker's side of the command sidecar (the protocol: ``.protocol``).
 
-``RunnerLink`` listens on ``JOBFENCE_COMMAND_SOCKET`` in a directory that only the worker's
+``SidecarLink`` listens on ``JOBFENCE_COMMAND_SOCKET`` in a directory that only the worker's
 user may write (checked at start; in the shipped pod the runner mounts it read-only), and
 takes exactly one runner connection in its life — from ``JOBFENCE_COMMAND_RUNNER_UID``
 (``SO_PEERCRED``), or from root or the worker's own uid when that is unset — then closes
@@ -10,7 +10,7 @@ dialed in, and when the runner's connection closes its container ended with ever
 it. A lost runner is never replaced: the worker fails the command in hand and claims no
 more jobs (its pod ends; KEDA starts another).
 
-``RemoteSpace`` is a job's space kept by the runner, and ``RemoteChild`` a child it runs.
+``SidecarSpace`` is a job's space kept by the runner, and ``SidecarChild`` a child it runs.
 The worker never sees the space's directories: it writes inputs into, and uploads outputs
 from, descriptors the runner hands over, each checked with ``fstat`` (a regular file; for
 an output, the inode that was listed, the job's, with one name).
@@ -31,13 +31,12 @@ from pathlib import Path
 from typing import Any, BinaryIO
 from uuid import UUID
 
+from jobfence.actions.child import ChildLost, ChildNotStarted, SpacePaths
 from jobfence.errors import ConfigError
 from jobfence.fsboundary import BoundaryError, Listed, Refused, check_regular, refusal
-from jobfence.jobspace import SpacePaths
 from jobfence.logs import get_logger
-from jobfence.proctree import Tail
-from jobfence.sandbox import ChildLost, ChildNotStarted
-from jobfence.sidecar import (
+from jobfence.worker.proctree import Tail
+from jobfence.worker.sidecar.protocol import (
     CLOSE_SECONDS,
     CONNECT_SECONDS,
     REPLY_SECONDS,
@@ -82,7 +81,7 @@ def _listen(path: Path) -> tuple[socket.socket, int]:
     return listener, os.lstat(path).st_ino
 
 
-class RunnerLink:
+class SidecarLink:
     """The one connection to the command runner, taken when the first command needs it."""
 
     def __init__(self, path: Path, runner_uid: int | None = None,
@@ -197,7 +196,7 @@ class RunnerLink:
             self._lost = self._lost or "the worker is closing"
 
 
-def _reply(link: RunnerLink, channel: Channel,
+def _reply(link: SidecarLink, channel: Channel,
            seconds: float = REPLY_SECONDS) -> tuple[dict[str, Any], list[int]]:
     """The runner's next answer on ``channel``, within ``seconds``; a runner that fails to
     answer is lost (ChildLost)."""
@@ -215,7 +214,7 @@ def _reply(link: RunnerLink, channel: Channel,
     return got
 
 
-def _call(link: RunnerLink, seconds: float = REPLY_SECONDS,
+def _call(link: SidecarLink, seconds: float = REPLY_SECONDS,
           **message: Any) -> tuple[Channel, dict[str, Any], list[int]]:
     """Send a request; its channel and first reply. ChildLost when the runner fails,
     BoundaryError when it refuses."""
@@ -228,10 +227,10 @@ def _call(link: RunnerLink, seconds: float = REPLY_SECONDS,
     return channel, reply, fds
 
 
-class RemoteSpace:
-    """A job's space kept by the command runner (``jobfence.jobspace.JobSpace``)."""
+class SidecarSpace:
+    """A job's space kept by the command runner (``jobfence.worker.jobspace.JobSpace``)."""
 
-    def __init__(self, link: RunnerLink, attempt_id: UUID) -> None:
+    def __init__(self, link: SidecarLink, attempt_id: UUID) -> None:
         self.link = link
         self.attempt = str(attempt_id)
         self.paths: SpacePaths | None = None
@@ -311,7 +310,7 @@ class RemoteSpace:
                 out.append(os.fdopen(fd, "rb"))
         return out
 
-    def start(self, argv: Sequence[str], env: Mapping[str, str]) -> RemoteChild:
+    def start(self, argv: Sequence[str], env: Mapping[str, str]) -> SidecarChild:
         try:
             channel, reply, _ = _call(self.link, STARTED_SECONDS, start={
                 "attempt": self.attempt, "argv": list(argv), "env": dict(env)})
@@ -321,7 +320,7 @@ class RemoteSpace:
             channel.close()
             raise ChildNotStarted(f"the command sidecar answered {str(reply)[:200]}")
         channel.sock.settimeout(None)  # the child's output comes when it comes
-        return RemoteChild(channel, self.link)
+        return SidecarChild(channel, self.link)
 
     def close(self) -> None:
         if self.paths is None:
@@ -334,12 +333,12 @@ class RemoteSpace:
             log.warning("space_not_closed", attempt_id=self.attempt, error=str(exc))
 
 
-class RemoteChild:
-    """A job's child running in the command sidecar (the ``Child`` of jobfence.sandbox)."""
+class SidecarChild:
+    """A job's child running in the command sidecar (the ``Child`` of jobfence.worker.sandbox)."""
 
     pgid: int | None = None  # not ours to kill: ``kill`` asks the runner
 
-    def __init__(self, channel: Channel, link: RunnerLink) -> None:
+    def __init__(self, channel: Channel, link: SidecarLink) -> None:
         self._channel = channel
         self._link = link
         self._where = link.path
@@ -394,3 +393,23 @@ class RemoteChild:
 
     def output(self) -> tuple[str, str]:
         return self._tails["out"].text(), self._tails["err"].text()
+
+
+class SidecarSpaces:
+    """Jobs' spaces kept by the command sidecar, their children its own (the ``Spaces`` of
+    ``jobfence.worker.sandbox``): its children run as its user, which their environment
+    names."""
+
+    names_user = True
+
+    def __init__(self, link: SidecarLink) -> None:
+        self.link = link
+
+    def space(self, attempt_id: UUID) -> SidecarSpace:
+        return SidecarSpace(self.link, attempt_id)
+
+    def ready(self) -> bool:
+        return self.link.usable()
+
+    def close(self) -> None:
+        self.link.close()

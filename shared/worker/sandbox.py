@@ -11,7 +11,7 @@ The ``command`` child gets:
   long as its job runs, or the fixed ``JOBFENCE_COMMAND_USER`` (``jobfence.jobuids``), with
   no supplementary groups. The kernel then refuses it the worker's ``/proc/PID/environ``
   and memory, other jobs' processes and directories, and every file only root may read;
-- its space (``jobfence.jobspace``): directories made for it, owned by its user, that the
+- its space (``jobfence.worker.jobspace``): directories made for it, owned by its user, that the
   worker reaches only through descriptors (``jobfence.fsboundary``);
 - in any case a worker process that the kernel marks non-dumpable (``PR_SET_DUMPABLE`` 0):
   a process of the same user without CAP_SYS_PTRACE can neither read its ``environ`` nor
@@ -20,9 +20,10 @@ The ``command`` child gets:
 A child starts here, as the worker's own child (``LocalChild``), or — with
 ``JOBFENCE_COMMAND_SOCKET`` set, as the shipped worker pods do — in the command sidecar, a
 second container of the worker's pod that holds no Secret, no API token and none of the
-worker's processes (``jobfence.sidecar``). Either way the action sees one ``Child``: wait
-for its exit, kill its process group, read the tails of its output. Whatever the child
-reaches, the worker role bounds what a leaked worker credential can do.
+worker's processes (``jobfence.worker.sidecar``). Either way the action sees one ``Child``
+(``jobfence.actions.child``): wait for its exit, kill its process group, read the tails of
+its output. Whatever the child reaches, the worker role bounds what a leaked worker
+credential can do.
 """
 
 from __future__ import annotations
@@ -33,19 +34,21 @@ import functools
 import os
 import pwd
 import subprocess
-import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 from uuid import UUID
 
-from jobfence.jobuids import DEFAULT_UIDS, SameUser, Users, users_for
-from jobfence.proctree import DIE_WITH_PARENT, Tail, kill_group, pump
-
-if TYPE_CHECKING:
-    from jobfence.jobspace import JobSpace, SpacePaths
-    from jobfence.sidecar_worker import RunnerLink
+from jobfence.actions.child import ChildNotStarted, JobSpace, SpacePaths
+from jobfence.worker.proctree import (
+    DIE_WITH_PARENT,
+    Tail,
+    child_waited,
+    kill_group,
+    pump,
+    starting_child,
+)
 
 BASE_ENV = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TZ")
 """What a child gets of the worker's own environment whatever the deployment says."""
@@ -61,44 +64,6 @@ def protect_worker() -> bool:
     return False
 
 
-class ChildNotStarted(Exception):
-    """The child could not be started (no such program, the sidecar not answering); the
-    message says why, for the action's error."""
-
-
-class ChildLost(Exception):
-    """The child's fate cannot be known any more (the command sidecar went away)."""
-
-
-class Child(Protocol):
-    """A job's running child process, wherever it runs."""
-
-    pgid: int | None
-    """Its process group when it is this process's child (another thread may kill it)."""
-
-    def wait(self, timeout: float) -> int | None:
-        """Its exit status once it has exited, else None after ``timeout`` seconds;
-        ChildLost when that cannot be known."""
-        ...
-
-    def kill(self) -> object:
-        """SIGKILL its whole process group (from any thread)."""
-        ...
-
-    def close(self) -> None:
-        """Kill what is left of it and release it; its output is complete afterwards."""
-        ...
-
-    def ended(self) -> bool:
-        """Whether it is known to be gone, its process group with it (after ``close``):
-        only then may the job run again elsewhere (invariant 12)."""
-        ...
-
-    def output(self) -> tuple[str, str]:
-        """The tails of its stdout and stderr."""
-        ...
-
-
 class LocalChild:
     """A child of this process in a session of its own. Its output goes to ``sink`` (the
     command sidecar streams it), else to tails kept here."""
@@ -107,11 +72,13 @@ class LocalChild:
                  popen_args: Mapping[str, Any],
                  sink: Callable[[str, bytes], None] | None = None) -> None:
         try:
-            self._proc = subprocess.Popen(
-                list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                preexec_fn=DIE_WITH_PARENT,  # noqa: PLW1509 - a single prctl call, no locks
-                **popen_args)
+            with starting_child() as register:
+                self._proc = subprocess.Popen(
+                    list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                    preexec_fn=DIE_WITH_PARENT,  # noqa: PLW1509 - a single prctl call, no locks
+                    **popen_args)
+                register(self._proc.pid)
         except OSError as exc:
             raise ChildNotStarted(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from exc
         except (ValueError, UnicodeError) as exc:
@@ -131,9 +98,11 @@ class LocalChild:
 
     def wait(self, timeout: float | None) -> int | None:
         try:
-            return self._proc.wait(timeout=timeout)
+            code = self._proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             return None
+        child_waited(self._proc.pid)
+        return code
 
     def kill(self) -> bool:
         """SIGKILL its group; False once it was closed (its group's id may be another's)."""
@@ -145,6 +114,7 @@ class LocalChild:
     def close(self) -> None:
         kill_group(self._proc.pid)  # grandchildren left behind by the child die with it
         self._proc.wait()
+        child_waited(self._proc.pid)
         self._closed = True
         for thread in self._pumps:
             thread.join(timeout=2)
@@ -156,50 +126,34 @@ class LocalChild:
         return self._tails["out"].text(), self._tails["err"].text()
 
 
-@dataclass(frozen=True, slots=True)
-class Sandbox:
-    """How a job's child processes are started: in what space, as whom, with what of the
-    worker's environment."""
+class Spaces(Protocol):
+    """Where one worker's jobs get their spaces and start their children: here
+    (``jobfence.worker.jobspace.LocalSpaces``) or in the command sidecar
+    (``jobfence.worker.sidecar.link.SidecarSpaces``) — chosen once, where the worker is
+    wired (``jobfence.worker.wiring``)."""
 
-    users: Users = field(default_factory=SameUser)
-    """Who a child runs as where it starts as this process's own (jobfence.jobuids)."""
-    passthrough: tuple[str, ...] = ()
-    """Names of the worker's own variables a child also gets (JOBFENCE_COMMAND_ENV)."""
-    sidecar: RunnerLink | None = None
-    """The command sidecar (JOBFENCE_COMMAND_SOCKET): children start there."""
-
-    @classmethod
-    def configured(cls, user: str | None, uids: str = DEFAULT_UIDS,
-                   passthrough: Iterable[str] = (), socket: Path | None = None,
-                   runner_uid: int | None = None) -> Sandbox:
-        """The sandbox for ``JOBFENCE_COMMAND_USER``, ``_UIDS``, ``_ENV``, ``_SOCKET`` and
-        ``_RUNNER_UID``. With a socket, the command sidecar chooses the user (its own
-        settings); else a root worker gives each job a uid of its own unless a fixed user is
-        set, and another keeps its own. ValueError when a setting is wrong."""
-        names = tuple(n for n in passthrough if n)
-        if socket is not None:
-            from jobfence.sidecar_worker import RunnerLink
-
-            return cls(passthrough=names, sidecar=RunnerLink(socket, runner_uid))
-        return cls(users=users_for(user, uids), passthrough=names)
+    names_user: bool
+    """Whether a child's environment names its user (it runs as another)."""
 
     def space(self, attempt_id: UUID) -> JobSpace:
         """The (unopened) space of one attempt."""
-        if self.sidecar is not None:
-            from jobfence.sidecar_worker import RemoteSpace
-
-            return RemoteSpace(self.sidecar, attempt_id)
-        from jobfence.jobspace import LocalSpace
-
-        return LocalSpace(Path(tempfile.gettempdir()), attempt_id, self.users)
+        ...
 
     def ready(self) -> bool:
         """Whether children can still be started (the command sidecar is still there)."""
-        return self.sidecar is None or self.sidecar.usable()
+        ...
 
-    def close(self) -> None:
-        if self.sidecar is not None:
-            self.sidecar.close()
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Sandbox:
+    """How a job's child processes are started: its spaces, and what of the worker's
+    environment a child gets (the ``ChildEnvironment`` an action is handed)."""
+
+    spaces: Spaces
+    passthrough: tuple[str, ...] = ()
+    """Names of the worker's own variables a child also gets (JOBFENCE_COMMAND_ENV)."""
 
     def environment(self, job: Mapping[str, str], spec: Mapping[str, str],
                     paths: SpacePaths) -> dict[str, str]:
@@ -208,7 +162,7 @@ class Sandbox:
         env.setdefault("PATH", os.defpath)
         env.update({"HOME": paths.workdir, "TMPDIR": paths.workdir,
                     "JOBFENCE_INPUT_DIR": paths.inputs, "JOBFENCE_OUTPUT_DIR": paths.outputs})
-        if paths.uid != os.geteuid() or self.sidecar is not None:
+        if paths.uid != os.geteuid() or self.spaces.names_user:
             with contextlib.suppress(KeyError):
                 name = pwd.getpwuid(paths.uid).pw_name
                 env.update({"USER": name, "LOGNAME": name})

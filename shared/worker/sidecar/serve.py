@@ -1,7 +1,8 @@
 """The command sidecar's side (``jobfence command-runner``): dial the worker, then serve its
-channels one at a time (the protocol: ``jobfence.sidecar``).
+channels, each on a thread of its own (the protocol: ``jobfence.worker.sidecar.protocol``):
+a worker running many jobs at once has as many children running here.
 
-The runner keeps one job's space at a time (``jobfence.jobspace.LocalSpace`` under its
+The sidecar keeps each running job's space (``jobfence.worker.jobspace.LocalSpace`` under its
 scratch directory): it makes the directories, hands the worker descriptors of new input
 files and of the job's accepted output files, and starts the children there, as the job's
 user (a uid of its own per job where the runner may switch users; in the shipped pod, which
@@ -21,13 +22,14 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from jobfence.actions.child import ChildNotStarted
 from jobfence.fsboundary import BoundaryError, Listed
-from jobfence.jobspace import LocalSpace
 from jobfence.jobuids import Users
 from jobfence.logs import get_logger
-from jobfence.proctree import kill_descendants
-from jobfence.sandbox import ChildNotStarted, LocalChild
-from jobfence.sidecar import (
+from jobfence.worker.jobspace import LocalSpace
+from jobfence.worker.proctree import Tree, kill_descendants
+from jobfence.worker.sandbox import LocalChild
+from jobfence.worker.sidecar.protocol import (
     FIRST_MESSAGE_SECONDS,
     LISTED_PER_MESSAGE,
     Channel,
@@ -42,9 +44,9 @@ DIAL_SECONDS = 0.05
 """How often the runner tries the worker's socket until the worker listens."""
 
 
-class CommandRunner:
+class SidecarServer:
     """Dials ``path`` and serves the worker there until ``stop`` (SIGTERM: the pod is going
-    away) kills the child in hand; after a worker goes, dials again for the next."""
+    away) kills the children in hand; after a worker goes, dials again for the next."""
 
     def __init__(self, path: Path, users: Users, scratch: Path | None = None) -> None:
         self.path = path
@@ -56,14 +58,14 @@ class CommandRunner:
         self.stopping = threading.Event()
         self.served = 0
         self._lock = threading.Lock()
-        self._child: LocalChild | None = None
-        self._space: LocalSpace | None = None
+        self._children: dict[int, LocalChild] = {}
+        self._spaces: dict[str, LocalSpace] = {}
 
     def stop(self) -> None:
         self.stopping.set()
         with self._lock:
-            child = self._child
-        if child is not None and child.kill():
+            children = list(self._children.values())
+        if [c for c in children if c.kill()]:
             kill_descendants(reap_children=False)
 
     # -- the control connection ------------------------------------------------------------
@@ -79,7 +81,7 @@ class CommandRunner:
                 self._serve_control(control)
             finally:
                 control.close()
-                self._close_space()
+                self._close_spaces()
 
     def _dial(self) -> Channel | None:
         while not self.stopping.is_set():
@@ -122,7 +124,8 @@ class CommandRunner:
             except OSError:
                 close_all(fds)
                 continue
-            self.handle(channel)
+            threading.Thread(target=self.handle, args=(channel,), daemon=True,
+                             name="channel").start()
 
     # -- one channel -----------------------------------------------------------------------
 
@@ -160,27 +163,34 @@ class CommandRunner:
         channel.close()
 
     def _space_of(self, attempt: str, *, make: bool = False) -> LocalSpace:
-        space = self._space
-        if space is not None and space.name == f"jobfence-{attempt}":
+        with self._lock:
+            space = self._spaces.get(attempt)
+            if space is not None:
+                return space
+            if not make:
+                raise BoundaryError(f"no open space for attempt {attempt}")
+            space = LocalSpace(self.scratch or Path(tempfile.gettempdir()), attempt,
+                               self.users, sweep_base=self.scratch is not None)
+            self._spaces[attempt] = space
             return space
-        if not make:
-            raise BoundaryError(f"no open space for attempt {attempt}")
-        self._close_space()  # one job at a time: whatever an earlier one left goes now
-        space = LocalSpace(self.scratch or Path(tempfile.gettempdir()), attempt, self.users,
-                           sweep_base=self.scratch is not None)
-        self._space = space
-        return space
 
-    def _close_space(self) -> None:
-        space, self._space = self._space, None
+    def _close_space(self, attempt: str) -> None:
+        with self._lock:
+            space = self._spaces.pop(attempt, None)
         if space is not None:
+            space.close()
+
+    def _close_spaces(self) -> None:
+        """The worker went away: whatever its jobs left goes now."""
+        with self._lock:
+            spaces, self._spaces = list(self._spaces.values()), {}
+        for space in spaces:
             space.close()
 
     def _answer(self, channel: Channel, kind: str, args: dict[str, Any]) -> None:
         attempt = str(args["attempt"])
         if kind == "close":
-            if self._space is not None and self._space.name == f"jobfence-{attempt}":
-                self._close_space()
+            self._close_space(attempt)
             channel.send(closed=True)
             return
         space = self._space_of(attempt, make=kind == "open")
@@ -211,8 +221,20 @@ class CommandRunner:
                 for file in files:
                     file.close()
 
+    def _kill_tree(self, child: LocalChild, attempt: str, *, reap_children: bool) -> None:
+        """Kill what of this process's descendants is this child's job's: all of them when
+        no other child runs here, else its session and what carries its attempt id."""
+        def alone() -> bool:
+            with self._lock:
+                return not [c for c in self._children.values() if c is not child]
+
+        kill_descendants(reap_children=reap_children, alone=alone,
+                         tree=Tree(frozenset({child.pid}),
+                                   f"JOBFENCE_ATTEMPT_ID={attempt}".encode()))
+
     def _start(self, channel: Channel, args: dict[str, Any]) -> int | None:
-        space = self._space_of(str(args["attempt"]))
+        attempt = str(args["attempt"])
+        space = self._space_of(attempt)
         announced = threading.Event()  # output goes out after "started", never before
 
         def stream(name: str, chunk: bytes) -> None:
@@ -223,7 +245,7 @@ class CommandRunner:
 
         child = space.start(args["argv"], args["env"], sink=stream)
         with self._lock:
-            self._child = child
+            self._children[child.pid] = child
         if self.stopping.is_set():
             child.kill()
         self.served += 1
@@ -231,13 +253,15 @@ class CommandRunner:
         with contextlib.suppress(OSError):
             channel.send(started=child.pid)
         announced.set()
-        follower = threading.Thread(target=self._follow, args=(channel, child), daemon=True)
+        follower = threading.Thread(target=self._follow, args=(channel, child, attempt),
+                                    daemon=True)
         follower.start()
         code = child.wait(None)
         child.close()  # its group, then its pipes drained
-        kill_descendants(reap_children=True)  # what left its group (setsid, daemons)
         with self._lock:
-            self._child = None
+            del self._children[child.pid]
+        # what left its group (setsid, daemons): its own only, while others run here
+        self._kill_tree(child, attempt, reap_children=True)
         with contextlib.suppress(OSError):
             channel.send(exit=code)
         channel.close()
@@ -245,8 +269,7 @@ class CommandRunner:
         log.debug("command_exited", pid=child.pid, exit_code=code)
         return code
 
-    @staticmethod
-    def _follow(channel: Channel, child: LocalChild) -> None:
+    def _follow(self, channel: Channel, child: LocalChild, attempt: str) -> None:
         """The worker's side of a running child: kill it when asked, and when the worker
         goes away (the channel closes)."""
         while True:
@@ -255,7 +278,7 @@ class CommandRunner:
             except (OSError, ProtocolError):
                 message = None
             if (message is None or message.get("kill") is True) and child.kill():
-                kill_descendants(reap_children=False)
+                self._kill_tree(child, attempt, reap_children=False)
             if message is None:
                 return
 

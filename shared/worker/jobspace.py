@@ -4,7 +4,7 @@ Each attempt gets ``jobfence-ATTEMPT_ID/`` (its children's working directory, ``
 ``TMPDIR``) with ``inputs/`` and ``outputs/`` in it, all owned by the job's user
 (``jobfence.jobuids``) and closed to everyone else (0700). Whoever starts the children makes
 them and keeps their descriptors: the worker itself (``LocalSpace``), or the command
-sidecar on the worker's behalf (``jobfence.sidecar_worker.RemoteSpace``, which the sidecar
+sidecar on the worker's behalf (``jobfence.worker.sidecar.link.SidecarSpace``, which the sidecar
 serves with a ``LocalSpace`` of its own). Either way every access after a child may have
 run goes through those descriptors (``jobfence.fsboundary``):
 
@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO
 from uuid import UUID
 
+from jobfence.actions.child import SpacePaths
 from jobfence.fsboundary import (
     DIR_FLAGS,
     BoundaryError,
@@ -41,50 +42,10 @@ from jobfence.fsboundary import (
     same_entry,
 )
 from jobfence.jobuids import JobUser, Users
-from jobfence.sandbox import Child, LocalChild
+from jobfence.worker.sandbox import LocalChild
 
 OUTPUTS_MOVED = Refused(".", "the output directory was moved or replaced: nothing in it is "
                              "uploaded")
-
-
-@dataclass(frozen=True, slots=True)
-class SpacePaths:
-    """Where a job's children find their space (the names they see; the worker uses them
-    for their environment only) and the uid they run as."""
-
-    workdir: str
-    inputs: str
-    outputs: str
-    uid: int
-
-
-class JobSpace(Protocol):
-    """One attempt's space, wherever its children run."""
-
-    def open(self) -> SpacePaths:
-        """Make the space (and take the job's user); its paths."""
-        ...
-
-    def create_inputs(self, paths: Sequence[str]) -> list[BinaryIO]:
-        """New files under ``inputs/``, open for writing, in the order of ``paths``;
-        BoundaryError when one cannot be made there."""
-        ...
-
-    def list_outputs(self) -> tuple[list[Listed], list[Refused]]:
-        """The regular files of the job's under ``outputs/``; what was refused and why."""
-        ...
-
-    def open_outputs(self, items: Sequence[Listed]) -> list[BinaryIO | str]:
-        """Each listed file open for reading, or why it is not any more."""
-        ...
-
-    def start(self, argv: Sequence[str], env: Mapping[str, str]) -> Child:
-        """Start a child in the space with exactly ``env``; ChildNotStarted says why not."""
-        ...
-
-    def close(self) -> None:
-        """Kill what is left of the job's processes, remove the space, release the user."""
-        ...
 
 
 class LocalSpace:
@@ -176,3 +137,23 @@ class LocalSpace:
                     os.close(fd)
             self._fds.clear()
             self.paths = None
+
+
+class LocalSpaces:
+    """Jobs' spaces made by the worker itself, under the system's temporary directory, their
+    children the worker's own (the ``Spaces`` of ``jobfence.worker.sandbox``)."""
+
+    names_user = False
+
+    def __init__(self, users: Users, base: Path | None = None) -> None:
+        self.users = users
+        self.base = base or Path(tempfile.gettempdir())
+
+    def space(self, attempt_id: UUID) -> LocalSpace:
+        return LocalSpace(self.base, attempt_id, self.users)
+
+    def ready(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass

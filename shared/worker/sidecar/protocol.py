@@ -5,8 +5,8 @@ The worker holds the database URL; a job's own code must not reach it (invariant
 Kubernetes the shipped worker pod therefore runs ``jobfence command-runner`` as a native
 sidecar: a container with no Secret, no configuration, no API token, its own PID namespace
 and its own uid, sharing with the worker only a directory that the worker alone may write
-(``jobfence.sidecar_worker``), in which the worker listens. The runner
-(``jobfence.sidecar_runner``) starts each child, keeps each job's space, and streams back
+(``jobfence.worker.sidecar.link``), in which the worker listens. The runner
+(``jobfence.worker.sidecar.serve``) starts each child, keeps each job's space, and streams back
 the child's output and the job's files.
 
 **Who talks to whom.** The worker listens; the runner dials in once, when it starts —
@@ -24,7 +24,7 @@ descriptors says how many (``"fds": N``) and they travel with its first byte. Th
 message is the request:
 
 - ``{"open": {"attempt": ID}}`` → ``{"space": {"workdir", "inputs", "outputs", "uid"}}``:
-  the runner makes the attempt's space (``jobfence.jobspace``) under its own scratch
+  the runner makes the attempt's space (``jobfence.worker.jobspace``) under its own scratch
   directory, owned by the children's user;
 - ``{"inputs": {"attempt", "paths": [...]}}`` → ``{"created": N}`` with N descriptors of
   new files under ``inputs/``, open for writing: the worker downloads into them;
@@ -42,7 +42,8 @@ message is the request:
   close and kills the child's group and every process the child left behind (the runner
   is their subreaper).
 
-Any request may be answered ``{"error": WHY}``. The runner serves one channel at a time.
+Any request may be answered ``{"error": WHY}``. The sidecar serves each channel on a
+thread of its own: a worker running many jobs has as many children there.
 """
 
 from __future__ import annotations

@@ -1,0 +1,45 @@
+"""The values of the worker's batch verbs (``Attempts.finish_many``): a terminal write of
+one attempt among many, and the claim that rides on them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+from uuid import UUID
+
+from jobfence.limits import MAX_DETAIL_CHARS, storable_text
+from jobfence.store.types import NO_OUTCOME, ActionOutcome
+
+
+class ClaimRequest(NamedTuple):
+    """A claim riding on a batch of terminal writes: up to ``limit`` jobs of ``queue``."""
+
+    worker_id: str
+    lease_seconds: float
+    queue: str
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class TerminalWrite:
+    """One attempt's terminal write in a batch (``finish_many``): succeeded or failed,
+    matched on its own fence, with its last action's outcome."""
+
+    job_id: UUID
+    attempt_id: UUID
+    succeeded: bool
+    outcome: ActionOutcome | None = None
+    reason: str | None = None
+    error: str | None = None
+    error_detail: str | None = None
+
+    def row(self) -> dict[str, Any]:
+        status = "succeeded" if self.succeeded else "failed"
+        action = self.outcome.params("action_") if self.outcome else NO_OUTCOME
+        if action["action_result"] is not None:  # JSON text: nested as the value it holds
+            action = {**action, "action_result": json.loads(action["action_result"])}
+        return {"job_id": str(self.job_id), "attempt_id": str(self.attempt_id),
+                "status": status, "reason": storable_text(self.reason or status),
+                "error": storable_text(self.error),
+                "error_detail": storable_text(self.error_detail, MAX_DETAIL_CHARS), **action}

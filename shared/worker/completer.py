@@ -1,0 +1,249 @@
+"""The worker's own connection and what goes through it: claims, the fenced writes of its
+executions, and their terminal writes — in batches.
+
+Executions that finish at about the same time share one round trip: each hands its terminal
+write to ``Completer.finish`` and waits; whichever finds the connection free writes every
+write handed in so far in one statement (``worker_finish_many``: each row matched on its
+own job and attempt, the rows that matched returned) and, in the same transaction, claims
+the next job for each execution that asked for one (``worker_claim``: each row a fresh
+``attempt_id``). No thread waits for a batch to fill: a worker running one job at a time
+writes each job's terminal write alone, with its next claim, in one round trip and one
+commit, as before; a worker running many writes for as many as finished while the last
+round trip was in flight.
+
+A write that cannot reach the database is tried again, reconnecting, while the lease
+holds (every write is fenced: a repeat is harmless); a batch whose outcome was lost with
+the connection is written again without its claims (a claim that did commit is reclaimed
+when its lease runs out), and a row that then matches nothing is looked up: had the first
+try committed it? A batch the database refuses for a reason of its own (a value it will not
+take) is written again row by row, so that only the row at fault is refused.
+
+Connection use is serialized here (one statement at a time): the heartbeat, the stop
+checks and the SIGTERM give-back have a connection of their own (``jobfence.worker.guard``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from jobfence.db import Connection, connect
+from jobfence.errors import JobfenceError, StoreUnavailable
+from jobfence.logs import get_logger
+from jobfence.settings import Settings
+from jobfence.store import Claim, ClaimRequest, Store, TerminalWrite
+from jobfence.worker.guard import Guard
+
+log = get_logger("jobfence.worker")
+T = TypeVar("T")
+
+RETRY_SECONDS = 0.2
+"""How long a write waits before it reconnects and tries again."""
+
+
+class WriteRefused(Exception):
+    """A fenced write failed for a reason of its own (a value the database would not take,
+    a constraint): retrying it cannot help."""
+
+    def __init__(self, cause: JobfenceError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """What became of one terminal write: ``written`` (its fence held), and the claim that
+    rode on it when one was asked for and a job was ready."""
+
+    written: bool
+    next_claim: Claim | None = None
+    refused: WriteRefused | None = None
+
+
+@dataclass
+class _Handed:
+    guard: Guard
+    write: TerminalWrite
+    wants_next: bool
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Finished = Finished(False)
+
+
+class Completer:
+    """One worker's connection for claims and fenced writes, shared by its executions."""
+
+    def __init__(self, settings: Settings, queue: str) -> None:
+        self.settings = settings
+        self.queue = queue
+        self._lock = threading.Lock()  # the connection: one statement at a time
+        self._handed_lock = threading.Lock()
+        self._handed: list[_Handed] = []
+        self.store = self._connect()
+
+    def _connect(self) -> Store:
+        conn: Connection = connect(
+            self.settings.database_url, pooler=self.settings.database_pooler,
+            application_name="jobfence-worker",
+            connect_timeout=self.settings.connect_timeout_seconds)
+        return Store(conn, self.settings.schema_name)
+
+    def _reconnect(self) -> None:
+        with contextlib.suppress(Exception):  # closing a broken connection may fail
+            self.store.conn.close()
+        self.store = self._connect()
+
+    def close(self) -> None:
+        with self._lock:
+            self.store.conn.close()
+
+    def _usable(self) -> Store:
+        """The store, on a new connection when the last one broke (a database restart, a
+        terminated backend): a claim after an outage the writes rode out must not fail on
+        the connection they left behind."""
+        if self.store.conn.closed or self.store.conn.broken:
+            self._reconnect()
+        return self.store
+
+    def request(self, limit: int) -> ClaimRequest:
+        return ClaimRequest(self.settings.worker, self.settings.lease_seconds, self.queue,
+                            limit)
+
+    # -- claims and fenced writes ------------------------------------------------------------
+
+    def claim(self, limit: int) -> list[Claim]:
+        """Claim up to ``limit`` ready jobs of the queue in one statement, each with a fresh
+        fence; [] when nothing is ready (or on the way out)."""
+        r = self.request(limit)
+        with self._lock:
+            return self._usable().attempts.claim(worker_id=r.worker_id,
+                                             lease_seconds=r.lease_seconds, queue=r.queue,
+                                             limit=r.limit)
+
+    def read(self, fn: Callable[[Store], T]) -> T:
+        """A read on the worker's connection (no retry: the caller decides)."""
+        with self._lock:
+            return fn(self._usable())
+
+    def write(self, guard: Guard, fn: Callable[[Store], T],
+              even_if_stopped: bool = False) -> T | None:
+        """Run a fenced write while the lease is valid, reconnecting if the connection
+        dropped. None when this attempt may not (or can no longer) write; WriteRefused
+        when the database refused it for a reason of its own."""
+        while True:
+            if not guard.lease_live() or (guard.stop.is_set() and not even_if_stopped):
+                return None
+            with self._lock:
+                try:
+                    return fn(self._usable())
+                except StoreUnavailable as exc:
+                    log.warning("write_retry", error=str(exc))
+                except JobfenceError as exc:
+                    raise WriteRefused(exc) from exc
+            if guard.stop.wait(RETRY_SECONDS) and not even_if_stopped:
+                return None
+            with self._lock, _quietly():
+                self._reconnect()
+
+    # -- terminal writes, in batches ---------------------------------------------------------
+
+    def finish(self, guard: Guard, write: TerminalWrite, wants_next: bool) -> Finished:
+        """The terminal write of one execution, in a batch with those of the others that
+        finish meanwhile, and — when ``wants_next`` — the claim of the job that follows it,
+        in the same transaction."""
+        mine = _Handed(guard, write, wants_next)
+        with self._handed_lock:
+            self._handed.append(mine)
+        with self._lock:
+            if not mine.done.is_set():
+                with self._handed_lock:
+                    batch, self._handed = self._handed, []
+                self._write_batch(batch)
+        return mine.result
+
+    def _write_batch(self, batch: list[_Handed]) -> None:
+        """Under the connection's lock: write ``batch``, and set each one's result."""
+        try:
+            live = [h for h in batch
+                    if h.guard.lease_live() and not h.guard.stop.is_set()]
+            self._finish_live(live)
+        finally:
+            for h in batch:
+                h.done.set()
+
+    def _finish_live(self, live: list[_Handed]) -> None:
+        if not live:
+            return
+        asked = [h for h in live if h.wants_next]
+        try:
+            written, claims = self.store.attempts.finish_many(
+                [h.write for h in live], claim=self.request(len(asked)) if asked else None)
+        except StoreUnavailable as exc:
+            log.warning("write_retry", error=str(exc))
+            self._again_without_claims(live)
+            return
+        except JobfenceError as exc:
+            log.warning("batch_refused", jobs=len(live), error=str(exc))
+            self._row_by_row(live)
+            return
+        given = iter(claims)
+        for h in live:
+            nxt = next(given, None) if h.wants_next else None
+            h.result = Finished(h.write.job_id in written, nxt)
+
+    def _again_without_claims(self, live: list[_Handed]) -> None:
+        """The batch's outcome was lost with the connection: write it again (fenced, so a
+        repeat is harmless) while the leases hold; a row that now matches nothing may have
+        been written by the first try."""
+        pending = live
+        while pending:
+            pending = [h for h in pending if h.guard.lease_live() and not h.guard.stop.is_set()]
+            if not pending:
+                return
+            with _quietly():
+                self._reconnect()
+            try:
+                written, _ = self.store.attempts.finish_many([h.write for h in pending])
+            except StoreUnavailable as exc:
+                log.warning("write_retry", error=str(exc))
+                threading.Event().wait(RETRY_SECONDS)
+                continue
+            except JobfenceError:
+                self._row_by_row(pending)
+                return
+            for h in pending:
+                ok = h.write.job_id in written or self._won_anyway(h.write)
+                h.result = Finished(ok)
+            return
+
+    def _row_by_row(self, live: Sequence[_Handed]) -> None:
+        for h in live:
+            try:
+                written, _ = self.store.attempts.finish_many([h.write])
+            except StoreUnavailable:
+                h.result = Finished(self._won_anyway(h.write))
+            except JobfenceError as exc:
+                h.result = Finished(False, refused=WriteRefused(exc))
+            else:
+                h.result = Finished(h.write.job_id in written)
+
+    def _won_anyway(self, write: TerminalWrite) -> bool:
+        """After a retried terminal write matched nothing: had the first try committed?"""
+        try:
+            now = self.store.attempts.fence(write.job_id, write.attempt_id)
+        except JobfenceError:
+            return False
+        status = "succeeded" if write.succeeded else "failed"
+        return bool(now and now.status == status and now.holds)
+
+
+class _quietly:
+    """Suppress a failed reconnect: the next try reconnects again."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> bool:
+        return isinstance(exc, JobfenceError)

@@ -1,0 +1,311 @@
+"""The execution of one claimed attempt: its actions in order under its guard, each
+result recorded under the fence, and the fenced terminal write — or a give-back (retry,
+timeout, SIGTERM), or nothing at all once the fence is lost. It returns what happened
+(``Result``), with the claim of the next job when one rode on its terminal write; nothing
+outside reaches into it while it runs.
+
+A terminal write that the database refuses for a reason of its own (not its availability)
+is replaced by a fenced ``failed`` naming that reason: a job whose work finished is never
+left running for the sweeper to run again. After each action, whatever the action left
+running — daemons included — is killed (``jobfence.worker.proctree``: this job's tree only,
+when others run beside it).
+
+A datum parent whose last child this attempt ended is finalized here, seconds after,
+through the functions that answer this attempt about that parent only (``export-finalize``
+retries what fails).
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from jobfence.actions import ActionContext, AttemptSpace, StopRequested, get_action
+from jobfence.actions.builtin import ActionFailed
+from jobfence.datums import AttemptFiles
+from jobfence.errors import FenceLost, JobfenceError
+from jobfence.finalize import finalize
+from jobfence.logs import get_logger
+from jobfence.objectstore import ObjectStore
+from jobfence.settings import Settings
+from jobfence.store import ActionOutcome, Claim, RetryPolicy, TerminalWrite, Transition
+from jobfence.worker.completer import Completer, WriteRefused
+from jobfence.worker.guard import Guard, Guards, StopReason
+from jobfence.worker.sandbox import Sandbox
+
+log = get_logger("jobfence.worker")
+
+
+class Outcome(StrEnum):
+    SUCCEEDED = "succeeded"
+    RETRY = "retry"            # released back to pending, attempts remain
+    FAILED = "failed"          # terminal failure
+    LOST = "lost"              # fence lost or self-fenced: wrote nothing
+    TERMINATED = "terminated"  # SIGTERM: given back by the guards
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What one execution did. Room to grow: what a later feature reports of a run (its
+    usage, its log stream) belongs here, not in the loop."""
+
+    claim: Claim
+    outcome: Outcome
+    next_claim: Claim | None = None
+    """The job claimed in the same transaction as this one's terminal write: the slot's
+    next execution."""
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Next:
+    """Whether a job is to follow this one in its slot (then its claim rides on this one's
+    terminal write): ``want`` takes a place in the worker's budget, ``unwant`` gives it
+    back when no job came."""
+
+    want: Callable[[], bool] = lambda: False
+    unwant: Callable[[], None] = lambda: None
+
+
+@dataclass(frozen=True, slots=True)
+class Wiring:
+    """What every execution of a worker shares."""
+
+    settings: Settings
+    completer: Completer
+    guards: Guards
+    sandbox: Sandbox
+    objects: Callable[[], ObjectStore]
+    installation: str
+    retry: RetryPolicy
+
+
+class Execution:
+    """One claimed attempt, run once by ``run``."""
+
+    def __init__(self, claim: Claim, wiring: Wiring, nxt: Next = Next()) -> None:
+        self.claim = claim
+        self.w = wiring
+        self.nxt = nxt
+        self.unconfirmed = threading.Event()  # a child of this attempt not known gone
+
+    def run(self) -> Result:
+        claim = self.claim
+        log.debug("job_claimed", job_id=str(claim.job_id), attempt_id=str(claim.attempt_id),
+                  attempt=claim.attempt_count, max_attempts=claim.max_attempts)
+        guard = self.w.guards.guard(claim)
+        try:
+            if guard.reason is StopReason.SIGTERM:  # SIGTERM came as the claim was made
+                return Result(claim, Outcome.TERMINATED)
+            space = AttemptSpace(lambda: self.w.sandbox.spaces.space(claim.attempt_id))
+            try:
+                try:
+                    return self._run_actions(guard, space)
+                except WriteRefused as exc:
+                    return self._refused(guard, exc)
+            finally:
+                space.close()
+        finally:
+            self.w.guards.release(guard)
+
+    # -- the actions -------------------------------------------------------------------------
+
+    def _run_actions(self, guard: Guard, space: AttemptSpace) -> Result:
+        claim, w = self.claim, self.w
+        # A first attempt has nothing to resume; a retry skips what earlier ones finished.
+        done: set[int] = set()
+        if claim.may_resume:
+            done = w.completer.write(guard, lambda s: s.attempts.done_actions(
+                claim.job_id, claim.attempt_id)) or set()
+        todo = [i for i in range(len(claim.actions)) if i not in done]
+        if done:
+            log.info("resuming", job_id=str(claim.job_id), after_actions=sorted(done))
+        if not todo:  # every action finished in an earlier attempt
+            return self._finish(guard, None)
+        env = {"JOBFENCE_JOB_ID": str(claim.job_id),
+               "JOBFENCE_ATTEMPT_ID": str(claim.attempt_id)}
+        files = AttemptFiles(job_id=claim.job_id, attempt_id=claim.attempt_id,
+                             inputs=claim.inputs, objects=w.objects,
+                             bucket=w.settings.s3_bucket, installation=w.installation,
+                             write=lambda fn: w.completer.write(guard, fn))
+        for index in todo:
+            spec = claim.actions[index]
+            started = datetime.now(UTC)
+            log.debug("action_started", job_id=str(claim.job_id), index=index,
+                      action=spec["name"])
+            try:
+                action = get_action(spec["name"])
+                ctx = ActionContext(job_id=claim.job_id, attempt_id=claim.attempt_id,
+                                    action_index=index, space=space, stop=guard.stop,
+                                    track_process=guard.track,
+                                    untrack_process=guard.untrack, child_env=w.sandbox,
+                                    files=files, env=env, unconfirmed=self.unconfirmed)
+                try:
+                    result = action.run(ctx, spec.get("params", {}))
+                finally:
+                    guard.kill_tree(reap_children=True)  # its daemons and strays die with it
+            except StopRequested:
+                return self._stopped(guard, index, spec["name"], started)
+            except FenceLost:
+                return self._lost(guard)
+            except WriteRefused:
+                raise
+            except Exception as exc:
+                if guard.stop.is_set():  # the child died because we killed it
+                    return self._stopped(guard, index, spec["name"], started)
+                failed = exc if isinstance(exc, ActionFailed) else None
+                detail = failed.detail if failed else traceback.format_exc()
+                outcome = ActionOutcome(index, spec["name"], False, started,
+                                        result=failed.result if failed else None,
+                                        error=str(exc) or type(exc).__name__,
+                                        error_detail=detail)
+                return self._fail(guard, outcome)
+            if guard.stop.is_set():
+                return self._stopped(guard, index, spec["name"], started)
+            outcome = ActionOutcome(index, spec["name"], True, started,
+                                    result=dict(result) if result else None)
+            log.debug("action_succeeded", job_id=str(claim.job_id), index=index,
+                      action=spec["name"])
+            if index == todo[-1]:
+                return self._finish(guard, outcome)
+            if not self._record(guard, outcome):
+                return self._lost(guard)
+        raise AssertionError("unreachable: the last action finishes the job")
+
+    def _record(self, guard: Guard, outcome: ActionOutcome) -> bool:
+        claim = self.claim
+        return bool(self.w.completer.write(guard, lambda s: s.attempts.record_action(
+            job_id=claim.job_id, attempt_id=claim.attempt_id, outcome=outcome)))
+
+    # -- how it ends -------------------------------------------------------------------------
+
+    def _finish(self, guard: Guard, outcome: ActionOutcome | None) -> Result:
+        claim = self.claim
+        if not guard.lease_live() or guard.stop.is_set():
+            return self._stopped_before_write(guard)
+        guard.ending.set()
+        wants = self.nxt.want()
+        done = self.w.completer.finish(
+            guard, TerminalWrite(claim.job_id, claim.attempt_id, True, outcome), wants)
+        if wants and done.next_claim is None:
+            self.nxt.unwant()
+        if done.refused is not None:
+            return self._refused(guard, done.refused)
+        if not done.written:
+            return self._lost(guard)
+        log.info("job_succeeded", job_id=str(claim.job_id), attempt_id=str(claim.attempt_id),
+                 attempt=claim.attempt_count)
+        self._finalize_parent()
+        return Result(claim, Outcome.SUCCEEDED, done.next_claim)
+
+    def _stopped_before_write(self, guard: Guard) -> Result:
+        if guard.reason is StopReason.SIGTERM:
+            return Result(self.claim, Outcome.TERMINATED)
+        return self._lost(guard)
+
+    def _fail(self, guard: Guard, outcome: ActionOutcome) -> Result:
+        claim = self.claim
+        log.warning("action_failed", job_id=str(claim.job_id), index=outcome.index,
+                    action=outcome.name, error=outcome.error)
+        reason = f"action {outcome.index + 1} ({outcome.name}) failed: {outcome.error}"
+        guard.ending.set()
+        t = self.w.completer.write(guard, lambda s: s.attempts.release(
+            job_id=claim.job_id, attempt_id=claim.attempt_id, reason=reason[:2000],
+            retry=self.w.retry, outcome=outcome, error=outcome.error,
+            error_detail=outcome.error_detail))
+        return self._released(guard, t, outcome.error)
+
+    def _stopped(self, guard: Guard, index: int, name: str, started: datetime) -> Result:
+        claim = self.claim
+        reason = guard.reason
+        if reason is StopReason.SIGTERM:
+            return Result(claim, Outcome.TERMINATED)
+        if reason is StopReason.TIMED_OUT:
+            error = "timed out"
+            outcome = ActionOutcome(index, name, False, started, error=error)
+            guard.ending.set()
+            t = self.w.completer.write(guard, lambda s: s.attempts.release(
+                job_id=claim.job_id, attempt_id=claim.attempt_id, reason="timed out",
+                retry=self.w.retry, outcome=outcome, error=error), even_if_stopped=True)
+            return self._released(guard, t, error)
+        return self._lost(guard)
+
+    def _released(self, guard: Guard, t: Transition | None, error: str | None) -> Result:
+        if t is None:
+            return self._lost(guard)
+        log.info("job_released", job_id=str(self.claim.job_id), status=t.status)
+        if t.status == "failed":
+            self._finalize_parent()
+            return Result(self.claim, Outcome.FAILED, error=error)
+        return Result(self.claim, Outcome.RETRY, error=error)
+
+    def _refused(self, guard: Guard, exc: WriteRefused) -> Result:
+        """A write of this attempt was refused: end the job ``failed`` with the reason,
+        under the fence, without what could not be stored."""
+        claim = self.claim
+        error = f"the attempt's result could not be stored: {exc}"
+        log.error("write_refused", job_id=str(claim.job_id), error=str(exc))
+        guard.ending.set()
+        try:
+            t = self.w.completer.write(guard, lambda s: s.attempts.finish(
+                job_id=claim.job_id, attempt_id=claim.attempt_id, succeeded=False,
+                reason=error, error=error))
+        except WriteRefused as again:
+            log.error("write_refused", job_id=str(claim.job_id), error=str(again),
+                      message="the job stays running until its lease runs out")
+            return Result(claim, Outcome.LOST, error=error)
+        if t is None:
+            return self._lost(guard)
+        self._finalize_parent()
+        return Result(claim, Outcome.FAILED, error=error)
+
+    def _finalize_parent(self) -> None:
+        """The parent of the child this attempt just ended, finalized if it was the last one
+        (a parent's job is done when its last datum is), through the functions that answer
+        this attempt about that parent only; a failure here is logged, and export-finalize
+        finalizes it at its next pass."""
+        claim = self.claim
+        if claim.parent_id is None:
+            return
+        try:
+            self.w.completer.read(lambda s: finalize(
+                s.parents.of_attempt(claim.job_id, claim.attempt_id), self.w.objects,
+                self.w.settings.s3_bucket, self.w.installation))
+        except JobfenceError as exc:
+            log.warning("inline_finalize_failed", job_id=str(claim.parent_id), error=str(exc))
+
+    def _lost(self, guard: Guard) -> Result:
+        claim = self.claim
+        if guard.reason is None:  # a write found the fence gone before the heartbeat did
+            guard.request_stop(StopReason.FENCE_LOST)
+            log.warning("writeback_stale_attempt", job_id=str(claim.job_id),
+                        attempt_id=str(claim.attempt_id),
+                        message="the fence was rotated: this attempt stops and writes nothing")
+        if guard.reason is StopReason.SIGTERM:
+            return Result(claim, Outcome.TERMINATED)
+        self._confirm_stopped()
+        return Result(claim, Outcome.LOST)
+
+    def _confirm_stopped(self) -> None:
+        """The attempt's actions have returned and every process they started is gone
+        (killed and reaped, or confirmed by the command sidecar): say so, so that a
+        cancelled job's resource is free and a timed-out one may run again now rather than
+        when this attempt's lease ends. Written under this attempt's own id; nothing when
+        the fence was not rotated while it ran, or a child's end is unknown."""
+        claim = self.claim
+        if self.unconfirmed.is_set():
+            log.warning("stop_unconfirmed", job_id=str(claim.job_id),
+                        message="a child's end could not be confirmed: the job waits for "
+                                "this attempt's lease to end")
+            return
+        try:
+            if self.w.completer.read(lambda s: s.attempts.stopped(
+                    job_id=claim.job_id, attempt_id=claim.attempt_id)):
+                log.info("stop_confirmed", job_id=str(claim.job_id),
+                         attempt_id=str(claim.attempt_id))
+        except JobfenceError as exc:  # the lease bounds it: the sweeper lets it go then
+            log.warning("stop_confirm_failed", job_id=str(claim.job_id), error=str(exc))

@@ -1,0 +1,316 @@
+"""The worker's loop: claim jobs of one queue for the free slots, run each claimed job in a
+slot of its own (``Execution``), count what each returns, and stop when nothing is ready,
+``--max-jobs`` were claimed, ``--max-seconds`` passed, SIGTERM came, or the command sidecar
+went away.
+
+A worker runs up to ``--concurrency`` jobs at once (``JOBFENCE_WORKER_CONCURRENCY``, per
+pool in the pool declaration; 1 by default: one job at a time, as a one-job-per-pod pool
+runs it). Each running job keeps its own claim, ``attempt_id``, lease, run timeout, child
+process tree, cancel and fenced terminal write; what they share is batched without
+touching a fence (``jobfence.worker.completer``, ``jobfence.worker.guard``). The loop
+claims only for free slots, in one statement for all of them, so a claimed job never waits
+behind another; a slot whose job finished takes the next job from the claim that rode on
+that job's terminal write. The loop never reaches into an execution: it starts one with
+its claim and reads the ``Result`` it returns.
+
+SIGTERM gives back every job in hand within the same bound as one (the guards give them all
+back in one statement), and no claim is made after it.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from jobfence import cli
+from jobfence.errors import ConfigError
+from jobfence.jobuids import users_for
+from jobfence.logs import get_logger
+from jobfence.objectstore import ObjectStore
+from jobfence.settings import Settings
+from jobfence.shutdown import on_termination
+from jobfence.store import Claim, RetryPolicy
+from jobfence.wiring import open_object_store
+from jobfence.worker.completer import Completer
+from jobfence.worker.execution import Execution, Next, Outcome, Result, Wiring
+from jobfence.worker.guard import Guards
+from jobfence.worker.jobspace import LocalSpaces
+from jobfence.worker.proctree import kill_descendants
+from jobfence.worker.sandbox import Sandbox, Spaces
+
+log = get_logger("jobfence.worker")
+
+EXIT_GRACE_SECONDS = 2.0
+"""After SIGTERM the guards have given back every job; the executions get this long to come
+back from their actions before the process exits regardless."""
+
+BUSY_POLL_SECONDS = 0.25
+"""While some slots run jobs and the last claim found nothing: how often the free slots
+look again (each finishing job also asks, on its terminal write, and a job found that way
+wakes the loop to fill the free slots at once)."""
+
+IDLE_POLL_SECONDS = 0.02
+"""With ``--idle-seconds``, while nothing runs: how often the worker looks for ready work."""
+
+
+@dataclass
+class Report:
+    function: str = "worker"
+    worker_id: str = ""
+    queue: str = "default"
+    concurrency: int = 1
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    lost: int = 0
+    terminated: bool = False
+    stopped_by: str = ""
+    """Why the worker stopped claiming: nothing_ready, max_jobs, max_seconds, sigterm, or
+    sidecar_lost (its command sidecar went away: no command can start here any more)."""
+    jobs: list[dict[str, str]] = field(default_factory=list)
+
+    def count(self, result: Result) -> None:
+        self.jobs.append({"job_id": str(result.claim.job_id), "outcome": result.outcome.value})
+        if result.outcome is Outcome.SUCCEEDED:
+            self.succeeded += 1
+        elif result.outcome is Outcome.RETRY:
+            self.retried += 1
+        elif result.outcome is Outcome.FAILED:
+            self.failed += 1
+        elif result.outcome is Outcome.LOST:
+            self.lost += 1
+        else:
+            self.terminated = True
+
+    @property
+    def ok(self) -> bool:
+        return (self.succeeded == self.claimed and not self.terminated
+                and self.stopped_by != "sidecar_lost")
+
+
+MORE = object()
+"""What a slot tells the loop when its next claim found a job while the loop thought
+nothing was ready."""
+
+
+class Budget:
+    """How many more jobs this worker may claim, and why no more when none."""
+
+    def __init__(self, max_jobs: int, max_seconds: float | None, spaces: Spaces) -> None:
+        self._left = max_jobs
+        self._deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        self._spaces = spaces
+        self._lock = threading.Lock()
+        self.terminated = threading.Event()
+
+    def why_not(self) -> str | None:
+        """Why no job may be claimed now (None: one may)."""
+        if self.terminated.is_set():
+            return "sigterm"
+        if self._left <= 0:
+            return "max_jobs"
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            return "max_seconds"
+        if not self._spaces.ready():
+            return "sidecar_lost"
+        return None
+
+    def take(self, n: int) -> int:
+        """Take up to ``n`` places; how many were granted."""
+        with self._lock:
+            if self.why_not() is not None:
+                return 0
+            granted = min(n, self._left)
+            self._left -= granted
+            return granted
+
+    def give(self, n: int) -> None:
+        """Give back places taken for claims that found no job."""
+        with self._lock:
+            self._left += n
+
+    def next(self) -> Next:
+        """What an execution asks at its terminal write: one place for the job that would
+        follow it in its slot."""
+        return Next(want=lambda: self.take(1) == 1, unwant=lambda: self.give(1))
+
+
+def open_sandbox(settings: Settings) -> Sandbox:
+    """Where this worker's jobs start their children — here, or in the command sidecar
+    (``JOBFENCE_COMMAND_SOCKET``) — chosen once, here."""
+    passthrough = tuple(n for n in settings.command_env.split(",") if n)
+    spaces: Spaces
+    try:
+        if settings.command_socket is not None:
+            from jobfence.worker.sidecar.link import SidecarLink, SidecarSpaces
+
+            spaces = SidecarSpaces(SidecarLink(settings.command_socket,
+                                               settings.command_runner_uid))
+        else:
+            spaces = LocalSpaces(users_for(settings.command_user, settings.command_uids))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return Sandbox(spaces, passthrough)
+
+
+class Worker:
+    """One worker process: its connection, its guards, its sandbox, and its slots."""
+
+    def __init__(self, settings: Settings, queue_name: str | None = None,
+                 concurrency: int | None = None) -> None:
+        self.settings = settings
+        self.queue = queue_name or settings.queue
+        self.concurrency = concurrency or settings.worker_concurrency
+        self.sandbox = open_sandbox(settings)
+        completer = Completer(settings, self.queue)
+        # A worker of another installation stops here (exit 2), before it claims anything.
+        identity = completer.read(lambda s: s.control.identity(settings.installation))
+        assert identity.installation is not None
+        self._objects: ObjectStore | None = None
+        self.wiring = Wiring(settings=settings, completer=completer,
+                             guards=Guards(settings), sandbox=self.sandbox,
+                             objects=self.objects, installation=identity.installation,
+                             retry=RetryPolicy(settings.retry_base_seconds,
+                                               settings.retry_max_seconds))
+        self.report = Report(worker_id=settings.worker, queue=self.queue,
+                             concurrency=self.concurrency)
+        self._results: queue.Queue[Result | BaseException | object] = queue.Queue()
+        """A slot's last result when it is free, what crashed in it, or ``MORE``."""
+        self._counting = threading.Lock()
+        self._dry = threading.Event()
+        """Set while the loop's last claim found fewer jobs than it asked for: the first
+        slot whose next claim then finds a job tells the loop (more may be ready)."""
+        self._main_done = threading.Event()
+
+    def objects(self) -> ObjectStore:
+        """The object store, built on first use: a job without S3 never imports boto3."""
+        if self._objects is None:
+            self._objects = open_object_store(self.settings)
+        return self._objects
+
+    def close(self) -> None:
+        # No job runs any more: whatever a job left that could not be told apart dies now.
+        kill_descendants(reap_children=True)
+        self.wiring.guards.close()  # its threads end before the connections they use
+        self.wiring.completer.close()
+        self.sandbox.spaces.close()
+
+    # -- slots -------------------------------------------------------------------------------
+
+    def _start(self, claim: Claim, budget: Budget) -> None:
+        threading.Thread(target=self._slot, args=(claim, budget), daemon=True,
+                         name=f"job-{claim.job_id}").start()
+
+    def _slot(self, claim: Claim | None, budget: Budget) -> None:
+        """Run a claimed job, then the one whose claim rode on its terminal write, and so
+        on, counting each one's result; the loop hears when the slot is free (or what
+        crashed), not of every job: a job costs no wake-up of the loop."""
+        result: Result | None = None
+        while claim is not None:
+            try:
+                result = Execution(claim, self.wiring, budget.next()).run()
+            except BaseException as exc:
+                self._results.put(exc)
+                return
+            with self._counting:
+                self.report.count(result)
+                if result.next_claim is not None:
+                    self.report.claimed += 1
+            claim = result.next_claim
+            if claim is not None and self._dry.is_set():
+                self._dry.clear()
+                self._results.put(MORE)
+        assert result is not None
+        self._results.put(result)
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def run(self, max_jobs: int, max_seconds: float | None = None,
+            idle_seconds: float = 0.0) -> Report:
+        budget = Budget(max_jobs, max_seconds, self.sandbox.spaces)
+        crash: BaseException | None = None
+        with on_termination(lambda signum: self._on_signal(signum, budget)) as terminated:
+            try:
+                crash = self._loop(budget, idle_seconds)
+            finally:
+                self._main_done.set()
+            if terminated.is_set():
+                self.report.terminated = True
+                self.report.stopped_by = "sigterm"
+        self.close()
+        if crash is not None:
+            raise crash
+        return self.report
+
+    def _loop(self, budget: Budget, idle_seconds: float) -> BaseException | None:
+        """Claim for free slots and count results until the worker stops claiming and its
+        last job has ended; an execution that crashed is raised once the others ended."""
+        running = 0
+        dry = False  # the last claim found fewer jobs than it asked for
+        looked = 0.0
+        idle_until = time.monotonic() + idle_seconds
+        crash: BaseException | None = None
+        while True:
+            now = time.monotonic()
+            why = budget.why_not()
+            if running == 0 and (crash is not None or why is not None
+                                 or (dry and now >= idle_until)):
+                self.report.stopped_by = why or "nothing_ready"
+                return crash
+            free = self.concurrency - running
+            if free > 0 and why is None and crash is None:
+                poll = BUSY_POLL_SECONDS if running else IDLE_POLL_SECONDS
+                if not dry or now - looked >= poll:
+                    granted = budget.take(free)
+                    claims = self.wiring.completer.claim(granted) if granted else []
+                    budget.give(granted - len(claims))
+                    looked = time.monotonic()
+                    if claims:
+                        idle_until = looked + idle_seconds
+                    elif not dry and not running:
+                        log.info("nothing_to_claim", queue=self.queue)
+                    dry = len(claims) < granted
+                    if dry:
+                        self._dry.set()
+                    else:
+                        self._dry.clear()
+                    for claim in claims:
+                        with self._counting:
+                            self.report.claimed += 1
+                        self._start(claim, budget)
+                    running += len(claims)
+                    continue
+                if running == 0:
+                    time.sleep(max(0.0, looked + poll - now))
+                    continue
+            wait = (max(0.0, looked + BUSY_POLL_SECONDS - now)
+                    if dry and free > 0 and why is None else None)
+            try:
+                got = self._results.get(timeout=wait)
+            except queue.Empty:
+                continue
+            if got is MORE:  # a slot's next claim found work: the free slots look now
+                dry = False
+                continue
+            running -= 1  # a slot is free
+            if isinstance(got, BaseException):
+                log.error("execution_crashed", error=repr(got))
+                crash = crash or got
+
+    def _on_signal(self, signum: int, budget: Budget) -> None:
+        """Runs on the shutdown watcher thread, while executions may be blocked in their
+        actions: no claim from now on, every job in hand given back, then leave."""
+        log.warning("sigterm_received", signal=signum)
+        budget.terminated.set()
+        self.wiring.guards.give_back_all()
+        if not self._main_done.wait(EXIT_GRACE_SECONDS):
+            log.error("exit_forced", message="an action did not stop in time")
+            self.report.terminated = True
+            cli.emit(self.report)
+            sys.stderr.flush()
+            os._exit(1)
