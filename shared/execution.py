@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TypeVar
 
+from jobfence import tracing  # tracing
 from jobfence.actions import ActionContext, AttemptSpace, StopRequested, get_action
 from jobfence.actions.builtin import ActionFailed
 from jobfence.attempt import AttemptGuard, GuardThreads, SideChannel, StopReason
@@ -118,6 +119,10 @@ class AttemptRunner:
     # -- one attempt -----------------------------------------------------------------------
 
     def run_attempt(self, claim: Claim) -> Outcome:
+        with tracing.attempt_span(self.store, claim, self.queue) as span:  # tracing: attempt
+            return span.ended(self._run_attempt(claim))  # tracing: how it ended
+
+    def _run_attempt(self, claim: Claim) -> Outcome:
         log.debug("job_claimed", job_id=str(claim.job_id), attempt_id=str(claim.attempt_id),
                  attempt=claim.attempt_count, max_attempts=claim.max_attempts)
         guard = AttemptGuard(claim, self.settings, self.side, self.guards)
@@ -162,15 +167,17 @@ class AttemptRunner:
             log.debug("action_started", job_id=str(claim.job_id), index=index, action=spec["name"])
             try:
                 action = get_action(spec["name"])
-                ctx = ActionContext(job_id=claim.job_id, attempt_id=claim.attempt_id,
-                                    action_index=index, space=space, stop=guard.stop,
-                                    track_process=guard.track, untrack_process=guard.untrack,
-                                    files=files, env=env, sandbox=self.sandbox,
-                                    unconfirmed=self._unconfirmed)
-                try:
-                    result = action.run(ctx, spec.get("params", {}))
-                finally:
-                    kill_descendants(reap_children=True)  # daemons and strays die with it
+                with tracing.action_span(index, spec["name"]):  # tracing: the action's span
+                    ctx = ActionContext(job_id=claim.job_id, attempt_id=claim.attempt_id,
+                                        action_index=index, space=space, stop=guard.stop,
+                                        track_process=guard.track,
+                                        untrack_process=guard.untrack, files=files,
+                                        env={**env, **tracing.child_env()},  # tracing
+                                        sandbox=self.sandbox, unconfirmed=self._unconfirmed)
+                    try:
+                        result = action.run(ctx, spec.get("params", {}))
+                    finally:
+                        kill_descendants(reap_children=True)  # daemons and strays die with it
             except StopRequested:
                 return self._stopped(claim, guard, index, spec["name"], started)
             except FenceLost:

@@ -239,6 +239,18 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Lowest level logged."""
 
+    tracing: Literal["auto", "on", "off"] = "auto"
+    """OpenTelemetry traces (the extra `jobfence[otel]`; docs/REFERENCE.md, "Traces"):
+    `auto` traces when the standard variables name an exporter (`OTEL_TRACES_EXPORTER`, or
+    an `OTEL_EXPORTER_OTLP_ENDPOINT`/`..._TRACES_ENDPOINT`) and `OTEL_SDK_DISABLED` is not
+    true; `on` traces in any case (to the OTLP default, `localhost:4318`) and refuses to
+    start without the extra; `off` never imports OpenTelemetry. Inside an application, the
+    Python API joins the application's own tracing unless this is `off`."""
+
+    tracing_flush_seconds: float = Field(default=5.0, ge=0, le=300)
+    """How long a function waits at its exit for its last spans to be exported: bounded, so
+    that a collector that does not answer never holds a pod's end for long."""
+
     max_interruptions: int = Field(default=10, ge=0, le=1000)
     """SIGTERMs (an eviction, a node drain, a deploy) a job may take without spending an
     attempt: the worker gives the job back at once and the attempt does not count. Past

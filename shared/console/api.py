@@ -101,6 +101,8 @@ class Call:
     body: Any
     given: dict[str, str] = field(default_factory=dict)
     """The query parameters as the client gave them (for the next page's link)."""
+    traceparent: str | None = None
+    """The request's W3C ``traceparent`` header: the trace a submit's jobs join."""
 
 
 @dataclass
@@ -147,7 +149,8 @@ class Server:
                 if method == "POST":
                     body = await self._body(request)
                     read = True
-                call = Call(caller, given.values, where, body, given.given)
+                call = Call(caller, given.values, where, body, given.given,
+                            headers.get("traceparent"))
                 answer = await run_in_threadpool(self._run, handler, call, operate)
             except JobfenceError as exc:
                 answer = self._refusal(exc)
@@ -224,7 +227,8 @@ class Server:
 
     def submit_jobs(self, store: Store, call: Call) -> Answer:
         specs = parse_specs(call.body)
-        made = [enqueued_object(j) for j in submit(self.settings, store, specs)]
+        made = [enqueued_object(j) for j in submit(self.settings, store, specs,
+                                                   traceparent=call.traceparent)]
         self.log.info("jobs_submitted", by=call.caller.user, jobs=len(made))
         first = made[0]["job_id"] if made else None
         headers = {"location": f"/api/v1/jobs/{first}"} if first else {}

@@ -70,6 +70,8 @@ GRANT EXECUTE ON FUNCTION
     {schema}.worker_stopped(uuid, uuid),
     {schema}.settle_dependents(uuid[], integer)
     TO {worker};
+-- worker, when it traces: the trace context of the attempt it holds (worker_trace).
+GRANT EXECUTE ON FUNCTION {schema}.worker_trace(uuid, uuid) TO {worker};
 
 -- reader: status, list, queue status, drain status, KEDA's queries, metrics.
 GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {reader}, {maintainer}, {operator};

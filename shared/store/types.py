@@ -40,6 +40,8 @@ class NewJob:
     queue: str = "default"
     run_at: datetime | None = None
     delay_seconds: float | None = None
+    traceparent: str | None = None
+    """The W3C traceparent of the enqueue (jobfence.tracing); a datum's, its parent's."""
 
     @property
     def status(self) -> str:
@@ -70,6 +72,7 @@ class NewJob:
             "queue": self.queue,
             "run_at": self.run_at.isoformat() if self.run_at else None,
             "delay_seconds": self.delay_seconds,
+            "traceparent": self.traceparent,
         }
 
 
