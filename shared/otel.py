@@ -19,7 +19,6 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
-from uuid import UUID
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -213,11 +212,11 @@ class _Attempt(AttemptSpan):
 
 @contextmanager
 def attempt(claim: Claim, queue: str, stored: TraceParent | None,
-            first_attempt_id: UUID | None) -> Iterator[AttemptSpan]:
+            first_span_id: int | None) -> Iterator[AttemptSpan]:
     """The attempt's consumer span: the first attempt a child of the producer span, a later
     one a trace of its own linked to the first attempt's span and the producer span."""
     span_id = attempt_span_id(claim.attempt_id)
-    first = first_attempt_id is None or first_attempt_id == claim.attempt_id
+    first = first_span_id is None or first_span_id == span_id
     trace_id = stored.trace_id if stored else job_trace_id(claim.job_id)
     links: list[Link] = []
     if first:
@@ -225,12 +224,10 @@ def attempt(claim: Claim, queue: str, stored: TraceParent | None,
                   else otel_context.Context())
         forced = (None if stored else trace_id, span_id)
     else:
-        assert first_attempt_id is not None
+        assert first_span_id is not None
         flags = TraceFlags(stored.flags if stored else TraceFlags.SAMPLED)
-        links.append(Link(SpanContext(trace_id, attempt_span_id(first_attempt_id),
-                                      is_remote=True, trace_flags=flags),
-                          {"jobfence.link": "first_attempt",
-                           "jobfence.attempt.id": str(first_attempt_id)}))
+        links.append(Link(SpanContext(trace_id, first_span_id, is_remote=True,
+                                      trace_flags=flags), {"jobfence.link": "first_attempt"}))
         if stored:
             links.append(Link(_remote(stored), {"jobfence.link": "enqueue"}))
         parent = otel_context.Context()

@@ -105,8 +105,9 @@ def _digest(value: UUID, what: bytes) -> bytes:
 
 
 def attempt_span_id(attempt_id: UUID) -> int:
-    """The span id of an attempt's span: derived from its attempt id (never 0)."""
-    return int.from_bytes(_digest(attempt_id, b"attempt")[:8], "big") or 1
+    """The span id of an attempt's span: derived from its attempt id, as the database
+    derives it for a retry (worker_trace, migration 0024)."""
+    return int.from_bytes(_digest(attempt_id, b"attempt")[:8], "big")
 
 
 def job_trace_id(job_id: UUID) -> int:
@@ -247,7 +248,7 @@ def attempt_span(store: Store, claim: Claim, queue: str) -> Iterator[AttemptSpan
         log.warning("trace_context_unread", job_id=str(claim.job_id), error=str(exc))
         found = None
     traceparent = parse_traceparent(found.traceparent) if found else None
-    first = found.first_attempt_id if found else None
+    first = found.first_span_id if found else None
     with backend.attempt(claim, queue, traceparent, first) as span:
         yield span
 

@@ -12,8 +12,8 @@ from jobfence.store.base import Noun
 class AttemptTrace(NamedTuple):
     traceparent: str | None
     """The job's W3C traceparent, as stored at enqueue; None when it was enqueued without."""
-    first_attempt_id: UUID | None
-    """The job's first attempt (this one, on a first attempt)."""
+    first_span_id: int | None
+    """The span id of the job's first attempt's span (this attempt's, on a first attempt)."""
 
 
 class Traces(Noun):
@@ -24,4 +24,5 @@ class Traces(Noun):
         row = self._one("for_attempt", {"job_id": job_id, "attempt_id": attempt_id})
         if row is None:
             return None
-        return AttemptTrace(row["traceparent"], row["first_attempt_id"])
+        first = row["first_span_id"]
+        return AttemptTrace(row["traceparent"], int(first, 16) if first else None)

@@ -2,7 +2,8 @@
 -- per attempt, apart from its claim.
 
 -- for_attempt --
--- The job's traceparent (NULL: enqueued without one) and its first attempt's id, for the
--- attempt that holds the fence; no row for any other attempt (worker_trace).
-SELECT traceparent, first_attempt_id
+-- The job's traceparent (NULL: enqueued without one) and the span id of its first attempt's
+-- span (16 hex digits), for the attempt that holds the fence; no row for any other attempt
+-- (worker_trace).
+SELECT traceparent, first_span_id
 FROM {schema}.worker_trace(%(job_id)s::uuid, %(attempt_id)s::uuid);

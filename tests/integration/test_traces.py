@@ -16,6 +16,7 @@ from jobfence.settings import load_settings
 from jobfence.spec import parse_specs
 from jobfence.store import RetryPolicy, Store
 from jobfence.submit import submit
+from jobfence.tracing import attempt_span_id
 from tests.conftest import Dsn
 from tests.factories import enqueue_one, make_parent
 
@@ -73,7 +74,8 @@ def test_only_the_attempt_holding_the_fence_reads_its_trace_and_a_retry_names_th
         store: Store) -> None:
     job = enqueue_one(store, traceparent=TP)
     [first] = store.attempts.claim(worker_id="w", lease_seconds=300)
-    assert store.traces.for_attempt(job, first.attempt_id) == (TP, first.attempt_id)
+    mine = attempt_span_id(first.attempt_id)  # the database derives it as the worker does
+    assert store.traces.for_attempt(job, first.attempt_id) == (TP, mine)
     assert store.traces.for_attempt(job, uuid4()) is None
     assert store.traces.for_attempt(uuid4(), first.attempt_id) is None
     assert store.attempts.release(job_id=job, attempt_id=first.attempt_id, reason="again",
@@ -81,7 +83,7 @@ def test_only_the_attempt_holding_the_fence_reads_its_trace_and_a_retry_names_th
     assert store.traces.for_attempt(job, first.attempt_id) is None  # no longer holds
     [second] = store.attempts.claim(worker_id="w", lease_seconds=300)
     assert second.job_id == job and second.attempt_id != first.attempt_id
-    assert store.traces.for_attempt(job, second.attempt_id) == (TP, first.attempt_id)
+    assert store.traces.for_attempt(job, second.attempt_id) == (TP, mine)
 
 
 def test_the_worker_role_reads_a_trace_through_its_function_only(store: Store,
@@ -92,7 +94,8 @@ def test_the_worker_role_reads_a_trace_through_its_function_only(store: Store,
     with psycopg.connect(worker, autocommit=True, row_factory=dict_row) as conn:
         rows = conn.execute("SELECT * FROM jobfence.worker_trace(%s, %s)",
                             (job, claim.attempt_id)).fetchall()
-        assert rows == [{"traceparent": TP, "first_attempt_id": claim.attempt_id}]
+        assert rows == [{"traceparent": TP,
+                         "first_span_id": f"{attempt_span_id(claim.attempt_id):016x}"}]
         assert conn.execute("SELECT * FROM jobfence.worker_trace(%s, NULL)",
                             (job,)).fetchall() == []
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
