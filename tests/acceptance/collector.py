@@ -83,16 +83,19 @@ class Span:
     def error(self) -> bool:
         return self.raw.get("status", {}).get("code") == 2
 
-    @property
-    def traceparent(self) -> str:
-        return f"00-{self.trace_id}-{self.span_id}-01"
+    def is_parent_of(self, traceparent: str) -> bool:
+        """Whether ``traceparent`` names this span, sampled (other flags may be set: the
+        random trace id flag of Trace Context level 2)."""
+        version, trace_id, span_id, flags = traceparent.split("-")
+        return (version, trace_id, span_id) == ("00", self.trace_id, self.span_id) \
+            and bool(int(flags, 16) & 1)
 
 
 def _attributes(items: list[dict[str, Any]]) -> dict[str, Any]:
     out = {}
     for item in items:
-        value = item["value"]
-        out[item["key"]] = next(iter(value.values())) if value else None
+        [(kind, value)] = item["value"].items() or [("", None)]
+        out[item["key"]] = int(value) if kind == "intValue" else value  # JSON has int64 as text
     return out
 
 
