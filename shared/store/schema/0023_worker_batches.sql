@@ -1,4 +1,4 @@
--- 0023: the worker's batched writes, which arrive on their own branch. Until they do, this
--- file holds the number so that 0024 (traces) follows without a gap: when both meet, the
--- worker's 0023_worker_batches.sql replaces this file whole (same name, on purpose).
+-- 0023: reserved for the worker's batched writes (its own 0023_worker_batches.sql replaces
+-- this file whole, by the same name). Until then it holds the number, so that 0024 follows
+-- without a gap.
 SELECT 1;
