@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import logging
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -35,6 +37,7 @@ from opentelemetry.trace import (
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from jobfence.errors import ConfigError
+from jobfence.logs import get_logger
 from jobfence.store.types import NewJob
 from jobfence.tracing import AttemptSpan, TraceParent, attempt_span_id, job_trace_id
 
@@ -104,13 +107,32 @@ def configure(function: str) -> None:
     resource = Resource.create({"jobfence.function": function})
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: "jobfence"}))
-    provider = TracerProvider(resource=resource, id_generator=AttemptIds())
+    # No flush at the interpreter's exit: ``flush`` does it, bounded.
+    provider = TracerProvider(resource=resource, id_generator=AttemptIds(),
+                              shutdown_on_exit=False)
     for exporter in _exporters():
         provider.add_span_processor(BatchSpanProcessor(exporter))
+    _sdk_logs_to_ours()
     if not _sdk.global_set:
         trace.set_tracer_provider(provider)
         _sdk.global_set = True
     _sdk.provider = provider
+
+
+class _ToOurLog(logging.Handler):
+    """The SDK's own messages (an export that failed...) as jobfence's log lines."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        event = get_logger("jobfence.tracing")
+        say = event.error if record.levelno >= logging.ERROR else event.warning
+        say("tracing_sdk", logger=record.name, message=record.getMessage())
+
+
+def _sdk_logs_to_ours() -> None:
+    sdk = logging.getLogger("opentelemetry")
+    if not any(isinstance(h, _ToOurLog) for h in sdk.handlers):
+        sdk.addHandler(_ToOurLog(logging.WARNING))
+        sdk.propagate = False
 
 
 def _exporters() -> list[Any]:
@@ -153,12 +175,25 @@ def _otlp() -> Any:
 
 
 def flush(timeout_seconds: float) -> None:
-    """Export the spans still in the batch, waiting at most ``timeout_seconds``."""
+    """Export the spans still in the batch, waiting at most ``timeout_seconds``. The SDK's
+    own flush waits for an export in progress, and an exporter retries an unreachable
+    collector until its own timeout: the flush runs on a thread of its own, which the
+    process leaves behind (a daemon) once the bound has passed."""
     provider, _sdk.provider = _sdk.provider, None
     if provider is None:
         return
-    provider.force_flush(int(timeout_seconds * 1000))
-    provider.shutdown()
+
+    def run() -> None:
+        provider.force_flush(int(timeout_seconds * 1000))
+        provider.shutdown()
+
+    done = threading.Thread(target=run, name="jobfence-traces-flush", daemon=True)
+    done.start()
+    done.join(timeout_seconds)
+    if done.is_alive():
+        get_logger("jobfence.tracing").warning(
+            "traces_not_exported", seconds=timeout_seconds,
+            message="spans still unexported at JOBFENCE_TRACING_FLUSH_SECONDS: left behind")
 
 
 # -- spans -------------------------------------------------------------------------------------

@@ -131,6 +131,22 @@ def configured(mode: Mode, environ: Mapping[str, str]) -> bool:
                                                      "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 
 
+EXPORTERS = ("otlp", "console", "none")
+PROTOCOLS = ("http/protobuf", "grpc")
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """ConfigError (exit 2, before any work) for a variable jobfence cannot honour."""
+    for name in environ.get("OTEL_TRACES_EXPORTER", "").split(","):
+        if name.strip().lower() not in ("", *EXPORTERS):
+            raise ConfigError(f"OTEL_TRACES_EXPORTER: jobfence exports traces with "
+                              f"{', '.join(EXPORTERS)}, not {name.strip()!r}")
+    for var in ("OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"):
+        value = environ.get(var, "").strip()
+        if value and value not in PROTOCOLS:
+            raise ConfigError(f"{var}: {value!r} is not supported ({', '.join(PROTOCOLS)})")
+
+
 # -- whether this process traces -------------------------------------------------------------
 
 
@@ -155,6 +171,8 @@ def setup(settings: Settings, function: str) -> None:
     """Decide whether this process (a jobfence command) traces; imports nothing. With
     ``JOBFENCE_TRACING=on``, a missing extra is a ConfigError now, not at the first span."""
     traces = configured(settings.tracing, os.environ)
+    if traces:
+        check_environment(os.environ)
     _here.process = _Process(traces, settings.tracing == "on", function,
                         settings.tracing_flush_seconds)
     if traces and settings.tracing == "on":
@@ -169,16 +187,19 @@ def _backend() -> ModuleType | None:
     if process.backend is None:
         try:
             from jobfence import otel
-        except ImportError as exc:
+
+            otel.configure(process.function)
+        except Exception as exc:  # never a job's failure: this process goes on untraced
             process.traces = False
             if process.required:
-                raise ConfigError("JOBFENCE_TRACING=on needs the OpenTelemetry packages: "
-                                  "pip install 'jobfence[otel]'") from None
-            log.warning("tracing_unavailable", error=str(exc),
-                        message="OTEL_* variables ask for traces but jobfence[otel] is not "
-                                "installed: no spans")
+                if isinstance(exc, ImportError):
+                    raise ConfigError("JOBFENCE_TRACING=on needs the OpenTelemetry packages: "
+                                      "pip install 'jobfence[otel]'") from None
+                raise ConfigError(f"JOBFENCE_TRACING=on: {exc}") from None
+            log.warning("tracing_unavailable", error=f"{type(exc).__name__}: {exc}",
+                        message="the OTEL_* variables ask for traces, but they cannot be "
+                                "made: no spans from this process")
             return None
-        otel.configure(process.function)
         process.backend = otel
     return process.backend
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.acceptance.collector import Collector, Span, collector
-from tests.acceptance.serving import Served, serve
+from tests.acceptance.serving import Served, free_port, serve
 from tests.conftest import REPO, cli_env, role_dsn, run_cli
 from tests.procs import FAST, action_results
 
@@ -158,3 +159,24 @@ def test_a_retry_is_a_trace_of_its_own_linked_to_the_first_attempt(
     assert (second.attributes["jobfence.outcome"], second.error) == ("failed", True)
     [failed] = [s for s in named(spans, "action command") if s.parent == second.span_id]
     assert failed.error and failed.trace_id == second.trace_id
+
+
+def test_a_collector_that_does_not_answer_costs_the_job_nothing(dsn: str) -> None:
+    """Spans that cannot be exported are logged as the worker's own JSON lines; the job
+    succeeds, and the worker waits for the export no longer than its bound."""
+    job_id = json.loads(run_cli(dsn, "enqueue", 'sleep:{"seconds": 0}').stdout)["job_id"]
+    started = time.monotonic()
+    r = run_cli(dsn, "worker", **FAST, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{free_port()}",
+                JOBFENCE_TRACING_FLUSH_SECONDS="1")
+    took = time.monotonic() - started
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["jobs"] == [{"job_id": job_id, "outcome": "succeeded"}]
+    lines = r.stderr.splitlines()
+    assert all(line.startswith("{") for line in lines), r.stderr  # JSON lines only
+    assert any('"traces_not_exported"' in line for line in lines), r.stderr
+    assert took < 8, took  # the exporter alone would retry for 10 s
+
+
+def test_a_variable_jobfence_cannot_honour_is_refused_before_any_work(dsn: str) -> None:
+    r = run_cli(dsn, "worker", OTEL_TRACES_EXPORTER="zipkin")
+    assert r.returncode == 2 and "OTEL_TRACES_EXPORTER" in r.stderr
