@@ -16,9 +16,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from jobfence.errors import ConfigError
 from jobfence.tracing import (
     TraceParent,
     attempt_span_id,
+    check_environment,
     configured,
     job_trace_id,
     parse_traceparent,
@@ -86,6 +88,21 @@ def test_ids_derived_for_attempts_and_untraced_jobs() -> None:
 ])
 def test_when_a_process_traces(mode: str, env: dict[str, str], traces: bool) -> None:
     assert configured(mode, env) is traces  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("env", "refused"), [
+    ({"OTEL_TRACES_EXPORTER": "otlp,console"}, None),
+    ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, None),
+    ({"OTEL_TRACES_EXPORTER": "otlp,jaeger"}, "OTEL_TRACES_EXPORTER"),
+    ({"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json"}, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"),
+])
+def test_what_jobfence_cannot_honour_is_said_at_start(env: dict[str, str],
+                                                      refused: str | None) -> None:
+    if refused is None:
+        check_environment(env)
+    else:
+        with pytest.raises(ConfigError, match=refused):
+            check_environment(env)
 
 
 # What a process that does not trace loads: the worker, the API and the server's modules, a
