@@ -174,7 +174,7 @@ def setup(settings: Settings, function: str) -> None:
     if traces:
         check_environment(os.environ)
     _here.process = _Process(traces, settings.tracing == "on", function,
-                        settings.tracing_flush_seconds)
+                             settings.tracing_flush_seconds)
     if traces and settings.tracing == "on":
         _backend()
 
