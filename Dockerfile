@@ -4,7 +4,8 @@
 ARG PYTHON_IMAGE=python:3.11-slim
 
 # Build stage: jobfence and every dependency as wheels. psycopg comes as psycopg[binary],
-# so nothing here compiles against libpq.
+# so nothing here compiles against libpq. The image has the extra `otel`: traces are then a
+# matter of the OTEL_* variables (nothing of it is loaded while they ask for none).
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
@@ -12,7 +13,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY functions ./functions
-RUN pip wheel --wheel-dir /wheels .
+RUN pip wheel --wheel-dir /wheels ".[otel]"
 
 # Final stage: the same slim Python with the installed wheels only; no compiler, no build
 # tree, no wheel files left behind (they are mounted from the build stage, not copied).
@@ -26,7 +27,7 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     apt-get update \
     && apt-get install -y --no-install-recommends tini \
     && rm -rf /var/lib/apt/lists/* \
-    && pip install --no-cache-dir --no-index --find-links=/wheels jobfence \
+    && pip install --no-cache-dir --no-index --find-links=/wheels "jobfence[otel]" \
     && groupadd --gid 10001 jobfence \
     && useradd --uid 10001 --gid 10001 --no-create-home \
         --home-dir /tmp --shell /usr/sbin/nologin jobfence \

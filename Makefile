@@ -63,6 +63,11 @@ postgres-check: $(STAMP) system-test ## make sure a PostgreSQL server (and PgBou
 controlplane: ## build etcd, kube-apiserver, kube-controller-manager and kubectl (once; cached)
 	@$(PYTHON) -m devtools.controlplane build
 
+# The OpenTelemetry Collector the traces' tests export to (devtools/otelcol): built once into
+# ~/.cache/jobfence/otelcol, linked into build/bin. Needs Go only when it is missing.
+otelcol: ## build the OpenTelemetry Collector of the traces' tests (once; cached)
+	@$(PYTHON) -m devtools.otelcol build
+
 kubectl: ## build only kubectl (what make deploy and make render use)
 	@$(PYTHON) -m devtools.controlplane build kubectl
 
@@ -78,7 +83,7 @@ lint: $(STAMP) ## ruff, mypy and the import-linter contracts (the layers in docs
 	$(VENV)/bin/mypy
 	PYTHONPATH=build/src $(VENV)/bin/lint-imports
 
-test: lint postgres-check controlplane ## lint, type-check, and run every test on a real PostgreSQL and a real Kubernetes control plane
+test: lint postgres-check controlplane otelcol ## lint, type-check, and run every test on a real PostgreSQL and a real Kubernetes control plane
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 demo: $(STAMP) system-demo ## run the main story end to end on embedded defaults
@@ -137,6 +142,6 @@ schema-snapshot: $(STAMP) ## regenerate tests/integration/expected_schema.txt af
 clean: cluster-down ## stop the local cluster, remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache build *.egg-info
 
-.PHONY: help venv system-test system-demo system-bench postgres-check controlplane kubectl cluster-up \
+.PHONY: help venv system-test system-demo system-bench postgres-check controlplane otelcol kubectl cluster-up \
 	cluster-down lint test demo bench chaos pools dashboards verify image overlay render deploy \
 	schema-snapshot clean

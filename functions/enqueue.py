@@ -3,6 +3,7 @@ print one JSON object per spec. Invalid input writes nothing (exit 2)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 from jobfence import cli
@@ -79,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         specs = specs_from_args(list(sys.argv[1:] if argv is None else argv))
         settings = cli.setup("enqueue")
         with cli.open_store(settings, "enqueue") as store:
-            jobs = submit(settings, store, specs)
+            # A script's trace, handed down as OpenTelemetry's environment carrier does.
+            jobs = submit(settings, store, specs, traceparent=os.environ.get("TRACEPARENT"))
         cli.emit_lines([enqueued_object(job) for job in jobs])
         return 0
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from jobfence import logs
+from jobfence import logs, tracing
 from jobfence.db import connect
 from jobfence.errors import ExitCode, InvalidSpec, JobfenceError
 from jobfence.limits import Unstorable, check_text
@@ -85,7 +85,8 @@ def warn(message: str) -> None:
 
 
 def run_command(name: str, body: Callable[[], int]) -> int:
-    """Run a command body; map every error to its exit code and one line on stderr."""
+    """Run a command body; map every error to its exit code and one line on stderr. The
+    spans it made are exported before it returns (``jobfence.tracing``)."""
     try:
         return body()
     except JobfenceError as exc:
@@ -103,12 +104,22 @@ def run_command(name: str, body: Callable[[], int]) -> int:
         logs.get_logger(name).exception("command_crashed", command=name)
         error(f"{name} failed unexpectedly: {type(exc).__name__}: {exc}")
         return int(ExitCode.FAILED)
+    finally:
+        _flush_traces(name)
+
+
+def _flush_traces(name: str) -> None:
+    try:
+        tracing.flush()
+    except Exception as exc:  # traces never change how a command ends
+        logs.get_logger(name).warning("traces_not_exported", error=str(exc))
 
 
 def setup(name: str, **overrides: object) -> Settings:
     """Settings and logging for a command run."""
     settings = load_settings(**overrides)
     logs.configure(settings.log_format, settings.log_level, command=name)
+    tracing.setup(settings, name)
     return settings
 
 

@@ -68,7 +68,6 @@ class Settings(BaseSettings):
     """How long to wait for a database connection before reporting it unavailable (exit 4).
     Short, because every function is a short-lived pod that the scheduler will run again."""
 
-
     # -- jobs: attempts and retries ---------------------------------------------------------------
 
     max_attempts: int = Field(default=3, ge=1, le=1000)
@@ -85,7 +84,6 @@ class Settings(BaseSettings):
     attempt: the worker gives the job back at once and the attempt does not count. Past
     this many, a SIGTERM counts as a failed attempt, so that a job that is always
     interrupted still ends."""
-
 
     # -- the worker -------------------------------------------------------------------------------
 
@@ -116,7 +114,6 @@ class Settings(BaseSettings):
     the fence (a cheap read of one row): a cancel, or a timeout enforced by lifecycle,
     reaches the command within this. Where the connection can LISTEN (no transaction
     pooler) the worker is also told at once, and asks only every 10th of these."""
-
 
     # -- a job's commands -------------------------------------------------------------------------
 
@@ -151,7 +148,6 @@ class Settings(BaseSettings):
     from it (``SO_PEERCRED``). Unset: only from root or the worker's own uid. The shipped
     worker pods set it to the sidecar's ``runAsUser``."""
 
-
     # -- the periodic functions -------------------------------------------------------------------
 
     function_lease_seconds: float = Field(default=30.0, ge=3, le=3600)
@@ -184,7 +180,6 @@ class Settings(BaseSettings):
     trigger_reason: str | None = Field(default=None, max_length=2000)
     """Why a function run was started by hand (recorded with the run)."""
 
-
     # -- retention --------------------------------------------------------------------------------
 
     retention_default: Duration = timedelta(days=30)
@@ -202,7 +197,6 @@ class Settings(BaseSettings):
     triggers (``function_triggers``) are kept, as an ISO 8601 duration. A run every minute
     is ~43k rows a month per function: enough history to see when a pass last succeeded,
     bounded."""
-
 
     # -- the cluster ------------------------------------------------------------------------------
 
@@ -238,7 +232,6 @@ class Settings(BaseSettings):
     """Finished worker pods kept for their logs (KEDA's own default history); older ones are
     deleted with their Jobs."""
 
-
     # -- the object store -------------------------------------------------------------------------
 
     s3_endpoint_url: str | None = None
@@ -261,7 +254,6 @@ class Settings(BaseSettings):
     """S3 objects of fenced-out or failed attempts, or of deleted jobs, are deleted once
     they are older than this: long enough that no upload of a live attempt is in flight."""
 
-
     # -- metrics and logs -------------------------------------------------------------------------
 
     pushgateway_url: str | None = None
@@ -278,6 +270,14 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Lowest level logged."""
 
+    tracing: Literal["auto", "on", "off"] = "auto"
+    """OpenTelemetry traces (the extra `jobfence[otel]`; REFERENCE.md, "Traces"): `auto` when
+    the OTEL_* variables name an exporter (and `OTEL_SDK_DISABLED` is not true); `on` always
+    (default OTLP endpoint), refusing to start without the extra; `off` never imports it."""
+
+    tracing_flush_seconds: float = Field(default=5.0, ge=0, le=300)
+    """How long a function waits at its exit for its last spans to be exported: bounded, so
+    that a collector that does not answer never holds a pod's end for long."""
 
     # -- the console and the HTTP API (`jobfence serve`) ------------------------------------------
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from jobfence import tracing
 from jobfence.datums import child_batches
 from jobfence.errors import NotFound, Unavailable
 from jobfence.ids import uuid7
@@ -42,13 +43,21 @@ def to_new_job(spec: JobSpec, settings: Settings) -> NewJob:
 
 def submit(settings: Settings, store: Store, specs: Sequence[JobSpec], *,
            objects: Callable[[], ObjectStore] | None = None,
-           list_first: bool = False) -> list[Enqueued]:
+           list_first: bool = False, traceparent: str | None = None) -> list[Enqueued]:
     """Insert the jobs of ``specs``, in order. A parent's children come from the S3
     listing of its inputs: streamed batch by batch inside the transaction (memory bounded
     however many there are), or — ``list_first``, for a transaction the caller owns —
     listed whole before anything is written, so that the caller's transaction never waits
-    on S3."""
-    jobs = [to_new_job(spec, settings) for spec in specs]
+    on S3. The jobs carry the trace context of the enqueue (``jobfence.tracing``): its
+    producer span's, a child of ``traceparent`` (the caller's W3C traceparent) or else of
+    the current OpenTelemetry context."""
+    made = [to_new_job(spec, settings) for spec in specs]
+    with tracing.enqueue_span(settings, made, traceparent) as jobs:
+        return _insert(settings, store, jobs, objects, list_first)
+
+
+def _insert(settings: Settings, store: Store, jobs: Sequence[NewJob],
+            objects: Callable[[], ObjectStore] | None, list_first: bool) -> list[Enqueued]:
     if not any(job.is_parent for job in jobs):
         return store.jobs.enqueue(jobs)
     output_bucket(settings)  # outputs and the manifest need a bucket: say so before listing

@@ -101,6 +101,7 @@ class Call:
     body: Any
     given: dict[str, str] = field(default_factory=dict)
     """The query parameters as the client gave them (for the next page's link)."""
+    traceparent: str | None = None  # the W3C header: the trace a submit's jobs join
 
 
 @dataclass
@@ -143,11 +144,10 @@ class Server:
                 given = params.parse_query(request.scope.get("query_string", b""), declared)
                 where = {name: PATH_PARAMS[name](value)
                          for name, value in request.path_params.items()}
-                body = None
-                if method == "POST":
-                    body = await self._body(request)
-                    read = True
-                call = Call(caller, given.values, where, body, given.given)
+                body = await self._body(request) if method == "POST" else None
+                read = True  # a POST's body was read to its end
+                call = Call(caller, given.values, where, body, given.given,
+                            traceparent=headers.get("traceparent"))
                 answer = await run_in_threadpool(self._run, handler, call, operate)
             except JobfenceError as exc:
                 answer = self._refusal(exc)
@@ -223,11 +223,10 @@ class Server:
         return Answer(view)
 
     def submit_jobs(self, store: Store, call: Call) -> Answer:
-        specs = parse_specs(call.body)
-        made = [enqueued_object(j) for j in submit(self.settings, store, specs)]
+        jobs = submit(self.settings, store, parse_specs(call.body), traceparent=call.traceparent)
+        made = [enqueued_object(j) for j in jobs]
         self.log.info("jobs_submitted", by=call.caller.user, jobs=len(made))
-        first = made[0]["job_id"] if made else None
-        headers = {"location": f"/api/v1/jobs/{first}"} if first else {}
+        headers = {"location": f"/api/v1/jobs/{made[0]['job_id']}"} if made else {}
         return Answer(made if isinstance(call.body, list) else made[0], 202, headers)
 
     def cancel_job(self, store: Store, call: Call) -> Answer:

@@ -55,6 +55,9 @@ def _path(name: str, description: str) -> dict[str, Any]:
 
 
 REASON = {"type": "object", "properties": {"reason": {"type": "string"}}}
+TRACEPARENT = {"name": "traceparent", "in": "header", "required": False,
+               "description": "the caller's W3C trace context: the jobs' enqueue joins its "
+                              "trace (an invalid one is ignored)", "schema": {"type": "string"}}
 JOB_ID = _path("job_id", "a job id (UUID)")
 QUEUE = _path("queue", "a queue name (a DNS label)")
 
@@ -92,7 +95,7 @@ def document() -> dict[str, Any]:
                     **_ok("what enqueue prints, per spec; Location names the first job",
                           {"oneOf": [_ref("Enqueued"),
                                      {"type": "array", "items": _ref("Enqueued")}]}, "202"),
-                    **_errors("400", "404", "409", "503")}, operate=True,
+                    **_errors("400", "404", "409", "503")}, operate=True, params=[TRACEPARENT],
                     body={"oneOf": [_ref("JobSpec"),
                                     {"type": "array", "items": _ref("JobSpec")}]}),
             },

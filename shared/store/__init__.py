@@ -19,6 +19,7 @@ control       drain mode
 queues        each pool's KEDA trigger count, each queue's state and settings
 triggers      manual triggers of the periodic functions: one per interval, who and why
 schedules     users' schedules: add, pause, resume, delete; the due ticks, fired once each
+traces        the trace context of the attempt holding the fence (a worker that traces)
 ============  ==========================================================================
 
 Callers never write SQL; they call these verbs with keyword arguments for ids and fences.
@@ -41,6 +42,7 @@ from jobfence.store.pods import Pods
 from jobfence.store.queues import Queues
 from jobfence.store.runs import Runs
 from jobfence.store.schedules import Schedules
+from jobfence.store.traces import Traces
 from jobfence.store.triggers import Triggers
 from jobfence.store.types import (
     ACTIVE,
@@ -122,3 +124,7 @@ class Store:
     @cached_property
     def schedules(self) -> Schedules:
         return Schedules(self)
+
+    @cached_property
+    def traces(self) -> Traces:
+        return Traces(self)

@@ -78,6 +78,8 @@ GRANT EXECUTE ON FUNCTION
     {schema}.worker_parent_errors(uuid, uuid, integer),
     {schema}.worker_finalize_parent(uuid, uuid, text, text, text, text)
     TO {worker};
+-- worker, when it traces: the trace context of the attempt it holds (worker_trace).
+GRANT EXECUTE ON FUNCTION {schema}.worker_trace(uuid, uuid) TO {worker};
 
 -- reader: status, list, queue status, drain status, KEDA's queries, metrics.
 GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {reader}, {maintainer}, {operator};

@@ -40,6 +40,8 @@ class NewJob:
     queue: str = "default"
     run_at: datetime | None = None
     delay_seconds: float | None = None
+    traceparent: str | None = None
+    """The W3C traceparent of the enqueue (jobfence.tracing); a datum's, its parent's."""
 
     @property
     def status(self) -> str:
@@ -70,6 +72,7 @@ class NewJob:
             "queue": self.queue,
             "run_at": self.run_at.isoformat() if self.run_at else None,
             "delay_seconds": self.delay_seconds,
+            "traceparent": self.traceparent,
         }
 
 
@@ -292,11 +295,10 @@ class QueueStatus(NamedTuple):
     running: int
     waiting: int
     oldest_ready_age_seconds: float
+    # Its rate: at most rate_limit starts in any window of the period; rate_started in the last
     rate_limit: int | None = None
-    """At most this many of the queue's jobs start in any window of ``rate_period_seconds``."""
     rate_period_seconds: float | None = None
     rate_started: int | None = None
-    """Starts within the last period (while a rate is set)."""
 
 
 class FunctionStatus(NamedTuple):
@@ -378,8 +380,7 @@ class ChildEntry(NamedTuple):
 
 
 class ParentSummary(NamedTuple):
-    """A parent as its finalization reads it; ``counts`` (children by status) only once no
-    child is active."""
+    """A parent as finalized: ``counts`` (children by status) once no child is active."""
 
     job_id: UUID
     status: str

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
+from jobfence import tracing
 from jobfence.actions import ActionContext, AttemptSpace, StopRequested, get_action
 from jobfence.actions.builtin import ActionFailed
 from jobfence.datums import AttemptFiles
@@ -94,6 +95,13 @@ class Execution:
         self.unconfirmed = threading.Event()  # a child of this attempt not known gone
 
     def run(self) -> Result:
+        with tracing.attempt_span(self.w.completer.read, self.claim,
+                                  self.w.completer.queue) as span:
+            result = self._run()
+            span.ended(result.outcome)
+            return result
+
+    def _run(self) -> Result:
         claim = self.claim
         log.debug("job_claimed", job_id=str(claim.job_id), attempt_id=str(claim.attempt_id),
                   attempt=claim.attempt_count, max_attempts=claim.max_attempts)
@@ -139,15 +147,17 @@ class Execution:
                       action=spec["name"])
             try:
                 action = get_action(spec["name"])
-                ctx = ActionContext(job_id=claim.job_id, attempt_id=claim.attempt_id,
-                                    action_index=index, space=space, stop=guard.stop,
-                                    track_process=guard.track,
-                                    untrack_process=guard.untrack, child_env=w.sandbox,
-                                    files=files, env=env, unconfirmed=self.unconfirmed)
-                try:
-                    result = action.run(ctx, spec.get("params", {}))
-                finally:
-                    guard.kill_tree(reap_children=True)  # its daemons and strays die with it
+                with tracing.action_span(index, spec["name"]):
+                    ctx = ActionContext(job_id=claim.job_id, attempt_id=claim.attempt_id,
+                                        action_index=index, space=space, stop=guard.stop,
+                                        track_process=guard.track,
+                                        untrack_process=guard.untrack, child_env=w.sandbox,
+                                        files=files, env={**env, **tracing.child_env()},
+                                        unconfirmed=self.unconfirmed)
+                    try:
+                        result = action.run(ctx, spec.get("params", {}))
+                    finally:
+                        guard.kill_tree(reap_children=True)  # its daemons and strays die
             except StopRequested:
                 return self._stopped(guard, index, spec["name"], started)
             except FenceLost:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.acceptance.test_reconciliation_local import installation, reconcile
-from tests.conftest import run_cli
 from tests.procs import FAST, alive, enqueue, events, job, read_pid, spawn, wait_for
+from tests.support import run_cli
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 
