@@ -63,10 +63,15 @@ postgres-check: $(STAMP) system-test ## make sure a PostgreSQL server (and PgBou
 controlplane: ## build etcd, kube-apiserver, kube-controller-manager and kubectl (once; cached)
 	@$(PYTHON) -m devtools.controlplane build
 
+# The KEDA operator from pinned sources (devtools/keda/go.mod), cached and linked the same
+# way: it links every scaler KEDA has, so its first build is the longest (~20 minutes).
+keda: ## build the KEDA operator (once; cached)
+	@$(PYTHON) -m devtools.keda build
+
 kubectl: ## build only kubectl (what make deploy and make render use)
 	@$(PYTHON) -m devtools.controlplane build kubectl
 
-cluster-up: $(STAMP) controlplane system-demo ## start a local control plane, a node agent and a PostgreSQL on 127.0.0.1 (build/cluster)
+cluster-up: $(STAMP) controlplane keda system-demo ## start a local control plane, the KEDA operator, a node agent and a PostgreSQL on 127.0.0.1 (build/cluster)
 	@$(PY) -m devtools.cluster up --dir '$(CLUSTER_DIR)'
 
 cluster-down: ## stop the local control plane and remove build/cluster (CLUSTER_DIR)
@@ -78,7 +83,7 @@ lint: $(STAMP) ## ruff, mypy and the import-linter contracts (the layers in docs
 	$(VENV)/bin/mypy
 	PYTHONPATH=build/src $(VENV)/bin/lint-imports
 
-test: lint postgres-check controlplane ## lint, type-check, and run every test on a real PostgreSQL and a real Kubernetes control plane
+test: lint postgres-check controlplane keda ## lint, type-check, and run every test on a real PostgreSQL and a real Kubernetes control plane
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 demo: $(STAMP) system-demo ## run the main story end to end on embedded defaults
@@ -137,6 +142,6 @@ schema-snapshot: $(STAMP) ## regenerate tests/integration/expected_schema.txt af
 clean: cluster-down ## stop the local cluster, remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache build *.egg-info
 
-.PHONY: help venv system-test system-demo system-bench postgres-check controlplane kubectl cluster-up \
+.PHONY: help venv system-test system-demo system-bench postgres-check controlplane keda kubectl cluster-up \
 	cluster-down lint test demo bench chaos pools dashboards verify image overlay render deploy \
 	schema-snapshot clean
