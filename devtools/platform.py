@@ -104,7 +104,7 @@ class LocalPlatform:
         return self.installation
 
     def url(self, command: str) -> str:
-        """The URL ``command`` connects with (KEDA's query reads as ``metrics`` does)."""
+        """The URL ``command`` connects with (KEDA's query runs as the scaler role)."""
         return url_of(self.role_urls, command, self.dsn)
 
     def env_of(self, command: str) -> dict[str, str]:
@@ -138,7 +138,8 @@ class LocalPlatform:
                 self._reap()
                 try:
                     conn = conn if conn is not None and not conn.closed else connect(
-                        self.url("metrics"), application_name="jobfence-local-keda")
+                        self.role_urls.get("scaler", self.dsn),
+                        application_name="jobfence-local-keda")
                     self._scale(conn)
                 except JobfenceError:  # the database may be restarting: KEDA retries too
                     if conn is not None:
