@@ -99,7 +99,7 @@ $(BENCH_STAMP): pyproject.toml bench/requirements.txt
 	$(BENCH_VENV)/bin/python -m pip install --quiet -e ".[test]" -r bench/requirements.txt
 	@touch $@
 
-bench: $(BENCH_STAMP) system-bench ## run the benchmarks beside pgbench and the peers, write docs/BENCHMARKS.md (BENCH_ARGS="--quick" for a smoke run)
+bench: $(BENCH_STAMP) system-bench controlplane keda ## run the benchmarks beside pgbench and the peers, write docs/BENCHMARKS.md (BENCH_ARGS="--quick" for a smoke run)
 	$(BENCH_VENV)/bin/python -m bench.run $(BENCH_ARGS)
 
 chaos: $(STAMP) system-test ## fault-injection run: thousands of jobs, SIGKILL/SIGTERM/SIGSTOP, DB restart; judged by the audit trail (CHAOS_ARGS="--jobs 300 --quick" for a short one)

@@ -42,6 +42,7 @@ BENCHMARKS = {
     "schedules": "bench.bench_schedules",
     "bulk": "bench.bench_bulk",
     "controlplane": "bench.bench_controlplane",
+    "keda": "bench.bench_keda",
 }
 
 OUT = REPO / "docs" / "BENCHMARKS.md"

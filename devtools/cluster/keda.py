@@ -67,7 +67,7 @@ def certificates(ca: certs.Authority, where: Path) -> Path:
     """``where/certs``: the gRPC metrics service's ca.crt, tls.crt and tls.key."""
     cert_dir = where / "certs"
     cert_dir.mkdir(parents=True, exist_ok=True)
-    crt, key = ca.serving_for("keda-operator", ("localhost", "keda-operator",
+    crt, key = ca.serving_for("keda-operator-serving", ("localhost", "keda-operator",
                                                 f"keda-operator.{NAMESPACE}.svc"))
     (cert_dir / "tls.crt").write_bytes(crt.read_bytes())
     (cert_dir / "tls.key").write_bytes(key.read_bytes())
