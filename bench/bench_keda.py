@@ -86,7 +86,8 @@ def outcome(url: str, jobs: int) -> tuple[dt.datetime, dict[str, dt.datetime]]:
                            "fences, max(finished_at) AS last FROM jobs").fetchone()
         assert row is not None and row["once"] == jobs == row["fences"], row
         firsts = {r["worker_id"]: r["first"] for r in conn.execute(
-            "SELECT worker_id, min(claimed_at) AS first FROM jobs GROUP BY worker_id")}
+            "SELECT claimed_by AS worker_id, min(claimed_at) AS first FROM jobs "
+            "GROUP BY claimed_by")}
     return row["last"], firsts
 
 

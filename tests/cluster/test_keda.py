@@ -100,16 +100,16 @@ class Pooled:
         assert out.returncode == 0, out.stderr
         return out.stdout
 
-    def enqueue(self, queue: str, n: int, seconds: float = 0.2, *extra: str) -> list[str]:
+    def enqueue(self, queue: str, n: int, seconds: float = 0.2) -> list[str]:
         spec = [{"actions": [{"name": "sleep", "params": {"seconds": seconds}}],
                  "queue": queue}] * n
-        out = self.cli("enqueue", "--spec", "-", *extra, input=json.dumps(spec))
+        out = self.cli("enqueue", "--spec", "-", input=json.dumps(spec))
         return [json.loads(line)["job_id"] for line in out.splitlines() if line.strip()]
 
     def jobs(self, ids: list[str]) -> list[Obj]:
         return self.inst.sql("SELECT job_id::text, queue, status, attempt_count, attempt_id, "
-                             "worker_id, visible_at, claimed_at, finished_at FROM jobs "
-                             "WHERE job_id = ANY(%s::uuid[]) ORDER BY claimed_at", ids)
+                             "claimed_by AS worker_id, visible_at, claimed_at, finished_at "
+                             "FROM jobs WHERE job_id = ANY(%s::uuid[]) ORDER BY claimed_at", ids)
 
     def wait_succeeded(self, ids: list[str], timeout: float = 300) -> list[Obj]:
         def done() -> list[Obj] | None:
@@ -250,7 +250,9 @@ def test_a_queue_limit_bounds_the_running_jobs_across_the_pools_pods(pooled: Poo
 
 def test_a_scheduled_job_starts_no_pod_before_its_run_at(pooled: Pooled) -> None:
     before = {j["metadata"]["name"] for j in pooled.keda_jobs("datums")}
-    [job_id] = pooled.enqueue("datums", 1, 0.2, "--delay", "PT6S")
+    out = pooled.cli("enqueue", "--queue", "datums", "--delay", "PT6S",
+                     'sleep:{"seconds": 0.2}')
+    [job_id] = [json.loads(line)["job_id"] for line in out.splitlines() if line.strip()]
     [row] = pooled.jobs([job_id])
     run_at: dt.datetime = row["visible_at"]
     pooled.polled(["datums"], time.time(), times=1)
