@@ -89,6 +89,9 @@ test: lint postgres-check controlplane keda ## lint, type-check, and run every t
 demo: $(STAMP) system-demo ## run the main story end to end on embedded defaults
 	$(PY) -m demo.run
 
+demo-cluster: $(STAMP) controlplane keda system-demo ## the story on the real control plane and KEDA operator (root; DEMO_ARGS=--keep leaves the cluster up)
+	$(PY) -m demo.cluster $(DEMO_ARGS)
+
 # The benchmarks' own virtualenv: jobfence plus the peers it is measured against.
 BENCH_VENV ?= .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
@@ -143,5 +146,5 @@ clean: cluster-down ## stop the local cluster, remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache build *.egg-info
 
 .PHONY: help venv system-test system-demo system-bench postgres-check controlplane keda kubectl cluster-up \
-	cluster-down lint test demo bench chaos pools dashboards verify image overlay render deploy \
+	cluster-down lint test demo demo-cluster bench chaos pools dashboards verify image overlay render deploy \
 	schema-snapshot clean
