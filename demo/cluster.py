@@ -10,7 +10,7 @@ Then, each step shown as `kubectl` shows it:
    creates Jobs, their pods claim the jobs, and the pools go back to zero;
 2. a worker pod deleted mid-job: SIGTERM, the worker gives the job back, another pod runs
    it (attempt 2);
-3. a worker killed outright and its pod force-deleted (a node lost): nothing gives the job
+3. a worker's node stops answering and its pod is force-deleted: nothing gives the job
    back — reconciliation, a CronJob run by hand, finds the claim's pod gone and reclaims
    it;
 4. a paused queue holds its work (KEDA starts nothing for it) until resumed;
@@ -189,22 +189,27 @@ class Story:
         pod = self.running_on(job)
         note(f"job {job} runs on pod {pod}")
         self.k("delete", "pod", pod, "--wait=false")
-        wait(lambda: self.sql("SELECT attempt_count, status FROM jobs WHERE job_id = %s",
-                              job)[0]["attempt_count"] == 2, "the job claimed again", 240)
-        note("the worker gave the job back on SIGTERM; KEDA started a pod that claimed it "
-             "again (attempt 2)")
+        wait(lambda: self.sql("SELECT interruptions FROM jobs WHERE job_id = %s",
+                              job)[0]["interruptions"] == 1, "the job given back", 60)
+        note("the worker gave the job back on SIGTERM (an interruption, its attempt not "
+             "spent)")
         wait(lambda: self.done([job]), "the job done", 240)
+        [row] = self.sql("SELECT claimed_by, attempt_count, interruptions FROM jobs "
+                         "WHERE job_id = %s", job)
+        note(f"KEDA started another pod, {row['claimed_by']}, that ran it to the end")
         self.view()
 
     def pod_lost(self) -> None:
-        say("3. A worker killed outright, its pod force-deleted: reconciliation reclaims")
+        say("3. A node lost, its pod force-deleted: reconciliation reclaims the job")
         [job] = self.enqueue("default", 1, 8)
         self.ids["lost"] = job
         pod = self.running_on(job)
-        pid = worker_pid(pod)
-        note(f"job {job} runs on pod {pod}; SIGKILL its worker (pid {pid}), as a lost node "
-             "would, and force-delete the pod")
-        os.kill(pid, signal.SIGKILL)
+        uid = json.loads(self.k("get", "pod", pod, "-o", "json", show=False))["metadata"]["uid"]
+        note(f"job {job} runs on pod {pod}; its node stops answering (its processes frozen) "
+             "and the pod is force-deleted")
+        for container in ("jobfence", "command-runner"):
+            pid = int((self.plane.agent_root / "pods" / uid / f"{container}.pid").read_text())
+            os.killpg(os.getpgid(pid), signal.SIGSTOP)
         self.k("delete", "pod", pod, "--grace-period=0", "--force", "--wait=false")
         note("nothing gave the job back: it is still `running`, claimed by a pod that is "
              "gone")
@@ -296,22 +301,6 @@ def _get(url: str, token: str | None = None) -> tuple[int, str]:
         return exc.code, exc.read().decode()
     except OSError:
         return 0, ""
-
-
-def worker_pid(pod: str) -> int:
-    """The worker container's process of ``pod`` (the node agent runs it on this machine)."""
-    mark = f"POD_NAME={pod}".encode()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            environ = (proc / "environ").read_bytes().split(b"\0")
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if mark in environ and b"worker" in cmdline:
-            return int(proc.name)
-    raise SystemExit(f"demo-cluster: no worker process of pod {pod}")
 
 
 def main(argv: list[str]) -> int:

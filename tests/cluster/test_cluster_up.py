@@ -53,6 +53,7 @@ def test_cluster_up_deploy_and_a_manual_run_then_down_leaves_nothing(tmp_path: P
     assert up.returncode == 0, up.stdout + up.stderr
     assert "make deploy KUBECONFIG=" in up.stdout
     state = json.loads((where / "state.json").read_text())
+    assert "keda-operator" in state["processes"]  # the KEDA operator runs with it
     again = make("cluster-up", f"CLUSTER_DIR={where}", *ports())  # idempotent
     assert again.returncode == 0 and "already up" in again.stdout, again.stdout + again.stderr
     try:
