@@ -43,6 +43,7 @@ BENCHMARKS = {
     "bulk": "bench.bench_bulk",
     "controlplane": "bench.bench_controlplane",
     "keda": "bench.bench_keda",
+    "keda_build": "bench.bench_keda_build",
 }
 
 OUT = REPO / "docs" / "BENCHMARKS.md"
