@@ -116,7 +116,7 @@ def test_make_deploy_names_each_missing_secret_and_applies_nothing(
     lines = [x for x in out.stderr.splitlines() if x.startswith("deploy:")]
     assert sorted(x.split()[2] for x in lines) == [
         f"jobfence-database-{role}" for role in
-        ("maintainer", "operator", "owner", "reader", "worker")], out.stderr
+        ("maintainer", "operator", "owner", "scaler", "worker")], out.stderr
     assert all("missing in namespace" in x for x in lines)
     with kube.admin() as api:
         assert api.get(f"/apis/batch/v1/namespaces/{namespace}/cronjobs")["items"] == []
