@@ -245,7 +245,8 @@ def run(bench: Bench) -> Section:
         f"Taken with a fixed pod start of {POD_START:.0f} s instead (bench_pools' ideal, "
         f"{fixed:.1f} s), the real run is {real['took'] / fixed:.2f}× and the model "
         f"{model['took'] / fixed:.2f}×: beyond the poll, what a burst pays is its pods' own "
-        f"start — {pool.max_pods} pods, each a worker and a command sidecar importing "
-        "Python at once on this machine's cores — not KEDA's arithmetic, which the model "
+        f"start — {pool.max_pods} pods importing Python at once on this machine's cores "
+        "(on the cluster each also starts its command sidecar), and the machine's other "
+        "load, which moves it from run to run — not KEDA's arithmetic, which the model "
         "and the operator share (min(maxReplicaCount, value) − running Jobs).")
     return s
