@@ -64,7 +64,7 @@ controlplane: ## build etcd, kube-apiserver, kube-controller-manager and kubectl
 	@$(PYTHON) -m devtools.controlplane build
 
 # The KEDA operator from pinned sources (devtools/keda/go.mod), cached and linked the same
-# way: it links every scaler KEDA has, so its first build is the longest (8-15 minutes).
+# way: it links every scaler KEDA has, so its first build is the longest (8-18 minutes).
 keda: ## build the KEDA operator (once; cached)
 	@$(PYTHON) -m devtools.keda build
 

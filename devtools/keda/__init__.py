@@ -140,7 +140,7 @@ def build(*, env: dict[str, str] | None = None, links: bool = True) -> Path:
             say(f"building the KEDA operator {KEDA} from source with Go {version} (pinned in "
                 f"devtools/keda/go.mod; cached in {out}).")
             say("this first build takes long: it links every scaler KEDA has (every cloud's "
-                "SDK) — 8 to 15 minutes of compiling on two cores (docs/BENCHMARKS.md), "
+                "SDK) — 8 to 18 minutes of compiling on two cores (docs/BENCHMARKS.md), "
                 "more on a busier machine or with its modules still to download, and "
                 "~2 GB of Go's build cache; nothing is rebuilt once cached")
             env = env or go_env()
