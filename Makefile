@@ -68,10 +68,15 @@ controlplane: ## build etcd, kube-apiserver, kube-controller-manager and kubectl
 otelcol: ## build the OpenTelemetry Collector of the traces' tests (once; cached)
 	@$(PYTHON) -m devtools.otelcol build
 
+# The KEDA operator from pinned sources (devtools/keda/go.mod), cached and linked the same
+# way: it links every scaler KEDA has, so its first build is the longest (8-18 minutes).
+keda: ## build the KEDA operator (once; cached)
+	@$(PYTHON) -m devtools.keda build
+
 kubectl: ## build only kubectl (what make deploy and make render use)
 	@$(PYTHON) -m devtools.controlplane build kubectl
 
-cluster-up: $(STAMP) controlplane system-demo ## start a local control plane, a node agent and a PostgreSQL on 127.0.0.1 (build/cluster)
+cluster-up: $(STAMP) controlplane keda system-demo ## start a local control plane, the KEDA operator, a node agent and a PostgreSQL on 127.0.0.1 (build/cluster)
 	@$(PY) -m devtools.cluster up --dir '$(CLUSTER_DIR)'
 
 cluster-down: ## stop the local control plane and remove build/cluster (CLUSTER_DIR)
@@ -83,11 +88,14 @@ lint: $(STAMP) ## ruff, mypy and the import-linter contracts (the layers in docs
 	$(VENV)/bin/mypy
 	PYTHONPATH=build/src $(VENV)/bin/lint-imports
 
-test: lint postgres-check controlplane otelcol ## lint, type-check, and run every test on a real PostgreSQL and a real Kubernetes control plane
+test: lint postgres-check controlplane otelcol keda ## lint, type-check, and run every test on a real PostgreSQL and a real Kubernetes control plane
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 demo: $(STAMP) system-demo ## run the main story end to end on embedded defaults
 	$(PY) -m demo.run
+
+demo-cluster: $(STAMP) controlplane keda system-demo ## the story on the real control plane and KEDA operator (root; DEMO_ARGS=--keep leaves the cluster up)
+	$(PY) -m demo.cluster $(DEMO_ARGS)
 
 # The benchmarks' own virtualenv: jobfence plus the peers it is measured against.
 BENCH_VENV ?= .venv-bench
@@ -99,7 +107,7 @@ $(BENCH_STAMP): pyproject.toml bench/requirements.txt
 	$(BENCH_VENV)/bin/python -m pip install --quiet -e ".[test]" -r bench/requirements.txt
 	@touch $@
 
-bench: $(BENCH_STAMP) system-bench ## run the benchmarks beside pgbench and the peers, write docs/BENCHMARKS.md (BENCH_ARGS="--quick" for a smoke run)
+bench: $(BENCH_STAMP) system-bench controlplane keda ## run the benchmarks beside pgbench and the peers, write docs/BENCHMARKS.md (BENCH_ARGS="--quick" for a smoke run)
 	$(BENCH_VENV)/bin/python -m bench.run $(BENCH_ARGS)
 
 chaos: $(STAMP) system-test ## fault-injection run: thousands of jobs, SIGKILL/SIGTERM/SIGSTOP, DB restart; judged by the audit trail (CHAOS_ARGS="--jobs 300 --quick" for a short one)
@@ -142,6 +150,7 @@ schema-snapshot: $(STAMP) ## regenerate tests/integration/expected_schema.txt af
 clean: cluster-down ## stop the local cluster, remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache build *.egg-info
 
-.PHONY: help venv system-test system-demo system-bench postgres-check controlplane otelcol kubectl cluster-up \
-	cluster-down lint test demo bench chaos pools dashboards verify image overlay render deploy \
+.PHONY: help venv system-test system-demo system-bench postgres-check controlplane otelcol keda kubectl \
+	cluster-up cluster-down lint test demo demo-cluster bench chaos pools dashboards verify image overlay \
+	render deploy \
 	schema-snapshot clean

@@ -5,9 +5,10 @@ The local KEDA stand-in (devtools/platform.py) runs the pool's own trigger query
 shipped `pollingInterval` and applies KEDA's default scaling strategy with the shipped
 `maxReplicaCount`; every pod takes a simulated 2 s to start (scheduling, image pull) before
 its `jobfence worker` process starts with the pool's own arguments, at the shipped log
-settings. The clock starts when the jobs are in the queue and the first poll is a full
-interval away (as when work arrives just after a poll), and stops when the last job
-succeeded. Ideal: jobs × duration ÷ pods + pod start + one poll.
+settings. The clock starts at a poll that found the queue empty (the model polls as it
+starts, as KEDA does), the jobs are enqueued right after it — so the first poll that sees
+them is a full interval away, as when work arrives just after a poll — and it stops when
+the last job succeeded. Ideal: jobs × duration ÷ pods + pod start + one poll.
 """
 
 from __future__ import annotations
@@ -41,8 +42,6 @@ def one_run(bench: Bench, pool: Pool, jobs: int) -> tuple[float, int]:
     penv = bench.deployed_env(dsn)
     spec = [{"actions": [{"name": "sleep", "params": {"seconds": DURATION}}],
              "queue": pool.queue}] * jobs
-    subprocess.run([*JOBFENCE, "enqueue", "--spec", "-"], input=json.dumps(spec), env=penv,
-                   cwd=REPO, capture_output=True, text=True, check=True)
     with tempfile.TemporaryDirectory(prefix="jobfence-bench-pools-") as tmp:
         platform = LocalPlatform(dsn, penv, Path(tmp), schedules={},
                                  poll_seconds=pool.polling_interval, pools=(pool,),
@@ -50,6 +49,10 @@ def one_run(bench: Bench, pool: Pool, jobs: int) -> tuple[float, int]:
         started = time.monotonic()
         platform.start()
         try:
+            if not platform.polled.wait(60):
+                raise RuntimeError("the model did not poll")
+            subprocess.run([*JOBFENCE, "enqueue", "--spec", "-"], input=json.dumps(spec),
+                           env=penv, cwd=REPO, capture_output=True, text=True, check=True)
             with connect(dsn) as conn:
                 while True:
                     row = conn.execute("SELECT count(*) AS n FROM jobs "

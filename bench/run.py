@@ -44,6 +44,8 @@ BENCHMARKS = {
     "schedules": "bench.bench_schedules",
     "bulk": "bench.bench_bulk",
     "controlplane": "bench.bench_controlplane",
+    "keda": "bench.bench_keda",
+    "keda_build": "bench.bench_keda_build",
 }
 
 OUT = REPO / "docs" / "BENCHMARKS.md"

@@ -1,15 +1,22 @@
 """KEDA and the CronJobs, on one machine: what the demo and the chaos run schedule jobfence
 with when there is no cluster.
 
-* **KEDA stand-in**: every ``poll_seconds``, for each pool (``jobfence.pools.Pool``, as
-  manifests/pools.yaml declares them), it runs the pool's own trigger query
+* **KEDA stand-in**: as it starts and then every ``poll_seconds`` (KEDA polls a
+  ScaledJob as soon as its scale loop starts, then every ``pollingInterval``), for each
+  pool (``jobfence.pools.Pool``, as manifests/pools.yaml declares them), it runs the pool's
+  own trigger query
   (``Queues.scaler_value``, the text its ScaledJob embeds) and applies KEDA's ``default``
   scaling strategy — start ``min(maxPods, ceil(value / 1)) - running`` new workers of
   that pool — each a ``jobfence worker`` process with the pool's arguments (one job, or
   draining with its budgets), started after ``pod_start_seconds`` (a pod's scheduling,
   image pull and start-up; KEDA counts the Job from its creation) with the installation's
   identity in its environment, so its worker id is ``local:INSTALLATION:HOST:PID`` and the
-  ``local`` cluster of this installation (and no other) can vouch for it.
+  ``local`` cluster of this installation (and no other) can vouch for it. Where it
+  differs from the KEDA operator (bench/bench_keda.py runs both): KEDA counts a Job as
+  running until the Job controller marks it finished, this stand-in a worker until its
+  process exits — a pod that never starts (an image the cluster cannot pull) or one lost
+  with its node holds its slot in KEDA, not here; and KEDA's Job controller and kubelet
+  start pods one by one as their Jobs appear, where this starts every process at once.
 * **CronJob stand-in**: each periodic function runs as its own short-lived process on a
   compressed schedule; a run still going when the next tick comes is skipped
   (``concurrencyPolicy: Forbid``).
@@ -78,6 +85,8 @@ class LocalPlatform:
         self._thread = threading.Thread(target=self._loop, name="local-platform", daemon=True)
         self._next = {name: time.monotonic() for name in schedules}
         self.on_spawn: Callable[[Proc], None] | None = None
+        self.polled = threading.Event()
+        """Set after each poll has scaled the pools (the first comes as the platform starts)."""
         logs.mkdir(parents=True, exist_ok=True)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -104,7 +113,7 @@ class LocalPlatform:
         return self.installation
 
     def url(self, command: str) -> str:
-        """The URL ``command`` connects with (KEDA's query reads as ``metrics`` does)."""
+        """The URL ``command`` connects with (KEDA's query runs as the scaler role)."""
         return url_of(self.role_urls, command, self.dsn)
 
     def env_of(self, command: str) -> dict[str, str]:
@@ -134,18 +143,22 @@ class LocalPlatform:
     def _loop(self) -> None:
         conn: Connection | None = None
         try:
-            while not self._stop.wait(self.poll_seconds):
+            while not self._stop.is_set():
                 self._reap()
                 try:
                     conn = conn if conn is not None and not conn.closed else connect(
-                        self.url("metrics"), application_name="jobfence-local-keda")
+                        self.role_urls.get("scaler", self.dsn),
+                        application_name="jobfence-local-keda")
                     self._scale(conn)
                 except JobfenceError:  # the database may be restarting: KEDA retries too
                     if conn is not None:
                         with contextlib.suppress(Exception):
                             conn.close()
                     conn = None
+                self.polled.set()
                 self._cron()
+                if self._stop.wait(self.poll_seconds):
+                    break
         finally:
             if conn is not None:
                 conn.close()

@@ -22,7 +22,7 @@ import re
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -316,11 +316,12 @@ at the same time would hold the function's lease, and the run by hand would skip
 def install(cluster: ControlPlane, namespace: str, dsn: str, *,
             config: dict[str, str] | None = None, components: tuple[str, ...] = (),
             s3: dict[str, str] | None = None, schema: str = "jobfence",
-            name_suffix: str = "", scheduled: bool = False) -> Installation:
+            name_suffix: str = "", scheduled: bool = False,
+            patches: tuple[Obj, ...] = ()) -> Installation:
     """jobfence deployed as ``make deploy`` deploys it (the same overlay, checks, server-side
     apply and wait for the migration Job), its role Secrets pointing at ``dsn``'s database,
     its installation the one that database was migrated with; its CronJobs suspended
-    unless ``scheduled``."""
+    unless ``scheduled``; ``patches`` added to the overlay as they are."""
     identity = installation_of(dsn, schema)
     urls = role_urls(dsn, schema)
     secrets = {f"jobfence-database-{kind}": {"url": url} for kind, url in urls.items()}
@@ -335,10 +336,27 @@ def install(cluster: ControlPlane, namespace: str, dsn: str, *,
     overlay(namespace=namespace, image=IMAGE, installation=identity, components=components,
             runbook_url="https://runbook.test/docs/RUNBOOK.md", where=where, config=settings,
             name_suffix=name_suffix, secrets=secrets if name_suffix else None,
-            extra_patches=() if scheduled else (SUSPENDED,))
+            extra_patches=(*patches, *(() if scheduled else (SUSPENDED,))))
     env_kubectl = Kubectl(str(cluster.kubectl), kubeconfig=str(cluster.kubeconfig))
     out = apply(env_kubectl, timeout=180, where=where)
     return Installation(cluster, namespace, dsn, identity, schema, name_suffix, out.stderr)
+
+
+@contextlib.contextmanager
+def keda_operator(cluster: ControlPlane, namespace: str) -> Iterator[Path]:
+    """A KEDA operator (the one ``make cluster-up`` runs, devtools.cluster.keda) watching
+    ``namespace`` only: a test module's own, so that no other test's ScaledJobs are scaled.
+    Yields its log's path; stopped at the end."""
+    from devtools.cluster.processes import stop
+
+    where = cluster.plane.root / f"keda-{namespace}"
+    proc, _ = cluster.plane.start_keda(where, watch_namespace=namespace,
+                                       kubectl=cluster.kubectl)
+    try:
+        yield Path(proc.log)
+    finally:
+        stop(proc)
+        (where / "process.json").unlink(missing_ok=True)
 
 
 __all__ = [
@@ -347,6 +365,7 @@ __all__ = [
     "Installation",
     "delete_namespace",
     "install",
+    "keda_operator",
     "new_namespace",
     "session_cluster",
     "wait_for",

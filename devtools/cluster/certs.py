@@ -136,6 +136,12 @@ class Authority:
             server=True, names=(node, "localhost"), ips=("127.0.0.1",))
         return self._save(f"kubelet-{node}", crt, key)
 
+    def serving_for(self, file: str, names: tuple[str, ...]) -> tuple[Path, Path]:
+        """Another local server's serving certificate (127.0.0.1 and ``names``)."""
+        crt, key = self._issue(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[-1])]),
+                               server=True, names=names, ips=("127.0.0.1",))
+        return self._save(file, crt, key)
+
     def client(self, who: Identity) -> tuple[Path, Path]:
         subject = x509.Name([
             *(x509.NameAttribute(NameOID.ORGANIZATION_NAME, g) for g in who.groups),

@@ -18,6 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from devtools import keda
 from devtools.cluster.processes import ClusterError, wait_until
 
 
@@ -30,7 +31,7 @@ class Source:
     """A kustomization directory, or one YAML file, inside the module."""
 
 
-KEDA = Source("github.com/kedacore/keda/v2", "v2.20.2",
+KEDA = Source(keda.KEDA_MODULE, keda.KEDA,
               "h1:SR60v8uIcelbveS8n/1jcl8tLdBBIbHMxmdOHw8tKqA=", "config/crd")
 PROMETHEUS_RULE = Source(
     "github.com/prometheus-operator/prometheus-operator", "v0.85.0",

@@ -9,7 +9,7 @@ admin's), ``env``, ``state.json`` (what runs, to stop it later), ``logs/``, ``et
 started and deletes the directory.
 
 The components, in order (a cluster may leave some out: the tests bring their own
-PostgreSQL; KEDA's operator joins the list later):
+PostgreSQL, and start a KEDA operator per test module, watching that module's namespace):
 
 ==========================  ===================================================================
 etcd                        the API server's storage (``--unsafe-no-fsync``: a throwaway)
@@ -24,12 +24,15 @@ postgres                    a throwaway PostgreSQL with jobfence migrated, a log
                             the role Secrets the manifests read, in namespace ``jobfence``
 crds                        KEDA's CRDs (ScaledJob, TriggerAuthentication...) and
                             prometheus-operator's PrometheusRule, from their pinned Go modules
+keda                        the KEDA operator (``devtools.cluster.keda``), out of cluster, with
+                            KEDA's own RBAC, watching every namespace
 ==========================  ===================================================================
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -43,7 +46,8 @@ from typing import Any
 import yaml
 
 from devtools import controlplane
-from devtools.cluster import certs, crds
+from devtools import keda as keda_build
+from devtools.cluster import certs, crds, keda
 from devtools.cluster.processes import ClusterError, Started, port_free, start, stop, wait_until
 from devtools.cluster.rest import ApiError, Credentials, Rest
 
@@ -56,7 +60,7 @@ INSTALLATION = "jobfence"
 migrated with it, so that ``make deploy`` of the base works as it is."""
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "node-agent", "postgres",
-              "crds")
+              "crds", "keda")
 CONTROLLERS = ("job-controller", "cronjob-controller", "garbage-collector-controller",
                "ttl-after-finished-controller", "namespace-controller",
                "serviceaccount-controller", "serviceaccount-token-controller",
@@ -170,6 +174,11 @@ class Plane:
                 binaries[name] = controlplane.path(name)
             except controlplane.BuildError as exc:
                 raise ClusterError(str(exc)) from exc
+        if "keda" in self.components:
+            try:
+                binaries["keda-operator"] = keda_build.path()
+            except controlplane.BuildError as exc:
+                raise ClusterError(str(exc)) from exc
         if "postgres" in self.components:
             from devtools.embedded_pg import EmbeddedPostgresError, find_bindir
 
@@ -246,6 +255,16 @@ class Plane:
         if "crds" in self.components:
             self._step("CRDs applied (KEDA, PrometheusRule)",
                        lambda: crds.install(binaries["kubectl"], self.kubeconfig))
+        if "keda" in self.components:
+            def operator() -> None:
+                proc, listeners = self.start_keda(self.root / "keda", watch_namespace="",
+                                                  binary=binaries["keda-operator"],
+                                                  kubectl=binaries["kubectl"])
+                record("keda-operator", proc)
+                state["keda"] = listeners.row()
+                self._write_state(state)
+
+            self._step("KEDA operator ready (every namespace)", operator)
         if "postgres" in self.components:
             state["postgres"] = self._step("PostgreSQL ready, jobfence migrated",
                                            self._postgres)
@@ -287,6 +306,36 @@ class Plane:
         _kubeconfig(self.component_kubeconfig(who), self.server, ca.ca_file, crt, key,
                     user=who.user)
         return self.component_kubeconfig(who)
+
+    def start_keda(self, where: Path, *, watch_namespace: str, binary: Path | None = None,
+                   kubectl: Path | None = None, log_level: str = "info"
+                   ) -> tuple[Started, keda.Listeners]:
+        """A KEDA operator against this cluster watching ``watch_namespace`` ("": all), its
+        files in ``where``; returns once it is ready. Its RBAC applied first (idempotent)."""
+        binary = binary or keda_build.path()
+        kubectl = kubectl or controlplane.path("kubectl")
+        keda.rbac(kubectl, self.kubeconfig)
+        if not where.resolve().is_relative_to(self.root.resolve()) \
+                or not where.name.startswith("keda"):
+            raise ClusterError(f"{where}: a KEDA operator's files live in {self.root}/keda*, "
+                               "where cluster-down finds it")
+        where.mkdir(parents=True, exist_ok=True)
+        ca = certs.Authority.load(self.pki)
+        crt, key = ca.client(keda.IDENTITY)
+        kubeconfig = where / "kubeconfig"
+        _kubeconfig(kubeconfig, self.server, ca.ca_file, crt, key, user=keda.IDENTITY.user)
+        cert_dir = keda.certificates(ca, where)
+        listeners = keda.Listeners.free()
+        proc = keda.start_operator(binary, where=where, kubeconfig=kubeconfig,
+                                   cert_dir=cert_dir, listeners=listeners,
+                                   watch_namespace=watch_namespace, log_level=log_level)
+        (where / "process.json").write_text(json.dumps(proc.row()) + "\n")
+        try:
+            keda.wait_ready(proc, listeners)
+        except BaseException:
+            stop(proc)
+            raise
+        return proc, listeners
 
     def _etcd(self, binary: Path) -> Started:
         client, peer = (f"http://127.0.0.1:{self.ports.etcd}",
@@ -379,9 +428,11 @@ The local cluster is up (node {NODE}, API server {self.server}).
   . {rel}/env                          # KUBECONFIG, JOBFENCE_DATABASE_URL, kubectl on PATH
   kubectl get nodes,pods -A
   make deploy KUBECONFIG={rel}/kubeconfig
+  kubectl -n {NAMESPACE} get scaledjobs,jobs,pods      # the pools KEDA scales
   kubectl -n {NAMESPACE} create job --from=cronjob/jobfence-sweeper once
   kubectl -n {NAMESPACE} logs job/once
-Containers' output also in {rel}/agent/logs/; the components' logs in {rel}/logs/.
+Containers' output also in {rel}/agent/logs/; the components' logs in {rel}/logs/ and
+KEDA's in {rel}/keda/operator.log.
 `make cluster-down` stops it all and removes {rel}.""", flush=True)
 
     # -- state -----------------------------------------------------------------------------
@@ -406,7 +457,11 @@ Containers' output also in {rel}/agent/logs/; the components' logs in {rel}/logs
         if state is None and not self.root.exists():
             return False
         processes = (state or {}).get("processes", {})
-        for name in ("watch", "node-agent", "kube-controller-manager", "kube-apiserver", "etcd"):
+        for row in self.root.glob("keda*/process.json"):  # the tests' operators too
+            with contextlib.suppress(OSError, ValueError, TypeError):
+                stop(Started(**json.loads(row.read_text())))
+        for name in ("watch", "keda-operator", "node-agent", "kube-controller-manager",
+                     "kube-apiserver", "etcd"):
             if name in processes and not (name == "watch" and _is_self(processes[name])):
                 stop(Started(**processes[name]))
         if state and state.get("postgres"):

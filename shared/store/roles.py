@@ -13,6 +13,7 @@ maintainer      the periodic functions: read everything, reclaim, time out, expi
 operator        enqueue, cancel, retry (one job or a selection), wait, drain, queues,
                 schedules; read everything
 reader          read everything: status, list, KEDA's queries, metrics
+scaler          KEDA's login: the pools' trigger query (the columns it reads), nothing else
 ==============  ===========================================================================
 
 Roles live in the server, not in a database, so they are named after the schema
@@ -32,7 +33,7 @@ from jobfence import db
 from jobfence.db import Composed, Connection
 from jobfence.errors import JobfenceError
 
-KINDS = ("owner", "worker", "maintainer", "operator", "reader")
+KINDS = ("owner", "worker", "maintainer", "operator", "reader", "scaler")
 
 ROLE_OF_COMMAND = {
     "migrate": "owner",

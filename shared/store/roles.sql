@@ -1,6 +1,6 @@
 -- The installation's group roles and what each may do (run by store/roles.py at the end of
 -- every `jobfence migrate`). {schema} is the installation's schema; {owner}, {worker},
--- {maintainer}, {operator} and {reader} are its group roles (<schema>_owner, ...), each
+-- {maintainer}, {operator}, {reader} and {scaler} are its group roles (<schema>_owner, ...), each
 -- filled in as a quoted identifier. A deployment grants these roles to its login users.
 
 -- may_create --
@@ -41,12 +41,12 @@ WHERE n.nspname = %(schema)s AND p.proowner <> %(owner)s::regrole;
 -- give each role what its functions use. Trigger functions need no grant to fire.
 REVOKE ALL ON SCHEMA {schema} FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA {schema}
-    FROM PUBLIC, {worker}, {maintainer}, {operator}, {reader};
+    FROM PUBLIC, {worker}, {maintainer}, {operator}, {reader}, {scaler};
 REVOKE ALL ON ALL SEQUENCES IN SCHEMA {schema}
-    FROM PUBLIC, {worker}, {maintainer}, {operator}, {reader};
+    FROM PUBLIC, {worker}, {maintainer}, {operator}, {reader}, {scaler};
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {schema}
-    FROM PUBLIC, {worker}, {maintainer}, {operator}, {reader};
-GRANT USAGE ON SCHEMA {schema} TO {worker}, {maintainer}, {operator}, {reader};
+    FROM PUBLIC, {worker}, {maintainer}, {operator}, {reader}, {scaler};
+GRANT USAGE ON SCHEMA {schema} TO {worker}, {maintainer}, {operator}, {reader}, {scaler};
 GRANT EXECUTE ON FUNCTION {schema}.jobfence_identity()
     TO {worker}, {maintainer}, {operator}, {reader};
 GRANT EXECUTE ON FUNCTION {schema}.jobfence_buckets(text) TO {maintainer}, {operator}, {reader};
@@ -83,6 +83,12 @@ GRANT EXECUTE ON FUNCTION {schema}.worker_trace(uuid, uuid) TO {worker};
 
 -- reader: status, list, queue status, drain status, KEDA's queries, metrics.
 GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {reader}, {maintainer}, {operator};
+
+-- scaler: KEDA's login (the TriggerAuthentication's Secret). The pools' trigger query and
+-- nothing else: the columns it reads, no job's actions, results, fence or audit trail.
+GRANT SELECT (draining) ON {schema}.jobfence_control TO {scaler};
+GRANT SELECT (name, paused, max_running) ON {schema}.queues TO {scaler};
+GRANT SELECT (status, queue, visible_at, is_parent) ON {schema}.jobs TO {scaler};
 
 -- operator: enqueue (with `after`) inserts jobs born fresh (jobs_born_fresh); cancel,
 -- retry, queues, drain and manual triggers only through their functions, each doing what

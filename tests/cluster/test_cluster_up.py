@@ -53,6 +53,7 @@ def test_cluster_up_deploy_and_a_manual_run_then_down_leaves_nothing(tmp_path: P
     assert up.returncode == 0, up.stdout + up.stderr
     assert "make deploy KUBECONFIG=" in up.stdout
     state = json.loads((where / "state.json").read_text())
+    assert "keda-operator" in state["processes"]  # the KEDA operator runs with it
     again = make("cluster-up", f"CLUSTER_DIR={where}", *ports())  # idempotent
     assert again.returncode == 0 and "already up" in again.stdout, again.stdout + again.stderr
     try:
@@ -115,7 +116,7 @@ def test_make_deploy_names_each_missing_secret_and_applies_nothing(
     lines = [x for x in out.stderr.splitlines() if x.startswith("deploy:")]
     assert sorted(x.split()[2] for x in lines) == [
         f"jobfence-database-{role}" for role in
-        ("maintainer", "operator", "owner", "reader", "worker")], out.stderr
+        ("maintainer", "operator", "owner", "scaler", "worker")], out.stderr
     assert all("missing in namespace" in x for x in lines)
     with kube.admin() as api:
         assert api.get(f"/apis/batch/v1/namespaces/{namespace}/cronjobs")["items"] == []

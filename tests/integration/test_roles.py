@@ -19,6 +19,7 @@ from psycopg.rows import dict_row
 
 from devtools.roles import ensure_logins
 from jobfence.store import Store
+from jobfence.store.queues import scaler_query
 from jobfence.store.roles import KINDS
 from tests.factories import enqueue_one
 from tests.support import Dsn
@@ -65,6 +66,7 @@ STATEMENTS: dict[str, LiteralString] = {
     "ask where a job's fence stands": "SELECT * FROM jobfence.worker_fence(%(job)s, "
                                       "%(not_mine)s)",
     "read the installation's identity": "SELECT * FROM jobfence.jobfence_identity()",
+    "run a pool's trigger query": scaler_query("jobfence", "default").replace("%", "%%"),
     "create a table in the schema": "CREATE TABLE jobfence.intruder (a int)",
     "drop a table": "DROP TABLE jobfence.job_events",
     "alter a worker function": "ALTER FUNCTION jobfence.worker_fence(uuid, uuid) "
@@ -105,8 +107,12 @@ ALLOWED: dict[str, set[str]] = {
                          "settle dependents", "retry in bulk (its function)",
                          "cancel in bulk (its function)", "read env values (its function)",
                          "add a schedule (its function)"},
-    "reader": READS,
+    "reader": READS | {"run a pool's trigger query"},
+    # KEDA's login: the trigger query, nothing else (not even a job's fence or its events).
+    "scaler": {"run a pool's trigger query"},
 }
+for _kind in ("owner", "maintainer", "operator"):
+    ALLOWED[_kind] |= {"run a pool's trigger query"}
 
 
 @pytest.fixture

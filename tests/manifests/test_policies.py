@@ -248,7 +248,7 @@ def test_every_pod_takes_its_settings_from_the_configmap(base: list[Obj]) -> Non
 
 def test_the_dsn_comes_only_from_the_secret_of_the_functions_role(base: list[Obj]) -> None:
     """One Secret per database role, referenced by exactly the pods whose function runs as
-    that role (jobfence.store.roles.ROLE_OF_COMMAND); KEDA reads as the reader."""
+    that role (jobfence.store.roles.ROLE_OF_COMMAND); KEDA runs its query as the scaler."""
     used: dict[str, set[str]] = {}
     for where, template in pod_templates(base):
         for c in function_containers(template):
@@ -260,7 +260,7 @@ def test_the_dsn_comes_only_from_the_secret_of_the_functions_role(base: list[Obj
             used.setdefault(role, set()).add(c["args"][0])
     assert set(used) == {"owner", "worker", "maintainer", "operator"}
     [auth] = of_kind(base, "TriggerAuthentication")
-    assert [r["name"] for r in auth["spec"]["secretTargetRef"]] == ["jobfence-database-reader"]
+    assert [r["name"] for r in auth["spec"]["secretTargetRef"]] == ["jobfence-database-scaler"]
     for config in of_kind(base, "ConfigMap"):
         assert "JOBFENCE_DATABASE_URL" not in config["data"]
 
@@ -531,14 +531,14 @@ def test_scaledjob_trigger_is_postgresql_with_string_metadata(base: list[Obj]) -
         assert set(metadata) == {"query", "targetQueryValue", "activationTargetQueryValue"}
 
 
-def test_trigger_authentication_reads_as_the_reader_role(base: list[Obj]) -> None:
+def test_trigger_authentication_runs_as_the_scaler_role(base: list[Obj]) -> None:
     for scaled in of_kind(base, "ScaledJob"):
         [trigger] = scaled["spec"]["triggers"]
         auth = one(base, "TriggerAuthentication", trigger["authenticationRef"]["name"])
         assert trigger["authenticationRef"].get("kind", "TriggerAuthentication") == \
             "TriggerAuthentication"
         assert auth["spec"] == {"secretTargetRef": [
-            {"parameter": "connection", "name": "jobfence-database-reader", "key": "url"}]}
+            {"parameter": "connection", "name": "jobfence-database-scaler", "key": "url"}]}
 
 
 def test_every_job_spec_is_a_single_pod_run(base: list[Obj]) -> None:
