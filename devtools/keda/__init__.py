@@ -32,11 +32,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from devtools import controlplane
+from devtools import REPO, controlplane
 from devtools.controlplane import BuildError, go_binary, go_env, run_go
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
 GO_MOD, GO_SUM = HERE / "go.mod", HERE / "go.sum"
 LINKS = controlplane.LINKS
 

@@ -30,6 +30,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from devtools import REPO
 from devtools.controlplane import (
     BuildError,
     _locked,
@@ -41,7 +42,6 @@ from devtools.controlplane import (
 )
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
 LINKS = REPO / "build" / "bin"
 NAME = "otelcol-jobfence"
 CONFIG = HERE / "builder.yaml"

@@ -36,7 +36,6 @@ from psycopg.rows import dict_row
 from devtools.roles import login_name
 from jobfence.pools import Pool, Pools, scaled_job, template
 from jobfence.store.queues import scaler_query
-from tests.conftest import run_cli
 from tests.kube import (
     ControlPlane,
     Installation,
@@ -47,8 +46,8 @@ from tests.kube import (
     wait_for,
 )
 from tests.pg import Databases
+from tests.support import REPO, run_cli
 
-REPO = Path(__file__).resolve().parents[2]
 POLLING = 2
 """The pools' pollingInterval in these tests (shipped: 10 s)."""
 KEDA_LABEL = "scaledjob.keda.sh/name"
