@@ -2,10 +2,10 @@
 -- to a day), across every pod, as pgqueuer's rate limit and Oban's do. The claim enforces
 -- it in the database like the limit on running jobs: under the queue's transaction lock it
 -- counts the starts recorded within the last period, claims at most what is left, and
--- records its own starts (a row per claimed job at its `claimed_at`, now the clock of the
--- claim itself rather than of its transaction's start, so that a claim that waited for the
--- lock is dated after the claims it waited for) before the lock is let go, so no two claims
--- ever count the same room. Rows older than the period are deleted by
+-- records its own starts (a row per claimed job at its `claimed_at` — in a rate-limited
+-- queue the clock of the claim itself rather than of its transaction's start, so that a
+-- claim that waited for the lock is dated after the claims it waited for) before the lock
+-- is let go, so no two claims ever count the same room. Rows older than the period are deleted by
 -- the claim that finds them: the table holds at most N rows per rate-limited queue.
 
 ALTER TABLE {schema}.queues
@@ -72,7 +72,8 @@ BEGIN
             attempt_id = gen_random_uuid(),
             attempt_count = j.attempt_count + 1,
             claimed_by = p_worker_id,
-            claimed_at = clock_timestamp(),
+            claimed_at = CASE WHEN settings.rate_limit IS NULL THEN now()
+                              ELSE clock_timestamp() END,
             heartbeat_at = now(),
             visible_at = now() + make_interval(secs => p_lease_seconds),
             run_deadline_at = now() + j.timeout,
