@@ -314,8 +314,8 @@ def story(d: Demo, platform: LocalPlatform) -> int:
     d.say(f"the default queue drained; `datums` still holds {held.pending} ready jobs, "
           f"paused, with {len(platform.live_workers('datums'))} workers")
 
-    d.step("7. resume `datums`: a few draining pods run every child; export-finalize "
-           "finalizes the datum job")
+    d.step("7. resume `datums`: a few draining pods run every child; the worker that runs "
+           "the last one finalizes the datum job")
     d.cli("queue", "resume", "datums")
     d.wait_until("the datum job to finish", lambda: d.job(parent)["status"] in (
         "succeeded", "failed", "cancelled"), timeout=90)
@@ -330,6 +330,12 @@ def story(d: Demo, platform: LocalPlatform) -> int:
     outputs = [u for item in manifest["items"] for u in item["outputs"]]
     sample = s3.get_bytes(*outputs[0].removeprefix("s3://").split("/", 1)).decode().strip()
     d.say(f"parent {p['status']}: {manifest['children']}; manifest {p['manifest']}")
+    row = d.store.jobs.get(UUID(parent))
+    last = max(c.finished_at for c in d.store.jobs.page(parent_id=UUID(parent), limit=DATUMS)
+               if c.finished_at is not None)
+    if row is not None and row.finished_at is not None:
+        d.say(f"finalized {(row.finished_at - last).total_seconds():.2f} s after its last "
+              "child, by the worker that ran it (export-finalize is the safety net)")
     d.say(f"{len(outputs)} committed outputs, e.g. {outputs[0].rsplit('/', 1)[1]} = {sample!r}")
     time.sleep(SCHEDULE["orphan-cleanup"] + 1)  # one more orphan-cleanup tick
     platform.stop()
