@@ -75,12 +75,14 @@ def say(message: str) -> None:
     print(f"controlplane: {message}", flush=True)
 
 
-def cache_root() -> Path:
-    base = os.environ.get("JOBFENCE_CONTROLPLANE_CACHE")
+def cache_root(what: str = "controlplane") -> Path:
+    """Where the Go binaries of ``what`` are cached: ``JOBFENCE_<WHAT>_CACHE``, else
+    ``$XDG_CACHE_HOME/jobfence/<what>`` (``~/.cache`` by default), outside the work tree."""
+    base = os.environ.get(f"JOBFENCE_{what.upper()}_CACHE")
     if base:
         return Path(base)
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "jobfence" / "controlplane"
+    return Path(xdg) / "jobfence" / what
 
 
 # -- Go --------------------------------------------------------------------------------------
@@ -264,19 +266,22 @@ def build(names: Sequence[str] = NAMES, *, env: dict[str, str] | None = None,
 def link(directory: Path) -> None:
     """``build/bin/NAME`` → the cached binary, for people (``build/cluster/env`` puts
     build/bin first on PATH). Links only: no binary lives in the work tree."""
-    LINKS.mkdir(parents=True, exist_ok=True)
     for name in NAMES:
-        target = directory / name
-        if not target.exists():
-            continue
-        dest = LINKS / name
-        if dest.is_symlink() and os.readlink(dest) == str(target):
-            continue
-        tmp = LINKS / f".{name}.tmp"
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        tmp.symlink_to(target)
-        os.replace(tmp, dest)
+        if (directory / name).exists():
+            link_binary(directory / name)
+
+
+def link_binary(target: Path) -> None:
+    """``build/bin/<its name>`` → ``target``, replaced atomically (links only)."""
+    LINKS.mkdir(parents=True, exist_ok=True)
+    dest = LINKS / target.name
+    if dest.is_symlink() and os.readlink(dest) == str(target):
+        return
+    tmp = LINKS / f".{target.name}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    tmp.symlink_to(target)
+    os.replace(tmp, dest)
 
 
 # -- generating the wrapper module -----------------------------------------------------------

@@ -58,11 +58,7 @@ def say(message: str) -> None:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("JOBFENCE_KEDA_CACHE")
-    if base:
-        return Path(base)
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "jobfence" / "keda"
+    return controlplane.cache_root("keda")
 
 
 def required_go() -> str:
@@ -155,7 +151,7 @@ def build(*, env: dict[str, str] | None = None, links: bool = True) -> Path:
                 {"go": version, "flags": FLAGS, "keda": KEDA}, indent=2) + "\n")
         (out.parent / "key").write_text(_module_digest() + "\n")
     if links:
-        link(out / NAME)
+        controlplane.link_binary(out / NAME)
     return out / NAME
 
 
@@ -180,19 +176,6 @@ def _run(argv: list[str], env: dict[str, str]) -> None:
     done = subprocess.run(argv, cwd=HERE, env=env, stdout=sys.stderr, check=False)
     if done.returncode != 0:
         raise BuildError(f"`{' '.join(argv[-4:])}` failed (exit {done.returncode})")
-
-
-def link(target: Path) -> None:
-    """``build/bin/keda-operator`` → the cached binary (links only)."""
-    LINKS.mkdir(parents=True, exist_ok=True)
-    dest = LINKS / NAME
-    if dest.is_symlink() and os.readlink(dest) == str(target):
-        return
-    tmp = LINKS / f".{NAME}.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    tmp.symlink_to(target)
-    os.replace(tmp, dest)
 
 
 def source() -> Path:

@@ -30,7 +30,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from devtools import REPO
+from devtools import controlplane
 from devtools.controlplane import (
     BuildError,
     _locked,
@@ -42,7 +42,7 @@ from devtools.controlplane import (
 )
 
 HERE = Path(__file__).resolve().parent
-LINKS = REPO / "build" / "bin"
+LINKS = controlplane.LINKS
 NAME = "otelcol-jobfence"
 CONFIG = HERE / "builder.yaml"
 GENERATED = ("go.mod", "go.sum", "main.go", "components.go", "main_others.go",
@@ -77,11 +77,7 @@ def go_version(go: str) -> str:
 
 
 def cache_root() -> Path:
-    base = os.environ.get("JOBFENCE_OTELCOL_CACHE")
-    if base:
-        return Path(base)
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "jobfence" / "otelcol"
+    return controlplane.cache_root("otelcol")
 
 
 def _module_digest() -> str:
@@ -159,20 +155,8 @@ def build() -> Path:
                 {"go": version, "flags": FLAGS, "collector": collector_version()},
                 indent=2) + "\n")
         (out.parent / "key").write_text(_module_digest() + "\n")
-    _link(out / NAME)
+    controlplane.link_binary(out / NAME)
     return out / NAME
-
-
-def _link(target: Path) -> None:
-    LINKS.mkdir(parents=True, exist_ok=True)
-    dest = LINKS / NAME
-    if dest.is_symlink() and os.readlink(dest) == str(target):
-        return
-    tmp = LINKS / f".{NAME}.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    tmp.symlink_to(target)
-    os.replace(tmp, dest)
 
 
 def generate() -> None:
