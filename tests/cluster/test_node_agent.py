@@ -53,7 +53,13 @@ def test_an_image_it_cannot_map_is_refused_with_an_event(kube: ControlPlane,
                                     if e["reason"] == "Failed"], what="the refusal event")
         assert event["type"] == "Warning"
         assert "team-etl-worker" in event["message"] and "jobfence" in event["message"]
-        got = phase_of(api, namespace, "team-image", "Pending")
+        # The event may come before the pod's status says why: wait for the status too.
+        def refused_status() -> Obj | None:
+            pod = api.get(f"/api/v1/namespaces/{namespace}/pods/team-image")
+            return pod if (pod.get("status") or {}).get("containerStatuses") else None
+
+        got = wait_for(refused_status, what="the refused container's status")
+        assert got["status"]["phase"] == "Pending"
         [status] = got["status"]["containerStatuses"]
         assert status["state"]["waiting"]["reason"] == "ErrImagePull"
 
