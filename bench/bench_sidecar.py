@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 from bench.common import JOBFENCE, REPO, Bench, Section, median, p95
-from jobfence.actions.child import Child, JobSpace
+from jobfence.actions.child import Child, ChildOutput, JobSpace
 from jobfence.jobuids import SameUser
 from jobfence.worker.jobspace import LocalSpace
 from jobfence.worker.sidecar.link import SidecarLink, SidecarSpace
@@ -37,11 +37,12 @@ def per_command(space: JobSpace, n: int) -> list[float]:
     times = []
     for _ in range(n + 5):
         t0 = time.perf_counter()
-        child: Child = space.start(["true"], {"PATH": "/usr/bin:/bin"})
+        output = ChildOutput()
+        child: Child = space.start(["true"], {"PATH": "/usr/bin:/bin"}, output.add)
         while child.wait(0.001) is None:
             pass
         child.close()
-        child.output()
+        output.result()
         times.append(time.perf_counter() - t0)
     space.close()
     return times[5:]  # the first few warm up the runner and the page cache

@@ -19,8 +19,9 @@ from jobfence.commands import COMMANDS
 
 BATCH = "--batch-size"
 FLAGS: dict[str, str] = {
-    "enqueue": "--after --delay --expires-in --idempotency-key --inputs --label "
-               "--max-attempts --priority --queue --resource --run-at --spec --timeout --ttl",
+    "enqueue": "--after --delay --expires-in --idempotency-key --inactivity-timeout --inputs "
+               "--label --max-attempts --priority --queue --resource --run-at --spec "
+               "--timeout --ttl",
     "worker": "--concurrency --idle-seconds --max-jobs --max-seconds --queue",
     "sweeper": BATCH, "reconciliation": BATCH, "orphan-cleanup": BATCH, "lifecycle": BATCH,
     "export-finalize": BATCH, "schedules": BATCH,

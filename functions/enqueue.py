@@ -31,6 +31,8 @@ def parser() -> cli.Parser:
     p.add_argument("--idempotency-key")
     p.add_argument("--ttl", metavar="DUR")
     p.add_argument("--timeout", metavar="DUR")
+    p.add_argument("--inactivity-timeout", metavar="DUR",
+                   help="stop an action that writes no output for this long (PT10M)")
     p.add_argument("--expires-in", metavar="DUR")
     p.add_argument("--inputs", metavar="s3://BUCKET/PREFIX")
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
@@ -49,7 +51,8 @@ def specs_from_args(argv: list[str]) -> list[JobSpec]:
         "resource": args.resource, "max_attempts": args.max_attempts,
         "priority": args.priority, "after": args.after or None,
         "idempotency_key": args.idempotency_key, "ttl": args.ttl, "timeout": args.timeout,
-        "expires_in": args.expires_in, "inputs": args.inputs, "queue": args.queue,
+        "inactivity_timeout": args.inactivity_timeout, "expires_in": args.expires_in,
+        "inputs": args.inputs, "queue": args.queue,
         "run_at": args.run_at, "delay": args.delay,
     }
     if args.spec:

@@ -112,7 +112,7 @@ class AttemptFiles:
 
     def __init__(self, *, job_id: UUID, attempt_id: UUID, inputs: Any,
                  objects: Callable[[], ObjectStore], bucket: str | None, installation: str,
-                 write: FencedWrite) -> None:
+                 write: FencedWrite, touch: Callable[[], None] = lambda: None) -> None:
         self.installation = installation
         self.job_id = job_id
         self.attempt_id = attempt_id
@@ -120,6 +120,8 @@ class AttemptFiles:
         self._objects = objects
         self.bucket = bucket
         self._write = write
+        self._touch = touch
+        """Progress, for the inactivity timeout: a file came or went."""
 
     def download_inputs(self, space: JobSpace) -> list[str]:
         """Download this datum's objects into the space's ``inputs/``, keeping their names
@@ -139,12 +141,16 @@ class AttemptFiles:
             files = space.create_inputs([rel for _, rel in batch])
             try:
                 with ThreadPoolExecutor(TRANSFER_THREADS) as pool:
-                    list(pool.map(lambda kf: store.download_to(bucket, kf[0], kf[1]),
+                    list(pool.map(lambda kf: self._download(store, bucket, *kf),
                                   [(key, f) for (key, _), f in zip(batch, files, strict=True)]))
             finally:
                 for f in files:
                     f.close()
         return [rel for _, rel in pairs]
+
+    def _download(self, store: ObjectStore, bucket: str, key: str, f: BinaryIO) -> None:
+        store.download_to(bucket, key, f)
+        self._touch()
 
     def publish_outputs(self, space: JobSpace) -> Published:
         """Upload every regular file of the job's under the space's ``outputs/`` to the
@@ -182,6 +188,8 @@ class AttemptFiles:
             except ObjectStoreError as exc:
                 return {"path": item.path, "status": "error", "size_bytes": None,
                         "error": str(exc)}
+            finally:
+                self._touch()
             return {"path": item.path, "status": "done", "size_bytes": size, "error": None}
 
         results: list[dict[str, Any]] = []

@@ -90,6 +90,19 @@ def attempt_prefix(installation: str, job_id: UUID, attempt_id: UUID) -> str:
     return f"{PREFIX}{installation}/{job_id}/{attempt_id}/"
 
 
+def log_prefix(installation: str, job_id: UUID, attempt_id: UUID, action_index: int,
+               stream: str) -> str:
+    """Where one stream of one action of an attempt is kept (``jobfence.worker.output``):
+    beside the job's outputs, never among them."""
+    return f"{job_prefix(installation, job_id)}logs/{attempt_id}/{action_index}/{stream}/"
+
+
+def log_key(installation: str, job_id: UUID, attempt_id: UUID, action_index: int,
+            stream: str, *, sequence: int) -> str:
+    """The ``sequence``-th object (from 1) of that stream: its keys sort in order."""
+    return f"{log_prefix(installation, job_id, attempt_id, action_index, stream)}{sequence:08d}"
+
+
 def manifest_key(installation: str, job_id: UUID) -> str:
     return f"{PREFIX}{installation}/{job_id}/manifest.json"
 

@@ -10,15 +10,14 @@ from __future__ import annotations
 import os
 import socket
 from datetime import timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Self
 
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
+from jobfence.command_settings import CommandSettings
 from jobfence.durations import Duration
 from jobfence.errors import ConfigError
-from jobfence.jobuids import DEFAULT_UIDS, parse_uids
 from jobfence.limits import Unstorable, check_text, schema_refusal
 
 if TYPE_CHECKING:
@@ -31,7 +30,7 @@ def self_fence_margin(lease_seconds: float) -> float:
     return max(0.2, min(5.0, lease_seconds * 0.1))
 
 
-class Settings(BaseSettings):
+class Settings(CommandSettings):
     model_config = SettingsConfigDict(env_prefix="JOBFENCE_", extra="ignore", frozen=True,
                                       env_ignore_empty=True)
 
@@ -114,39 +113,6 @@ class Settings(BaseSettings):
     the fence (a cheap read of one row): a cancel, or a timeout enforced by lifecycle,
     reaches the command within this. Where the connection can LISTEN (no transaction
     pooler) the worker is also told at once, and asks only every 10th of these."""
-
-    # -- a job's commands -------------------------------------------------------------------------
-
-    command_user: str | None = Field(default=None, max_length=64)
-    """Who a ``command`` child runs as when the worker runs as root without the command
-    sidecar. Unset: a uid of its own per running job, from ``JOBFENCE_COMMAND_UIDS``, so that
-    jobs sharing a machine cannot read each other's environment, signal each other or write
-    into each other's files. A name or ``UID[:GID]``: that one user for every job — jobs
-    then share it, and a job can read another running job's ``/proc/PID/environ`` (its
-    ``env`` secrets), signal its processes and write into its directories. ``worker`` keeps
-    the worker's own user (for a worker that is not root, the only choice)."""
-
-    command_uids: str = Field(default=DEFAULT_UIDS, pattern=r"^\d{4,10}-\d{4,10}$")
-    """The uids (``FIRST-LAST``) a root worker, or a root command sidecar, gives its jobs
-    one each, unique across every worker and installation on the machine (a lock file per
-    uid in ``/run/jobfence-uids``). The default is above the ranges that distributions,
-    systemd and container runtimes hand out and below 2^31; a uid that has an entry in the
-    user or group database is skipped."""
-
-    command_env: str = Field(default="", max_length=4096)
-    """Comma-separated names of the worker's own environment variables that a ``command``
-    child also gets. Nothing else of the worker's environment reaches it."""
-
-    command_socket: Path | None = None
-    """Where the worker listens for its command sidecar (``jobfence command-runner``, a
-    second container of the worker's pod that holds no Secret), in a directory only the
-    worker's user may write: when set, every ``command`` child runs there, not as the
-    worker's own child. The shipped worker pods set it."""
-
-    command_runner_uid: int | None = Field(default=None, ge=0, le=0xFFFFFFFE)
-    """The uid the command sidecar runs as: the worker takes the sidecar's connection only
-    from it (``SO_PEERCRED``). Unset: only from root or the worker's own uid. The shipped
-    worker pods set it to the sidecar's ``runAsUser``."""
 
     # -- the periodic functions -------------------------------------------------------------------
 
@@ -322,12 +288,6 @@ class Settings(BaseSettings):
     def _schema(cls, value: str) -> str:
         if (why := schema_refusal(value)) is not None:
             raise ValueError(why)
-        return value
-
-    @field_validator("command_uids")
-    @classmethod
-    def _uids(cls, value: str) -> str:
-        parse_uids(value)
         return value
 
     @field_validator("database_url", "reader_database_url")

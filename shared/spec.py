@@ -54,6 +54,8 @@ class ActionSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = Field(min_length=1, max_length=200)
     params: dict[str, Any] = Field(default_factory=dict)
+    inactivity_timeout: Duration | None = None
+    """How long the action may go without output or progress (the job's own when unset)."""
 
 
 class InputsSpec(BaseModel):
@@ -83,6 +85,7 @@ class JobSpec(BaseModel):
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=500)
     ttl: Duration | None = None
     timeout: Duration | None = None
+    inactivity_timeout: Duration | None = None
     expires_in: Duration | None = None
     inputs: InputsSpec | None = None
     labels: dict[str, str] = Field(default_factory=dict, max_length=64)
@@ -140,11 +143,21 @@ class JobSpec(BaseModel):
     @classmethod
     def _known_actions(cls, actions: list[ActionSpec]) -> list[ActionSpec]:
         # Resolve names and normalize params now: an unknown action is an input error.
-        return [ActionSpec(name=a.name, params=_validated(a.name, _canonical(a.params)))
+        return [ActionSpec(name=a.name, params=_validated(a.name, _canonical(a.params)),
+                           inactivity_timeout=a.inactivity_timeout)
                 for a in actions]
 
     def stored_actions(self) -> list[dict[str, Any]]:
-        return [{"name": a.name, "params": a.params} for a in self.actions]
+        """The actions as a job keeps them: each with its inactivity timeout (its own, else
+        the job's), which the worker's guard enforces."""
+        stored = []
+        for a in self.actions:
+            action: dict[str, Any] = {"name": a.name, "params": a.params}
+            quiet = a.inactivity_timeout or self.inactivity_timeout
+            if quiet is not None:
+                action["inactivity_timeout"] = format_duration(quiet)
+            stored.append(action)
+        return stored
 
     def fingerprint(self) -> str:
         """Hash of everything but the idempotency key: a repeated key must carry the

@@ -85,6 +85,8 @@ def action_statuses(job: JobRow, results: Sequence[ActionResult]) -> list[dict[s
             status = "skipped" if job.status in TERMINAL else "pending"
         entry: dict[str, Any] = {"name": action["name"], "status": status,
                                  "params": shown_params(action.get("params"))}
+        if action.get("inactivity_timeout"):
+            entry["inactivity_timeout"] = action["inactivity_timeout"]
         if i in latest and latest[i].error and status != "succeeded":
             entry["error"] = latest[i].error
             if latest[i].error_detail:
@@ -125,6 +127,8 @@ def job_views(store: Store, rows: Sequence[JobRow]) -> list[dict[str, Any]]:
                                     and not row.is_parent else None)
         view["actions"] = action_statuses(row, results.get(row.job_id, []))
         view["summary"] = summary(row.actions)
+        quiet = {a.get("inactivity_timeout") for a in row.actions}
+        view["inactivity_timeout"] = quiet.pop() if len(quiet) == 1 else None
         if row.is_parent:
             counts = store.jobs.children_counts(row.job_id)
             view["children"] = {"total": sum(counts.values()), **counts}
@@ -156,6 +160,11 @@ def render_text(view: dict[str, Any]) -> str:
         result = a.get("result") or {}
         code = f" (exit {result['exit_code']})" if "exit_code" in result else ""
         lines.append(f"    {i}. {a['name']:<12} {a['status']}{code}{err}")
+        if a.get("inactivity_timeout"):
+            lines.append(f"         inactivity timeout: {a['inactivity_timeout']}")
+        if isinstance(used := result.get("usage"), dict):
+            lines.append(f"         used: {used.get('cpu_seconds')} s CPU, "
+                         f"{_mib(used.get('peak_memory_bytes'))} peak memory")
         params = a.get("params") or {}
         if isinstance(params.get("argv"), list):
             import shlex
@@ -174,7 +183,13 @@ def render_text(view: dict[str, Any]) -> str:
             tail = (text or "").rstrip().splitlines()[-5:]
             lines += [f"         {label} | {line}" for line in tail]
         lines += [f"         output: {url}" for url in result.get("outputs") or []]
+        if result.get("output_on_s3"):
+            lines.append(f"         whole output: jobfence logs {view['job_id']}")
     return "\n".join(lines)
+
+
+def _mib(value: object) -> str:
+    return f"{value / 2**20:.1f} MiB" if isinstance(value, int) else "?"
 
 
 def schedule_view(row: Any) -> dict[str, Any]:

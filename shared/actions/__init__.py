@@ -19,7 +19,7 @@ from uuid import UUID
 from jobfence.errors import InvalidSpec
 
 if TYPE_CHECKING:
-    from jobfence.actions.child import ChildEnvironment, JobSpace, SpacePaths
+    from jobfence.actions.child import ChildEnvironment, ChildOutput, JobSpace, SpacePaths
     from jobfence.datums import Published
 
 ENTRY_POINT_GROUP = "jobfence.actions"
@@ -63,6 +63,12 @@ class AttemptSpace:
             space.close()
 
 
+def _tails_only() -> ChildOutput:
+    from jobfence.actions.child import ChildOutput
+
+    return ChildOutput()
+
+
 @dataclass
 class ActionContext:
     """What a running action may use. ``stop`` is set the moment the attempt must end;
@@ -85,6 +91,12 @@ class ActionContext:
     unconfirmed: threading.Event = field(default_factory=threading.Event)
     """Set by an action when a child it started could not be confirmed gone (a command
     sidecar that did not answer): the job must not run again before its lease ends."""
+    output: Callable[[], ChildOutput] = field(default=_tails_only)
+    """Where a child's stdout and stderr go (one per child): its tails, and in a worker
+    its log and S3 (``jobfence.worker.output``)."""
+    touch: Callable[[], None] = field(default=lambda: None)
+    """Report progress: an action that writes no output calls it to show it is not stuck
+    (the inactivity timeout counts from the last output or touch)."""
 
     def check_stop(self) -> None:
         if self.stop.is_set():

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from jobfence.actions import Action, ActionContext, StopRequested
-from jobfence.actions.child import Child, ChildLost, ChildNotStarted
+from jobfence.actions.child import Child, ChildLost, ChildNotStarted, ChildOutput
 from jobfence.durations import Duration
 from jobfence.errors import InvalidSpec
 from jobfence.fsboundary import BoundaryError
@@ -113,7 +113,10 @@ class CommandAction:
     ``JobSpace``): the job's S3 inputs are downloaded into
     JOBFENCE_INPUT_DIR before its first command, and the regular files the command writes
     into JOBFENCE_OUTPUT_DIR are uploaded when it exits 0 — anything else found there is
-    refused, and the result says what and why (``outputs_refused``)."""
+    refused, and the result says what and why (``outputs_refused``). Its stdout and stderr
+    go to the ``ChildOutput`` the context gives (tails and sizes in the result; the worker's
+    also streams them to its log and S3), and the result says what its process tree used
+    (``usage``)."""
 
     name = "command"
     poll_seconds = 0.05
@@ -124,6 +127,7 @@ class CommandAction:
     def run(self, ctx: ActionContext, params: Mapping[str, Any]) -> Mapping[str, Any] | None:
         p = CommandParams.model_validate(params)
         ctx.check_stop()
+        output = ctx.output()
         try:
             space, paths = ctx.space.open()  # the child may use inputs/ and outputs/
             env = ctx.child_env.environment(ctx.env, p.env, paths)
@@ -132,25 +136,34 @@ class CommandAction:
                 ctx.space.inputs_ready = True
             ctx.check_stop()
             started = time.monotonic()
-            child = space.start(p.argv, env)
+            child = space.start(p.argv, env, output.add)
         except (ChildNotStarted, ChildLost, BoundaryError) as exc:
             raise ActionFailed(str(exc)) from exc
         if child.pgid is not None:
             ctx.track_process(child.pgid)
         deadline = started + p.timeout.total_seconds() if p.timeout else None
+        failed: ActionFailed | None = None
+        code = None
         try:
-            code = self._wait(child, ctx, deadline, p.timeout)
+            code = self._wait(child, ctx, output, deadline, p.timeout)
+        except ActionFailed as exc:  # timed out, or the sidecar went away
+            failed = exc
         finally:
             child.close()
+            output.close()
             if child.pgid is not None:
                 ctx.untrack_process(child.pgid)
             if not child.ended():
                 ctx.unconfirmed.set()
-        stdout, stderr = child.output()
         result: dict[str, Any] = {
             "exit_code": code, "duration_seconds": round(time.monotonic() - started, 3),
-            "stdout_tail": stdout, "stderr_tail": stderr}
+            **output.result()}
+        if (used := child.usage()) is not None:
+            result["usage"] = used.as_dict()
+        if failed is not None:
+            raise ActionFailed(str(failed), failed.detail, result) from failed
         if code != 0:
+            stderr = result["stderr_tail"]
             last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
             raise ActionFailed(f"command exited with {code}" + (f": {last}" if last else ""),
                                detail=stderr, result=result)
@@ -162,8 +175,8 @@ class CommandAction:
                 raise ActionFailed(f"outputs not published: {exc}", result=result) from exc
         return result
 
-    def _wait(self, child: Child, ctx: ActionContext, deadline: float | None,
-              timeout: timedelta | None) -> int:
+    def _wait(self, child: Child, ctx: ActionContext, output: ChildOutput,
+              deadline: float | None, timeout: timedelta | None) -> int:
         while True:
             try:
                 code = child.wait(self.poll_seconds)
@@ -171,6 +184,7 @@ class CommandAction:
                 raise ActionFailed(str(exc)) from exc
             if code is not None:
                 return code
+            output.tick()
             if ctx.stop.is_set():
                 child.kill()
                 raise StopRequested("stopped while the command ran")

@@ -3,17 +3,21 @@ wherever they are.
 
 The ``command`` action (and a plugin's action that starts processes) sees only what is
 here: a ``JobSpace`` to open, fill with inputs, start children in and read outputs from; a
-``Child`` to wait for, kill and read the tails of; and ``ChildEnvironment``, which builds a
-child's whole environment. Where the child really runs — as the worker's own child, or in
+``Child`` to wait for, kill and ask what it used; a ``ChildOutput`` its streams go to (the
+tails kept in the database; the worker's own streams them on to its log and to S3:
+``jobfence.worker.output``); and ``ChildEnvironment``, which builds a child's whole
+environment. Where the child really runs — as the worker's own child, or in
 the command sidecar of the worker's pod — is chosen once, where the worker is wired
 (``jobfence.worker.sandbox``): nothing here knows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import collections
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from jobfence.fsboundary import Listed, Refused
 
@@ -25,6 +29,91 @@ class ChildNotStarted(Exception):
 
 class ChildLost(Exception):
     """The child's fate cannot be known any more (the command sidecar went away)."""
+
+
+TAIL_BYTES = 4096
+"""How much of a child's stdout and stderr is kept in the database (the end of each)."""
+
+STREAMS = {"out": "stdout", "err": "stderr"}
+"""A child's streams, by the short names its output is handed over with."""
+
+
+class Tail:
+    """The last TAIL_BYTES written to a child's stream."""
+
+    def __init__(self) -> None:
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._size = 0
+
+    def add(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._size += len(chunk)
+        while self._size - len(self._chunks[0]) >= TAIL_BYTES:
+            self._size -= len(self._chunks.popleft())
+
+    def text(self) -> str:
+        return b"".join(self._chunks)[-TAIL_BYTES:].decode("utf-8", errors="replace")
+
+
+class ChildOutput:
+    """Where a child's stdout and stderr go as they come (``add``, from the threads that
+    read them): the tail of each and how much each held, and the moment of the last
+    write (the inactivity clock, ``touch``). The worker's own (``jobfence.worker.output``)
+    also streams them to its log and to S3."""
+
+    def __init__(self, touch: Callable[[], None] = lambda: None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.tails = {name: Tail() for name in STREAMS}
+        self.sizes = dict.fromkeys(STREAMS, 0)
+        self.touch = touch
+        self.clock = clock
+        self.started = clock()
+
+    def add(self, stream: str, chunk: bytes) -> None:
+        """``chunk`` was written to ``stream`` (``out`` or ``err``)."""
+        self.tails[stream].add(chunk)
+        self.sizes[stream] += len(chunk)
+        self.touch()
+
+    def tick(self) -> None:
+        """Called while the child runs (every poll of its action): a chance to pass on what
+        waited long enough."""
+
+    def close(self) -> None:
+        """The child is gone and its streams are drained: pass on what is left."""
+
+    def result(self) -> dict[str, Any]:
+        """What an action's result says of its output."""
+        out: dict[str, Any] = {}
+        for short, name in STREAMS.items():
+            out[f"{name}_tail"] = self.tails[short].text()
+            out[f"{name}_bytes"] = self.sizes[short]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """What a child's process tree used: CPU time (user and system, of the child and every
+    descendant it waited for) and its peak memory (the most resident at once: of the whole
+    tree where it was sampled, never less than its largest single process)."""
+
+    cpu_seconds: float
+    peak_memory_bytes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"cpu_seconds": round(self.cpu_seconds, 3),
+                "peak_memory_bytes": self.peak_memory_bytes}
+
+    @classmethod
+    def reported(cls, said: object) -> Usage | None:
+        """What another process reported (``as_dict``'s form); None for anything else."""
+        if not isinstance(said, dict):
+            return None
+        try:
+            cpu, peak = float(said["cpu_seconds"]), int(said["peak_memory_bytes"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        return cls(cpu, peak) if 0 <= cpu < 1e9 and 0 <= peak < 1 << 50 else None
 
 
 class Child(Protocol):
@@ -51,8 +140,8 @@ class Child(Protocol):
         only then may the job run again elsewhere (invariant 12)."""
         ...
 
-    def output(self) -> tuple[str, str]:
-        """The tails of its stdout and stderr."""
+    def usage(self) -> Usage | None:
+        """What it used, once it has exited (None where that cannot be known)."""
         ...
 
 
@@ -87,8 +176,10 @@ class JobSpace(Protocol):
         """Each listed file open for reading, or why it is not any more."""
         ...
 
-    def start(self, argv: Sequence[str], env: Mapping[str, str]) -> Child:
-        """Start a child in the space with exactly ``env``; ChildNotStarted says why not."""
+    def start(self, argv: Sequence[str], env: Mapping[str, str],
+              sink: Callable[[str, bytes], None]) -> Child:
+        """Start a child in the space with exactly ``env``, its output handed to ``sink``
+        (stream ``out`` or ``err``, chunk) as it comes; ChildNotStarted says why not."""
         ...
 
     def close(self) -> None:

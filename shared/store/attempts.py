@@ -186,6 +186,13 @@ class Attempts(Noun):
             "outputs": json.dumps([{"path": p, "url": u} for p, u in outputs])})
         return len(rows) == len(outputs)
 
+    def register_log(self, *, job_id: UUID, attempt_id: UUID, action_index: int) -> bool:
+        """Register an action's streams as going to S3, under the fence; False when lost
+        (then nothing of it is written there)."""
+        row = self._one("register_log", {"job_id": job_id, "attempt_id": attempt_id,
+                                         "action_index": action_index})
+        return row is not None and row["action_index"] is not None
+
     def confirm_outputs(self, *, job_id: UUID, attempt_id: UUID,
                         outputs: Sequence[dict[str, Any]]) -> bool:
         """Mark outputs done (``size_bytes``) or error (``error``), under the fence."""

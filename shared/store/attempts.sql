@@ -55,6 +55,12 @@ SELECT * FROM {schema}.worker_interrupt(%(job_id)s::uuid, %(attempt_id)s::uuid,
 SELECT * FROM {schema}.worker_register_outputs(%(job_id)s::uuid, %(attempt_id)s::uuid,
     %(outputs)s::jsonb) AS path;
 
+-- register_log --
+-- Register an action's output streams before their first object goes to S3, under the
+-- fence (worker_register_log; idempotent). NULL back: the fence is lost.
+SELECT {schema}.worker_register_log(%(job_id)s::uuid, %(attempt_id)s::uuid,
+    %(action_index)s::integer) AS action_index;
+
 -- confirm_outputs --
 -- Confirm uploaded outputs (done, or error with why), under the fence.
 SELECT * FROM {schema}.worker_confirm_outputs(%(job_id)s::uuid, %(attempt_id)s::uuid,

@@ -170,6 +170,11 @@ class Jobs(Noun):
     def action_results(self, job_ids: Sequence[UUID]) -> list[ActionResult]:
         return self._rows("action_results", {"job_ids": list(job_ids)}, ActionResult)
 
+    def logged_actions(self, job_id: UUID, attempt_id: UUID) -> list[int]:
+        """The actions of an attempt whose whole output is on S3 (``jobfence.joblogs``)."""
+        return [r["action_index"] for r in self._all(
+            "logged_actions", {"job_id": job_id, "attempt_id": attempt_id})]
+
     def children_counts(self, job_id: UUID) -> dict[str, int]:
         return {r["status"]: r["n"] for r in self._all("children_counts", {"job_id": job_id})}
 

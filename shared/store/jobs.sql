@@ -84,6 +84,12 @@ FROM {schema}.job_action_results
 WHERE job_id = ANY(%(job_ids)s::uuid[])
 ORDER BY job_id, finished_at, action_index;
 
+-- logged_actions --
+-- The actions of one attempt whose output streams went to S3 (job_logs), in order.
+SELECT action_index FROM {schema}.job_logs
+WHERE job_id = %(job_id)s AND attempt_id = %(attempt_id)s
+ORDER BY action_index;
+
 -- children_counts --
 -- A parent's children by status.
 SELECT status, count(*) AS n FROM {schema}.jobs WHERE parent_id = %(job_id)s GROUP BY status;

@@ -103,14 +103,17 @@ RETURNING job_id, status, parent_id;
 -- Top-level terminal jobs with a ttl whose retain_until has passed, in (retain_until,
 -- job_id) order after a cursor (a job whose objects could not be deleted stays behind it
 -- until the next pass; the first page starts at the year 1). has_outputs: whether an
--- attempt registered an output, i.e. whether the job can own objects under its prefix
--- (one index probe per row: LIMIT 1 in a lateral join is never turned into a hash of the
+-- attempt registered an output or a command's log, i.e. whether the job can own objects
+-- under its prefix (one index probe per row: LIMIT 1 in a lateral join is never turned into a hash of the
 -- whole job_outputs table).
 SELECT j.job_id, j.is_parent, j.retain_until AS due,
     o.found IS NOT NULL AS has_outputs
 FROM {schema}.jobs j
 LEFT JOIN LATERAL (SELECT true AS found FROM {schema}.job_outputs o
-                   WHERE o.job_id = j.job_id LIMIT 1) o ON true
+                   WHERE o.job_id = j.job_id
+                   UNION ALL
+                   SELECT true FROM {schema}.job_logs l WHERE l.job_id = j.job_id
+                   LIMIT 1) o ON true
 WHERE j.parent_id IS NULL AND j.retain_until IS NOT NULL
   AND j.retain_until <= coalesce(%(now)s::timestamptz, now())
   AND j.status IN ('succeeded', 'failed', 'cancelled')
@@ -125,7 +128,10 @@ SELECT j.job_id, j.is_parent, j.finished_at AS due,
     o.found IS NOT NULL AS has_outputs
 FROM {schema}.jobs j
 LEFT JOIN LATERAL (SELECT true AS found FROM {schema}.job_outputs o
-                   WHERE o.job_id = j.job_id LIMIT 1) o ON true
+                   WHERE o.job_id = j.job_id
+                   UNION ALL
+                   SELECT true FROM {schema}.job_logs l WHERE l.job_id = j.job_id
+                   LIMIT 1) o ON true
 WHERE j.parent_id IS NULL AND j.ttl IS NULL AND j.finished_at IS NOT NULL
   AND j.finished_at <= coalesce(%(now)s::timestamptz, now())
                        - make_interval(secs => %(retention_seconds)s)
@@ -140,7 +146,10 @@ SELECT c.job_id,
     o.found IS NOT NULL AS has_outputs
 FROM {schema}.jobs c
 LEFT JOIN LATERAL (SELECT true AS found FROM {schema}.job_outputs o
-                   WHERE o.job_id = c.job_id LIMIT 1) o ON true
+                   WHERE o.job_id = c.job_id
+                   UNION ALL
+                   SELECT true FROM {schema}.job_logs l WHERE l.job_id = c.job_id
+                   LIMIT 1) o ON true
 WHERE c.parent_id = %(parent_id)s AND c.job_id > %(after)s
 ORDER BY c.job_id
 LIMIT %(limit)s;

@@ -80,6 +80,8 @@ GRANT EXECUTE ON FUNCTION
     TO {worker};
 -- worker, when it traces: the trace context of the attempt it holds (worker_trace).
 GRANT EXECUTE ON FUNCTION {schema}.worker_trace(uuid, uuid) TO {worker};
+-- worker: registering a command's output streams before they go to S3 (worker_register_log).
+GRANT EXECUTE ON FUNCTION {schema}.worker_register_log(uuid, uuid, integer) TO {worker};
 
 -- reader: status, list, queue status, drain status, KEDA's queries, metrics.
 GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {reader}, {maintainer}, {operator};

@@ -17,17 +17,21 @@ retries what fails).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
 from jobfence import tracing
 from jobfence.actions import ActionContext, AttemptSpace, StopRequested, get_action
 from jobfence.actions.builtin import ActionFailed
+from jobfence.actions.child import ChildOutput
 from jobfence.datums import AttemptFiles
+from jobfence.durations import format_duration, parse_duration
 from jobfence.errors import FenceLost, JobfenceError
 from jobfence.finalize import finalize
 from jobfence.logs import get_logger
@@ -36,6 +40,7 @@ from jobfence.settings import Settings
 from jobfence.store import ActionOutcome, Claim, RetryPolicy, TerminalWrite, Transition
 from jobfence.worker.completer import Completer, WriteRefused
 from jobfence.worker.guard import Guard, Guards, StopReason
+from jobfence.worker.output import LineBudget, LogTarget, Origin, Output
 from jobfence.worker.sandbox import Sandbox
 
 log = get_logger("jobfence.worker")
@@ -83,6 +88,8 @@ class Wiring:
     objects: Callable[[], ObjectStore]
     installation: str
     retry: RetryPolicy
+    lines: LineBudget | None = None
+    """The worker's budget of output lines a second in its own log (None: none)."""
 
 
 class Execution:
@@ -139,7 +146,7 @@ class Execution:
         files = AttemptFiles(job_id=claim.job_id, attempt_id=claim.attempt_id,
                              inputs=claim.inputs, objects=w.objects,
                              bucket=w.settings.s3_bucket, installation=w.installation,
-                             write=lambda fn: w.completer.write(guard, fn))
+                             write=lambda fn: w.completer.write(guard, fn), touch=guard.touch)
         for index in todo:
             spec = claim.actions[index]
             started = datetime.now(UTC)
@@ -147,13 +154,15 @@ class Execution:
                       action=spec["name"])
             try:
                 action = get_action(spec["name"])
+                guard.begin_action(self._inactivity(spec))
                 with tracing.action_span(index, spec["name"]):
                     ctx = ActionContext(job_id=claim.job_id, attempt_id=claim.attempt_id,
                                         action_index=index, space=space, stop=guard.stop,
                                         track_process=guard.track,
                                         untrack_process=guard.untrack, child_env=w.sandbox,
                                         files=files, env={**env, **tracing.child_env()},
-                                        unconfirmed=self.unconfirmed)
+                                        unconfirmed=self.unconfirmed,
+                                        output=self._output(guard, index), touch=guard.touch)
                     try:
                         result = action.run(ctx, spec.get("params", {}))
                     finally:
@@ -185,6 +194,30 @@ class Execution:
             if not self._record(guard, outcome):
                 return self._lost(guard)
         raise AssertionError("unreachable: the last action finishes the job")
+
+    def _inactivity(self, spec: dict[str, Any]) -> float | None:
+        """How long the action may go without output or progress: its spec's, else the
+        worker's setting."""
+        given = spec.get("inactivity_timeout")
+        if isinstance(given, str):
+            with contextlib.suppress(ValueError):
+                return parse_duration(given).total_seconds()
+        quiet = self.w.settings.inactivity_timeout
+        return quiet.total_seconds() if quiet is not None else None
+
+    def _output(self, guard: Guard, index: int) -> Callable[[], ChildOutput]:
+        """Where a child of action ``index`` writes: its tails, the worker's log and S3."""
+        claim, w = self.claim, self.w
+        target = None
+        if w.settings.s3_bucket and w.settings.output_max_bytes:
+            target = LogTarget(w.objects, w.settings.s3_bucket, w.installation,
+                               w.settings.output_max_bytes,
+                               lambda i: bool(w.completer.write(guard, lambda s: (
+                                   s.attempts.register_log(job_id=claim.job_id,
+                                                           attempt_id=claim.attempt_id,
+                                                           action_index=i)))))
+        origin = Origin(claim.job_id, claim.attempt_id, claim.attempt_count, index)
+        return lambda: Output(origin, lines=w.lines, target=target, touch=guard.touch)
 
     def _record(self, guard: Guard, outcome: ActionOutcome) -> bool:
         claim = self.claim
@@ -234,12 +267,16 @@ class Execution:
         reason = guard.reason
         if reason is StopReason.SIGTERM:
             return Result(claim, Outcome.TERMINATED)
-        if reason is StopReason.TIMED_OUT:
-            error = "timed out"
+        if reason in (StopReason.TIMED_OUT, StopReason.INACTIVE):
+            why = "timed out" if reason is StopReason.TIMED_OUT else "inactive"
+            error = why
+            if reason is StopReason.INACTIVE:
+                quiet = timedelta(seconds=self._inactivity(claim.actions[index]) or 0)
+                error = f"inactive: no output or progress for {format_duration(quiet)}"
             outcome = ActionOutcome(index, name, False, started, error=error)
             guard.ending.set()
             t = self.w.completer.write(guard, lambda s: s.attempts.release(
-                job_id=claim.job_id, attempt_id=claim.attempt_id, reason="timed out",
+                job_id=claim.job_id, attempt_id=claim.attempt_id, reason=why,
                 retry=self.w.retry, outcome=outcome, error=error), even_if_stopped=True)
             return self._released(guard, t, error)
         return self._lost(guard)

@@ -12,16 +12,17 @@ The worker's ``Guards`` keep them all with two threads, however many jobs run at
   next heartbeat (invariant 12);
 * the watchdog thread stops an execution whose lease could not be renewed before its local
   deadline (database unreachable, or the process was paused past it: ``lease_expired``,
-  self-fencing, invariant 6) or whose run timeout passed (``timed_out``).
+  self-fencing, invariant 6), whose run timeout passed (``timed_out``), or whose action has
+  written no output and reported no progress for its inactivity timeout (``inactive``).
 
 A stop is one of ``StopReason``: ``fence_lost`` (logged as ``writeback_stale_attempt``),
-``lease_expired``, ``timed_out``, ``sigterm``. Stopping means: set the guard's ``stop``
-(actions wait on it), SIGKILL every process group the action registered and every other
-process of that job's tree (``jobfence.worker.proctree``), and from then on write nothing —
-except the SIGTERM and timeout paths, which give the job back with a fenced write. SIGTERM
-(an eviction, a drain) is not the job's fault: every job in hand is given back in one
-statement (``worker_interrupt_many``), its attempt not counted, up to
-``JOBFENCE_MAX_INTERRUPTIONS`` times.
+``lease_expired``, ``timed_out``, ``inactive``, ``sigterm``. Stopping means: set the
+guard's ``stop`` (actions wait on it), SIGKILL every process group the action registered
+and every other process of that job's tree (``jobfence.worker.proctree``), and from then
+on write nothing — except the SIGTERM, timeout and inactivity paths, which give the job
+back with a fenced write. SIGTERM (an eviction, a drain) is not the job's fault: every
+job in hand is given back in one statement (``worker_interrupt_many``), its attempt not
+counted, up to ``JOBFENCE_MAX_INTERRUPTIONS`` times.
 
 The local deadline is measured on the monotonic clock from *before* each successful
 heartbeat was sent, so it always falls before the database's own deadline; the database's
@@ -55,6 +56,7 @@ class StopReason(StrEnum):
     FENCE_LOST = "fence_lost"
     LEASE_EXPIRED = "lease_expired"
     TIMED_OUT = "timed_out"
+    INACTIVE = "inactive"
     SIGTERM = "sigterm"
 
 
@@ -77,6 +79,8 @@ class Guard:
         # The claim's lease started at the database's now; ours starts no later than here.
         self._deadline = now + settings.lease_seconds
         self._run_deadline = self._local_run_deadline(now)
+        self._inactivity: float | None = None
+        self._active_at = now
         self._pgids: set[int] = set()
         self._sessions: set[int] = set()
         self._lock = threading.Lock()
@@ -122,6 +126,16 @@ class Guard:
                          tree=Tree(sessions, f"JOBFENCE_ATTEMPT_ID={self.claim.attempt_id}"
                                    .encode()))
 
+    def begin_action(self, inactivity_seconds: float | None) -> None:
+        """An action starts: it may go ``inactivity_seconds`` without output or progress
+        (None: for ever)."""
+        self._active_at = self.clock()
+        self._inactivity = inactivity_seconds
+
+    def touch(self) -> None:
+        """The running action wrote output or reported progress."""
+        self._active_at = self.clock()
+
     def lease_live(self) -> bool:
         """Whether the local lease deadline is still beyond the self-fencing margin."""
         return self.clock() < self._deadline - self.margin
@@ -162,6 +176,12 @@ class Guard:
             if self.request_stop(StopReason.TIMED_OUT):
                 log.warning("run_timed_out", job_id=str(self.claim.job_id))
             return True
+        if self._inactivity is not None and now >= self._active_at + self._inactivity \
+                and not self.ending.is_set():
+            if self.request_stop(StopReason.INACTIVE):
+                log.warning("action_inactive", job_id=str(self.claim.job_id),
+                            inactivity_seconds=self._inactivity)
+            return True
         if now >= self._deadline - self.margin:
             if self.request_stop(StopReason.LEASE_EXPIRED):
                 log.error("self_fenced", job_id=str(self.claim.job_id),
@@ -173,8 +193,12 @@ class Guard:
 
     def next_deadline(self) -> float:
         """The earliest moment the watchdog must look at this guard again."""
-        lease = self._deadline - self.margin
-        return lease if self._run_deadline is None else min(lease, self._run_deadline)
+        due = [self._deadline - self.margin]
+        if self._run_deadline is not None:
+            due.append(self._run_deadline)
+        if self._inactivity is not None:
+            due.append(self._active_at + self._inactivity)
+        return min(due)
 
 
 class Guards:

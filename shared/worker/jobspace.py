@@ -53,8 +53,10 @@ class LocalSpace:
     system's temporary directory, or the command sidecar's scratch volume)."""
 
     def __init__(self, base: Path, attempt_id: UUID | str, users: Users, *,
-                 sweep_base: bool = False) -> None:
+                 sweep_base: bool = False, sample_seconds: float = 0.5) -> None:
         self.base = base
+        self.sample_seconds = sample_seconds
+        """How often a child's tree memory is sampled (``LocalChild``)."""
         self.name = f"jobfence-{UUID(str(attempt_id))}"
         self.users = users
         self.sweep_base = sweep_base
@@ -112,9 +114,10 @@ class LocalSpace:
         return [open_listed(self._fds["outputs"], item, paths.uid) for item in items]
 
     def start(self, argv: Sequence[str], env: Mapping[str, str],
-              sink: Callable[[str, bytes], None] | None = None) -> LocalChild:
+              sink: Callable[[str, bytes], None]) -> LocalChild:
         user, paths = self._opened()
-        return LocalChild(argv, Path(paths.workdir), env, user.popen_args(), sink=sink)
+        return LocalChild(argv, Path(paths.workdir), env, user.popen_args(), sink,
+                          sample_seconds=self.sample_seconds)
 
     def close(self) -> None:
         user, self.user = self.user, None
@@ -145,12 +148,15 @@ class LocalSpaces:
 
     names_user = False
 
-    def __init__(self, users: Users, base: Path | None = None) -> None:
+    def __init__(self, users: Users, base: Path | None = None,
+                 sample_seconds: float = 0.5) -> None:
         self.users = users
         self.base = base or Path(tempfile.gettempdir())
+        self.sample_seconds = sample_seconds
 
     def space(self, attempt_id: UUID) -> LocalSpace:
-        return LocalSpace(self.base, attempt_id, self.users)
+        return LocalSpace(self.base, attempt_id, self.users,
+                          sample_seconds=self.sample_seconds)
 
     def ready(self) -> bool:
         return True

@@ -33,12 +33,13 @@ from jobfence.logs import get_logger
 from jobfence.objectstore import ObjectStore
 from jobfence.settings import Settings
 from jobfence.shutdown import on_termination
-from jobfence.store import Claim, RetryPolicy
+from jobfence.store import Claim
 from jobfence.wiring import open_object_store
 from jobfence.worker.completer import Completer
 from jobfence.worker.execution import Execution, Next, Outcome, Result, Wiring
 from jobfence.worker.guard import Guards
 from jobfence.worker.jobspace import LocalSpaces
+from jobfence.worker.output import LineBudget
 from jobfence.worker.proctree import kill_descendants
 from jobfence.worker.sandbox import Sandbox, Spaces
 
@@ -152,7 +153,8 @@ def open_sandbox(settings: Settings) -> Sandbox:
             spaces = SidecarSpaces(SidecarLink(settings.command_socket,
                                                settings.command_runner_uid))
         else:
-            spaces = LocalSpaces(users_for(settings.command_user, settings.command_uids))
+            spaces = LocalSpaces(users_for(settings.command_user, settings.command_uids),
+                                 sample_seconds=settings.usage_sample_seconds)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return Sandbox(spaces, passthrough)
@@ -175,8 +177,8 @@ class Worker:
         self.wiring = Wiring(settings=settings, completer=completer,
                              guards=Guards(settings), sandbox=self.sandbox,
                              objects=self.objects, installation=identity.installation,
-                             retry=RetryPolicy(settings.retry_base_seconds,
-                                               settings.retry_max_seconds))
+                             retry=settings.retry_policy,
+                             lines=LineBudget(settings.output_lines_per_second))
         self.report = Report(worker_id=settings.worker, queue=self.queue,
                              concurrency=self.concurrency)
         self._results: queue.Queue[Result | BaseException | object] = queue.Queue()

@@ -24,7 +24,6 @@ the tree too: the container's init (tini) kills what is left when the worker exi
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import ctypes
 import os
@@ -38,10 +37,6 @@ from typing import IO, ClassVar, NamedTuple
 
 PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_PDEATHSIG = 1
-
-TAIL_BYTES = 4096
-"""How much of a child's stdout and stderr is kept (the end of each)."""
-
 
 def kill_group(pgid: int) -> None:
     """SIGKILL a whole process group; gone already is fine."""
@@ -62,23 +57,6 @@ try:
     """A ``preexec_fn`` for a child that must not outlive the process that started it."""
 except (AttributeError, OSError):
     DIE_WITH_PARENT = None
-
-
-class Tail:
-    """The last TAIL_BYTES written to a child's stream."""
-
-    def __init__(self) -> None:
-        self._chunks: collections.deque[bytes] = collections.deque()
-        self._size = 0
-
-    def add(self, chunk: bytes) -> None:
-        self._chunks.append(chunk)
-        self._size += len(chunk)
-        while self._size - len(self._chunks[0]) >= TAIL_BYTES:
-            self._size -= len(self._chunks.popleft())
-
-    def text(self) -> str:
-        return b"".join(self._chunks)[-TAIL_BYTES:].decode("utf-8", errors="replace")
 
 
 def pump(stream: IO[bytes], sink: Callable[[bytes], None]) -> threading.Thread:
@@ -256,6 +234,27 @@ def reap() -> None:
             if p.state == "Z" and p.pid not in _Children.waited:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(p.pid, os.WNOHANG)
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def tree_rss(root: int) -> int:
+    """The resident memory (bytes) of ``root`` and every live descendant together, read
+    from /proc (each process's children list, so only the tree is read); 0 once gone."""
+    total, frontier, seen = 0, [root], set()
+    while frontier:
+        pid = frontier.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                frontier += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError, IndexError):
+            continue  # gone while we looked
+    return total
 
 
 def _below_one(root: int) -> list[_Proc]:

@@ -21,9 +21,9 @@ A child starts here, as the worker's own child (``LocalChild``), or — with
 ``JOBFENCE_COMMAND_SOCKET`` set, as the shipped worker pods do — in the command sidecar, a
 second container of the worker's pod that holds no Secret, no API token and none of the
 worker's processes (``jobfence.worker.sidecar``). Either way the action sees one ``Child``
-(``jobfence.actions.child``): wait for its exit, kill its process group, read the tails of
-its output. Whatever the child reaches, the worker role bounds what a leaked worker
-credential can do.
+(``jobfence.actions.child``): wait for its exit, kill its process group, ask what it used;
+its output goes to the ``ChildOutput`` it was started with. Whatever the child reaches,
+the worker role bounds what a leaked worker credential can do.
 """
 
 from __future__ import annotations
@@ -34,20 +34,21 @@ import functools
 import os
 import pwd
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 from uuid import UUID
 
-from jobfence.actions.child import ChildNotStarted, JobSpace, SpacePaths
+from jobfence.actions.child import ChildNotStarted, JobSpace, SpacePaths, Usage
 from jobfence.worker.proctree import (
     DIE_WITH_PARENT,
-    Tail,
     child_waited,
     kill_group,
     pump,
     starting_child,
+    tree_rss,
 )
 
 BASE_ENV = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TZ")
@@ -65,12 +66,14 @@ def protect_worker() -> bool:
 
 
 class LocalChild:
-    """A child of this process in a session of its own. Its output goes to ``sink`` (the
-    command sidecar streams it), else to tails kept here."""
+    """A child of this process in a session of its own, its output handed to ``sink`` as
+    it comes. Its exit is collected with ``wait4``, which says what it (and every
+    descendant it waited for) used; while it runs, its tree's memory is sampled every
+    ``sample_seconds`` (0: never) for the peak of the whole tree."""
 
     def __init__(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str],
-                 popen_args: Mapping[str, Any],
-                 sink: Callable[[str, bytes], None] | None = None) -> None:
+                 popen_args: Mapping[str, Any], sink: Callable[[str, bytes], None], *,
+                 sample_seconds: float = 0.5) -> None:
         try:
             with starting_child() as register:
                 self._proc = subprocess.Popen(
@@ -85,10 +88,10 @@ class LocalChild:
             raise ChildNotStarted(f"cannot start {argv[0]!r}: {exc}") from exc
         self.pgid: int | None = self._proc.pid
         self._closed = False
-        self._tails = {"out": Tail(), "err": Tail()}
+        self._usage: Usage | None = None
+        self._peak = TreeMemory(self._proc.pid, sample_seconds)
         assert self._proc.stdout is not None and self._proc.stderr is not None
-        self._pumps = [pump(stream, self._tails[name].add if sink is None
-                            else functools.partial(sink, name))
+        self._pumps = [pump(stream, functools.partial(sink, name))
                        for name, stream in (("out", self._proc.stdout),
                                             ("err", self._proc.stderr))]
 
@@ -97,12 +100,29 @@ class LocalChild:
         return self._proc.pid
 
     def wait(self, timeout: float | None) -> int | None:
-        try:
-            code = self._proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-        child_waited(self._proc.pid)
-        return code
+        """Its exit status, else None after ``timeout`` seconds (None: however long)."""
+        if self._proc.returncode is not None:
+            return self._proc.returncode
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.0005
+        while True:
+            try:
+                pid, status, rusage = os.wait4(self._proc.pid, os.WNOHANG)
+            except ChildProcessError:  # collected elsewhere: as Popen does, call it 0
+                pid, status, rusage = self._proc.pid, 0, None
+            if pid:
+                self._proc.returncode = os.waitstatus_to_exitcode(status)
+                child_waited(self._proc.pid)
+                if rusage is not None:
+                    self._usage = Usage(rusage.ru_utime + rusage.ru_stime,
+                                        max(rusage.ru_maxrss * 1024, self._peak.peak))
+                return self._proc.returncode
+            self._peak.sample()
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            time.sleep(pause if left is None else min(pause, left))
+            pause = min(pause * 2, 0.05)
 
     def kill(self) -> bool:
         """SIGKILL its group; False once it was closed (its group's id may be another's)."""
@@ -113,8 +133,7 @@ class LocalChild:
 
     def close(self) -> None:
         kill_group(self._proc.pid)  # grandchildren left behind by the child die with it
-        self._proc.wait()
-        child_waited(self._proc.pid)
+        self.wait(None)
         self._closed = True
         for thread in self._pumps:
             thread.join(timeout=2)
@@ -122,8 +141,25 @@ class LocalChild:
     def ended(self) -> bool:
         return self._closed
 
-    def output(self) -> tuple[str, str]:
-        return self._tails["out"].text(), self._tails["err"].text()
+    def usage(self) -> Usage | None:
+        return self._usage
+
+
+class TreeMemory:
+    """The peak of the resident memory of a process and its descendants together, sampled
+    (from /proc) no more often than every ``every`` seconds."""
+
+    def __init__(self, root: int, every: float) -> None:
+        self.root = root
+        self.every = every
+        self.peak = 0
+        self._next = time.monotonic() + min(every, 0.05)  # a short child costs no scan
+
+    def sample(self) -> None:
+        if self.every <= 0 or time.monotonic() < self._next:
+            return
+        self._next = time.monotonic() + self.every
+        self.peak = max(self.peak, tree_rss(self.root))
 
 
 class Spaces(Protocol):

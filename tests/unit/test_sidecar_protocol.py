@@ -20,10 +20,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobfence.actions.child import ChildNotStarted
+from jobfence.actions.child import ChildNotStarted, ChildOutput, Tail
 from jobfence.errors import ConfigError
 from jobfence.jobuids import SameUser
-from jobfence.worker.proctree import Tail
 from jobfence.worker.sidecar.link import SidecarLink, SidecarSpace
 from jobfence.worker.sidecar.protocol import Channel, ProtocolError, parse_request
 from jobfence.worker.sidecar.serve import SidecarServer
@@ -152,11 +151,15 @@ def test_the_runner_refuses_what_is_not_the_protocol_and_goes_on(link: SidecarLi
     assert _raw(link, b"") is None  # a channel closed at once: nothing to say
     space = SidecarSpace(link, uuid.uuid4())
     paths = space.open()
+    output = ChildOutput()
     child = space.start(["sh", "-c", "printf '%s' \"$X\"; pwd; exit 4"],
-                        {"X": "from the env", "PATH": os.defpath})
+                        {"X": "from the env", "PATH": os.defpath}, output.add)
     assert wait_for(lambda: child.wait(0.1) is not None) and child.wait(0) == 4
     child.close()
-    assert child.output() == (f"from the env{paths.workdir}\n", "")
+    assert output.result()["stdout_tail"] == f"from the env{paths.workdir}\n"
+    assert output.result()["stderr_tail"] == ""
+    used = child.usage()  # the runner says what the child used
+    assert used is not None and used.cpu_seconds >= 0 and used.peak_memory_bytes > 0
     space.close()
 
 
@@ -170,7 +173,8 @@ def test_inputs_and_outputs_cross_as_descriptors(link: SidecarLink) -> None:
     child = space.start(["sh", "-c", 'cat "$0"/a.txt "$0"/deep/b.txt > "$1"/out.txt; '
                                      'ln -s /etc/passwd "$1"/link; mkfifo "$1"/fifo; '
                                      'mkdir "$1"/sub && echo x > "$1"/sub/y',
-                         paths.inputs, paths.outputs], {"PATH": os.defpath})
+                         paths.inputs, paths.outputs], {"PATH": os.defpath},
+                        ChildOutput().add)
     assert wait_for(lambda: child.wait(0.1) is not None)
     assert child.wait(0) == 0
     child.close()
@@ -191,13 +195,16 @@ def test_inputs_and_outputs_cross_as_descriptors(link: SidecarLink) -> None:
 def test_a_remote_childs_output_keeps_its_tail(link: SidecarLink) -> None:
     space = SidecarSpace(link, uuid.uuid4())
     space.open()
+    output = ChildOutput()
     child = space.start([sys.executable, "-c",
-                         "import sys; sys.stdout.write('x' * 300000 + 'END')"], {})
+                         "import sys; sys.stdout.write('x' * 300000 + 'END')"], {}, output.add)
     assert wait_for(lambda: child.wait(0.1) == 0)
     child.close()
     tail = Tail()
     tail.add(b"x" * 300000 + b"END")
-    assert child.output()[0] == tail.text() and child.output()[0].endswith("END")
+    stdout = output.result()["stdout_tail"]
+    assert stdout == tail.text() and stdout.endswith("END")
+    assert output.result()["stdout_bytes"] == 300003
     space.close()
 
 
@@ -249,7 +256,7 @@ def test_many_jobs_children_run_at_once_and_each_ends_alone(link: SidecarLink) -
     children = []
     for space in spaces:
         space.open()
-        children.append(space.start(["sleep", "30"], {"PATH": os.defpath}))
+        children.append(space.start(["sleep", "30"], {"PATH": os.defpath}, ChildOutput().add))
     started = time.monotonic()
     children[1].kill()
     assert wait_for(lambda: children[1].wait(0.05) is not None)

@@ -26,16 +26,15 @@ import socket
 import stat
 import struct
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 from uuid import UUID
 
-from jobfence.actions.child import ChildLost, ChildNotStarted, SpacePaths
+from jobfence.actions.child import ChildLost, ChildNotStarted, SpacePaths, Usage
 from jobfence.errors import ConfigError
 from jobfence.fsboundary import BoundaryError, Listed, Refused, check_regular, refusal
 from jobfence.logs import get_logger
-from jobfence.worker.proctree import Tail
 from jobfence.worker.sidecar.protocol import (
     CLOSE_SECONDS,
     CONNECT_SECONDS,
@@ -310,7 +309,8 @@ class SidecarSpace:
                 out.append(os.fdopen(fd, "rb"))
         return out
 
-    def start(self, argv: Sequence[str], env: Mapping[str, str]) -> SidecarChild:
+    def start(self, argv: Sequence[str], env: Mapping[str, str],
+              sink: Callable[[str, bytes], None]) -> SidecarChild:
         try:
             channel, reply, _ = _call(self.link, STARTED_SECONDS, start={
                 "attempt": self.attempt, "argv": list(argv), "env": dict(env)})
@@ -320,7 +320,7 @@ class SidecarSpace:
             channel.close()
             raise ChildNotStarted(f"the command sidecar answered {str(reply)[:200]}")
         channel.sock.settimeout(None)  # the child's output comes when it comes
-        return SidecarChild(channel, self.link)
+        return SidecarChild(channel, self.link, sink)
 
     def close(self) -> None:
         if self.paths is None:
@@ -338,12 +338,14 @@ class SidecarChild:
 
     pgid: int | None = None  # not ours to kill: ``kill`` asks the runner
 
-    def __init__(self, channel: Channel, link: SidecarLink) -> None:
+    def __init__(self, channel: Channel, link: SidecarLink,
+                 sink: Callable[[str, bytes], None]) -> None:
         self._channel = channel
         self._link = link
         self._where = link.path
-        self._tails = {"out": Tail(), "err": Tail()}
+        self._sink = sink
         self._code: int | None = None
+        self._usage: Usage | None = None
         self._lost: str | None = None
         self._ended = threading.Event()
         self._reader = threading.Thread(target=self._read, name="sidecar-reader", daemon=True)
@@ -354,10 +356,11 @@ class SidecarChild:
             while (message := self._channel.receive()) is not None:
                 if "exit" in message:
                     self._code = int(message["exit"])
+                    self._usage = Usage.reported(message.get("usage"))
                     return
                 for stream in ("out", "err"):
                     if stream in message:
-                        self._tails[stream].add(base64.b64decode(message[stream]))
+                        self._sink(stream, base64.b64decode(message[stream]))
             self._lost = "closed the connection while the command ran"
         except (OSError, ProtocolError, ValueError, TypeError) as exc:
             self._lost = f"failed while the command ran: {exc}"
@@ -391,8 +394,8 @@ class SidecarChild:
         descendant are gone."""
         return self._ended.is_set() and self._lost is None
 
-    def output(self) -> tuple[str, str]:
-        return self._tails["out"].text(), self._tails["err"].text()
+    def usage(self) -> Usage | None:
+        return self._usage
 
 
 class SidecarSpaces:

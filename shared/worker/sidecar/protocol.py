@@ -35,8 +35,9 @@ message is the request:
 - ``{"close": {"attempt"}}`` → ``{"closed": true}``: the job's processes killed, its space
   removed;
 - ``{"start": {"attempt", "argv", "env"}}`` → ``{"started": PID}`` or ``{"error": ...}``,
-  then ``{"out": B64}`` and ``{"err": B64}`` as the child writes, and ``{"exit": CODE}``
-  once the child, its group and every descendant are gone and its output is all sent. The
+  then ``{"out": B64}`` and ``{"err": B64}`` as the child writes, and ``{"exit": CODE,
+  "usage": {"cpu_seconds", "peak_memory_bytes"}}`` once the child, its group and every
+  descendant are gone and its output is all sent (no ``usage`` where it is unknown). The
   worker may send ``{"kill": true}`` at any time. The channel lives as long as the child:
   when the worker goes away (SIGKILL, a lost fence, an evicted pod) the runner sees it
   close and kills the child's group and every process the child left behind (the runner

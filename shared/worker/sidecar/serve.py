@@ -262,8 +262,12 @@ class SidecarServer:
             del self._children[child.pid]
         # what left its group (setsid, daemons): its own only, while others run here
         self._kill_tree(child, attempt, reap_children=True)
+        used = child.usage()
         with contextlib.suppress(OSError):
-            channel.send(exit=code)
+            if used is None:
+                channel.send(exit=code)
+            else:
+                channel.send(exit=code, usage=used.as_dict())
         channel.close()
         follower.join(timeout=1)
         log.debug("command_exited", pid=child.pid, exit_code=code)
