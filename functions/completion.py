@@ -36,6 +36,7 @@ FLAGS: dict[str, str] = {
     "drain": "--reason",
     "command-runner": "--scratch --socket",
     "metrics": "--host --port --serve",
+    "logs": "--action --attempt --follow --stream",
     "runs": "--function --interval --limit --output --status --timeout --wait",
     "serve": "--host --port",
 }

@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "command-runner": ("command_runner:main",
                        "the worker pod's command sidecar: run jobs' commands away from the keys"),
     "metrics": ("observe:metrics_main", "print the metrics (Prometheus text), or serve them"),
+    "logs": ("observe:logs_main", "a job's whole output (stdout, stderr), or --follow it"),
     "runs": ("observe:runs_main", "recent runs of the periodic functions: trigger, status, counts"),
     "serve": ("serve:main", "the operators' web console and HTTP API"),
     "completion": ("completion:main", "shell completion: bash, zsh or fish"),

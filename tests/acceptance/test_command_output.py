@@ -1,0 +1,185 @@
+"""A command's whole output, through the real worker against moto's S3 server: on S3
+whole and in the worker's log line by line while the worker's memory stays flat; read back
+by `jobfence logs` (whole, or followed as it comes); a small output stays in the database;
+the worker's log lines are bounded per second. And what stops a command that has gone
+quiet (the inactivity timeout), and what a command used (CPU time, peak memory)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from devtools.sqlconn import connect
+from jobfence.adapters.s3 import S3ObjectStore
+from jobfence.objectstore import log_prefix
+from jobfence.store import Store
+from tests.procs import action_results, enqueue, job, spawn, wait_for
+from tests.support import JOBFENCE, REPO, cli_env, run_cli
+
+LINES = 819_200  # 64 bytes each: 50 MiB
+BIG = (f"import sys\nw = sys.stdout.write\nfor i in range({LINES}):\n    w(f'{{i:063d}}\\n')\n"
+       "sys.stderr.write('done\\n')\n")
+
+
+def _expected_stdout() -> str:
+    digest = hashlib.sha256()
+    for i in range(LINES):
+        digest.update(f"{i:063d}\n".encode())
+    return digest.hexdigest()
+
+
+def _command(*argv: str, **spec: object) -> str:
+    return "command:" + json.dumps({"argv": list(argv), **spec})
+
+
+def _peak_rss_while_it_runs(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    """The worker's own high-water mark of resident memory (VmHWM), read until it exits;
+    and its stderr."""
+    peak = 0
+    err: list[str] = []
+    assert proc.stdout is not None and proc.stderr is not None
+    readers = [threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True),
+               threading.Thread(target=proc.stdout.read, daemon=True)]
+    for reader in readers:
+        reader.start()
+    while proc.poll() is None:
+        try:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+        except OSError:
+            break
+        for line in status.splitlines():
+            if line.startswith("VmHWM:"):
+                peak = max(peak, int(line.split()[1]) * 1024)
+        time.sleep(0.05)
+    proc.wait(timeout=120)
+    for reader in readers:
+        reader.join(timeout=10)
+    proc.stdout.close()
+    proc.stderr.close()
+    return peak, "".join(err)
+
+
+def _log_lines(stderr: str, event: str) -> list[dict[str, object]]:
+    out = []
+    for line in stderr.splitlines():
+        if line.startswith("{"):
+            entry = json.loads(line)
+            if entry.get("event") == event:
+                out.append(entry)
+    return out
+
+
+def test_a_50_mb_output_reaches_s3_whole_and_the_log_line_by_line_with_flat_memory(
+        dsn: str, s3_env: dict[str, str]) -> None:
+    lines = {"JOBFENCE_OUTPUT_LINES_PER_SECOND": "2000"}
+    # The baseline writes 5 MiB: the worker then has its S3 client and writes objects too.
+    small = enqueue(dsn, _command(sys.executable, "-c", BIG.replace(str(LINES), "81920")),
+                    **s3_env)
+    baseline, _ = _peak_rss_while_it_runs(
+        spawn(dsn, "worker", "--max-jobs", "1", **s3_env, **lines))
+    assert job(dsn, small)["status"] == "succeeded"
+    big = enqueue(dsn, _command(sys.executable, "-c", BIG), **s3_env)
+    peak, stderr = _peak_rss_while_it_runs(
+        spawn(dsn, "worker", "--max-jobs", "1", **s3_env, **lines))
+    row = job(dsn, big)
+    assert row["status"] == "succeeded", stderr[-2000:]
+    # Flat: the worker holds a chunk per stream at most, never what the command wrote.
+    assert peak - baseline < 16 * 2**20, (peak, baseline)
+
+    [result] = [r["result"] for r in action_results(dsn, big)]
+    assert result["stdout_bytes"] == LINES * 64 and result["output_on_s3"] is True
+    assert result["stderr_bytes"] == 5 and result["stdout_tail"].endswith(f"{LINES - 1:063d}\n")
+    with connect(dsn) as conn:
+        installation = str(Store(conn).control.identity().installation)
+        logged = conn.execute("SELECT attempt_id, action_index FROM job_logs "
+                              "WHERE job_id = %s", (big,)).fetchall()
+    assert [(r["attempt_id"], r["action_index"]) for r in logged] == [(row["attempt_id"], 0)]
+    s3 = S3ObjectStore(endpoint_url=s3_env["JOBFENCE_S3_ENDPOINT_URL"])
+    prefix = log_prefix(installation, row["job_id"], row["attempt_id"], 0, "stdout")
+    keys = [o.key for o in s3.iter_objects(s3_env["JOBFENCE_S3_BUCKET"], prefix)]
+    assert keys == [f"{prefix}{n:08d}" for n in range(1, 14)]  # 4 MiB objects, in order
+
+    # The worker's log: whole lines, each saying whose; what the budget dropped is counted.
+    said = _log_lines(stderr, "output")
+    assert said and all(e["job_id"] == big and e["attempt"] == 1 and e["action"] == 0
+                        for e in said)
+    out_lines = [e for e in said if e["stream"] == "stdout"]
+    assert all(len(str(e["line"])) == 63 for e in out_lines)
+    numbers = [int(str(e["line"])) for e in out_lines]
+    assert numbers == sorted(numbers) and numbers[0] == 0
+    dropped = sum(int(str(e["lines"])) for e in _log_lines(stderr, "output_lines_dropped"))
+    assert len(said) + dropped == LINES + 1  # every line said or counted, the stderr one too
+
+    # `jobfence logs` reads it back whole, byte for byte.
+    got = subprocess.run([*JOBFENCE, "logs", big, "--stream", "stdout"], cwd=REPO,
+                         env=cli_env(dsn, "logs", **s3_env), capture_output=True, timeout=120,
+                         check=True)
+    assert hashlib.sha256(got.stdout).hexdigest() == _expected_stdout()
+    both = run_cli(dsn, "logs", big, "--stream", "stderr", **s3_env)
+    assert both.stdout == "done\n"
+
+
+def test_a_small_output_stays_in_the_database_and_logs_shows_it(
+        dsn: str, s3_env: dict[str, str]) -> None:
+    job_id = enqueue(dsn, _command("sh", "-c", "echo one; echo two >&2"),
+                     _command("sh", "-c", "echo three"), **s3_env)
+    assert run_cli(dsn, "worker", "--max-jobs", "1", **s3_env).returncode == 0
+    with connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) AS n FROM job_logs").fetchone()["n"] == 0
+    s3 = S3ObjectStore(endpoint_url=s3_env["JOBFENCE_S3_ENDPOINT_URL"])
+    assert not list(s3.iter_objects(s3_env["JOBFENCE_S3_BUCKET"], ""))
+    shown = run_cli(dsn, "logs", job_id, **s3_env)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == (
+        "==> attempt 1, action 1 (command): stdout, 4 bytes <==\none\n"
+        "==> attempt 1, action 1 (command): stderr, 4 bytes <==\ntwo\n"
+        "==> attempt 1, action 2 (command): stdout, 6 bytes <==\nthree\n"
+        "==> attempt 1, action 2 (command): stderr, 0 bytes <==\n")
+    assert run_cli(dsn, "logs", job_id, "--action", "2", "--stream", "stdout",
+                   **s3_env).stdout == "three\n"
+    assert run_cli(dsn, "logs", job_id, "--attempt", "2").returncode == 2
+    assert run_cli(dsn, "logs", "0190f3a0-0000-7000-8000-000000000000").returncode == 5
+
+
+def test_logs_follow_prints_a_running_commands_output_as_it_comes(
+        dsn: str, s3_env: dict[str, str]) -> None:
+    script = "for i in $(seq 1 36); do echo line $i; sleep 0.25; done"
+    job_id = enqueue(dsn, _command("sh", "-c", script), **s3_env)
+    worker = spawn(dsn, "worker", "--max-jobs", "1", **s3_env)
+    wait_for(lambda: job(dsn, job_id)["status"] == "running")
+    follow = subprocess.Popen([*JOBFENCE, "logs", job_id, "--follow", "--stream", "stdout",
+                               "--interval", "0.2"], cwd=REPO, text=True,
+                              env=cli_env(dsn, "logs", **s3_env), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    assert follow.stdout is not None
+    first = follow.stdout.readline()
+    seen_at = time.monotonic()
+    assert first == "line 1\n"
+    assert job(dsn, job_id)["status"] == "running"  # it came while the command ran
+    rest = follow.stdout.read()  # what readline buffered too: not communicate()
+    _, err = follow.communicate(timeout=30)
+    assert follow.returncode == 0, err
+    assert (first + rest).splitlines() == [f"line {i}" for i in range(1, 37)]
+    worker.communicate(timeout=30)
+    assert worker.returncode == 0
+    assert time.monotonic() - seen_at > 0.5
+
+
+def test_the_workers_log_is_bounded_per_second_whatever_a_job_writes(dsn: str) -> None:
+    enqueue(dsn, _command(sys.executable, "-c", "for i in range(20000): print(i)"))
+    started = time.monotonic()
+    r = run_cli(dsn, "worker", "--max-jobs", "1", JOBFENCE_OUTPUT_LINES_PER_SECOND="50",
+                JOBFENCE_LOG_FORMAT="json")
+    took = time.monotonic() - started
+    assert r.returncode == 0, r.stderr
+    said = _log_lines(r.stderr, "output")
+    assert 0 < len(said) <= 50 * (int(took) + 2)
+    dropped = sum(int(str(e["lines"])) for e in _log_lines(r.stderr, "output_lines_dropped"))
+    assert len(said) + dropped == 20000
+    assert [e["event"] for e in map(json.loads, filter(None, r.stderr.splitlines()))
+            if e.get("event") == "job_succeeded"]  # the worker's own lines are still there
