@@ -1,0 +1,1 @@
+-- 0027: a placeholder, kept only so that migration numbers stay gapless on this branch.
