@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from jobfence.actions import Action, ActionContext, StopRequested
+from jobfence.actions import Action, ActionContext, StopRequested, snooze
 from jobfence.actions.child import Child, ChildLost, ChildNotStarted
 from jobfence.durations import Duration
 from jobfence.errors import InvalidSpec
@@ -113,7 +113,8 @@ class CommandAction:
     ``JobSpace``): the job's S3 inputs are downloaded into
     JOBFENCE_INPUT_DIR before its first command, and the regular files the command writes
     into JOBFENCE_OUTPUT_DIR are uploaded when it exits 0 — anything else found there is
-    refused, and the result says what and why (``outputs_refused``)."""
+    refused, and the result says what and why (``outputs_refused``). Exit 75 with a delay
+    in JOBFENCE_SNOOZE_FILE snoozes (``jobfence.actions.snooze``)."""
 
     name = "command"
     poll_seconds = 0.05
@@ -126,7 +127,8 @@ class CommandAction:
         ctx.check_stop()
         try:
             space, paths = ctx.space.open()  # the child may use inputs/ and outputs/
-            env = ctx.child_env.environment(ctx.env, p.env, paths)
+            env = ctx.child_env.environment(
+                {**ctx.env, **snooze.env(paths, ctx.action_index)}, p.env, paths)
             if ctx.files is not None and not ctx.space.inputs_ready:
                 ctx.files.download_inputs(space)  # once: later actions see what it left
                 ctx.space.inputs_ready = True
@@ -150,6 +152,9 @@ class CommandAction:
         result: dict[str, Any] = {
             "exit_code": code, "duration_seconds": round(time.monotonic() - started, 3),
             "stdout_tail": stdout, "stderr_tail": stderr}
+        if code == snooze.EXIT_CODE:  # raises Snooze when its file says how long
+            raise ActionFailed(f"command exited with {code} to snooze, but "
+                               f"{snooze.asked(space, ctx.action_index)}", stderr, result)
         if code != 0:
             last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
             raise ActionFailed(f"command exited with {code}" + (f": {last}" if last else ""),
