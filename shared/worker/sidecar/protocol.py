@@ -254,8 +254,8 @@ def _read(args: Mapping[str, Any]) -> None:
 def read_reply(reply: Mapping[str, Any], limit: int) -> bytes | None:
     """The bytes a ``read`` reply carries (None: no such file); ProtocolError when it is
     not a read reply of at most ``limit`` bytes."""
-    got = reply.get("read", "")
-    if got is None:
+    got = reply.get("read", 0)
+    if got is None and "read" in reply:
         return None
     try:
         data = base64.b64decode(got, validate=True) if isinstance(got, str) else None
