@@ -117,7 +117,7 @@ def test_read_small_refuses_what_is_not_a_small_regular_file_of_the_jobs(
 
 
 class FakeSpace:
-    def __init__(self, got: bytes | None | Exception) -> None:
+    def __init__(self, got: bytes | Exception | None) -> None:
         self.got = got
         self.asked: list[tuple[str, int]] = []
 
