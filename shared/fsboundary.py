@@ -254,6 +254,42 @@ def open_listed(root_fd: int, item: Listed, uid: int) -> BinaryIO | str:
     return os.fdopen(out, "rb")
 
 
+def read_small(dir_fd: int, name: str, uid: int, limit: int) -> bytes | None:
+    """The content of ``name``, a regular file of the job's ``uid`` with one name directly
+    in the directory open as ``dir_fd``, of at most ``limit`` bytes; None when there is no
+    such name. BoundaryError says why anything else is refused (a link, a FIFO, a device,
+    another user's file, a longer one). It is looked at before it is opened (a device is
+    never opened) and must still be that inode once open; at most ``limit + 1`` bytes are
+    ever read, however much the job writes meanwhile."""
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        raise BoundaryError(f"{name!r}: not a name in the directory")
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise BoundaryError(f"{name}: {exc.strerror or exc}") from exc
+    why = refusal(st, uid) or (f"longer than {limit} bytes" if st.st_size > limit else None)
+    if why is not None:
+        raise BoundaryError(f"{name}: {why}")
+    try:
+        fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        raise BoundaryError(f"{name}: changed while it was read") from exc
+    try:
+        held = os.fstat(fd)
+        if refusal(held, uid) is not None or (held.st_dev, held.st_ino) != (st.st_dev, st.st_ino):
+            raise BoundaryError(f"{name}: changed while it was read")
+        data = b""
+        while len(data) <= limit and (chunk := os.read(fd, limit + 1 - len(data))):
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise BoundaryError(f"{name}: longer than {limit} bytes")
+    return data
+
+
 def check_regular(f: BinaryIO, what: str) -> None:
     """A descriptor handed over by another process must be a regular file's."""
     if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):

@@ -1,4 +1,4 @@
-"""Time-ordered job ids (UUID version 7, RFC 9562).
+"""Time-ordered job ids (UUID version 7, RFC 9562), and the identity a worker claims by.
 
 Ordered ids keep the primary-key index append-mostly under heavy enqueue and let `list`
 show newest first by walking that index, without a separate index on created_at.
@@ -7,6 +7,7 @@ show newest first by walking that index, without a separate index on created_at.
 from __future__ import annotations
 
 import os
+import socket
 import time
 import uuid
 from datetime import UTC, datetime
@@ -34,3 +35,16 @@ def parse_job_id(text: str) -> uuid.UUID:
         return uuid.UUID(text.strip())
     except (ValueError, AttributeError):
         raise ValueError(f"{text!r} is not a job id (expected a UUID)") from None
+
+
+def default_worker_id(cluster: str, installation: str | None) -> str:
+    """The pod name; for a worker process of the ``local`` cluster started with its
+    installation in its environment, ``local:INSTALLATION:HOST:PID`` (the local cluster
+    vouches for exactly those); else ``HOST:PID`` (a claim no cluster can vouch for)."""
+    pod = os.environ.get("POD_NAME")
+    if pod:
+        return pod
+    host = socket.gethostname()
+    if cluster == "local" and installation:
+        return f"local:{installation}:{host}:{os.getpid()}"
+    return f"{host}:{os.getpid()}"

@@ -7,8 +7,6 @@ functions build ``Settings`` once in ``main()`` and pass it down.
 
 from __future__ import annotations
 
-import os
-import socket
 from datetime import timedelta
 from typing import TYPE_CHECKING, Literal, Self
 
@@ -18,6 +16,7 @@ from pydantic_settings import SettingsConfigDict
 from jobfence.command_settings import CommandSettings
 from jobfence.durations import Duration
 from jobfence.errors import ConfigError
+from jobfence.ids import default_worker_id
 from jobfence.limits import Unstorable, check_text, schema_refusal
 
 if TYPE_CHECKING:
@@ -83,6 +82,11 @@ class Settings(CommandSettings):
     attempt: the worker gives the job back at once and the attempt does not count. Past
     this many, a SIGTERM counts as a failed attempt, so that a job that is always
     interrupted still ends."""
+
+    max_snoozes: int = Field(default=100, ge=0, le=1_000_000)
+    """Snoozes a job may take (an action asking to run again later, which spends no
+    attempt): past this many, the next one fails the job, saying so, so that a job cannot
+    snooze forever unnoticed. 0: an action may not snooze."""
 
     # -- the worker -------------------------------------------------------------------------------
 
@@ -348,19 +352,6 @@ class Settings(CommandSettings):
     def worker(self) -> str:
         assert self.worker_id is not None
         return self.worker_id
-
-
-def default_worker_id(cluster: str, installation: str | None) -> str:
-    """The pod name; for a worker process of the ``local`` cluster started with its
-    installation in its environment, ``local:INSTALLATION:HOST:PID`` (the local cluster
-    vouches for exactly those); else ``HOST:PID`` (a claim no cluster can vouch for)."""
-    pod = os.environ.get("POD_NAME")
-    if pod:
-        return pod
-    host = socket.gethostname()
-    if cluster == "local" and installation:
-        return f"local:{installation}:{host}:{os.getpid()}"
-    return f"{host}:{os.getpid()}"
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -14,7 +14,7 @@ _FIELDS = (
     "job_id", "status", "attempt_count", "max_attempts", "resource", "priority", "reason",
     "error", "created_at", "started_at", "finished_at", "claimed_by", "attempt_id",
     "parent_id", "labels", "idempotency_key", "ttl", "timeout", "expires_at", "manifest",
-    "interruptions", "queue", "run_at", "stopping_until",
+    "interruptions", "snoozes", "queue", "run_at", "stopping_until",
 )
 
 

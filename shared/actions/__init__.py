@@ -4,7 +4,9 @@ Built-ins (``sleep``, ``command``) live in ``jobfence.actions.builtin``; install
 add more through the entry-point group ``jobfence.actions``, whose objects satisfy the
 ``Action`` protocol (or are classes that construct one with no arguments). An action may
 also check the job's ``resource`` at enqueue (``ResourceValidator``): the table it would
-compact must exist, say, before anything is written.
+compact must exist, say, before anything is written. An action that cannot do its work yet
+(a rate limit, a resource not ready) raises ``Snooze``: its job runs again later without
+spending an attempt.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from functools import cache
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from uuid import UUID
@@ -27,6 +30,31 @@ ENTRY_POINT_GROUP = "jobfence.actions"
 
 class StopRequested(Exception):
     """Raised inside an action when the attempt must stop (fence lost, cancel, SIGTERM)."""
+
+
+MIN_SNOOZE = timedelta(milliseconds=1)
+MAX_SNOOZE = timedelta(days=1)
+"""The longest one snooze may be: a job that must wait longer snoozes again (each snooze
+counts against ``JOBFENCE_MAX_SNOOZES``), or is better scheduled (``run_at``)."""
+
+
+class Snooze(Exception):
+    """Raised by an action's ``run`` to run its job again after ``delay`` (a ``timedelta``,
+    or seconds) without spending an attempt: the job is pending again, visible after the
+    delay, and this action runs again then (the actions before it that succeeded are not
+    run again). The snooze is counted and recorded in the job's audit trail; a job that has
+    snoozed ``JOBFENCE_MAX_SNOOZES`` times fails at its next one. ValueError for a delay
+    that is not from a millisecond to a day."""
+
+    def __init__(self, delay: timedelta | float) -> None:
+        seconds = (delay.total_seconds() if isinstance(delay, timedelta)
+                   else None if isinstance(delay, bool) or not isinstance(delay, int | float)
+                   else float(delay))
+        if seconds is None or not (
+                MIN_SNOOZE.total_seconds() <= seconds <= MAX_SNOOZE.total_seconds()):
+            raise ValueError(f"a snooze lasts from a millisecond to a day, not {delay!r}")
+        self.delay = timedelta(seconds=seconds)
+        super().__init__(f"snooze for {seconds:g} s")
 
 
 class AttemptFiles(Protocol):

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from jobfence.actions import Action, ActionContext, StopRequested
+from jobfence.actions import Action, ActionContext, StopRequested, snooze
 from jobfence.actions.child import Child, ChildLost, ChildNotStarted, ChildOutput
 from jobfence.durations import Duration
 from jobfence.errors import InvalidSpec
@@ -116,7 +116,8 @@ class CommandAction:
     refused, and the result says what and why (``outputs_refused``). Its stdout and stderr
     go to the ``ChildOutput`` the context gives (tails and sizes in the result; the worker's
     also streams them to its log and S3), and the result says what its process tree used
-    (``usage``)."""
+    (``usage``). Exit 75 with a delay in JOBFENCE_SNOOZE_FILE snoozes
+    (``jobfence.actions.snooze``)."""
 
     name = "command"
     poll_seconds = 0.05
@@ -130,7 +131,8 @@ class CommandAction:
         output = ctx.output()
         try:
             space, paths = ctx.space.open()  # the child may use inputs/ and outputs/
-            env = ctx.child_env.environment(ctx.env, p.env, paths)
+            env = ctx.child_env.environment(
+                {**ctx.env, **snooze.env(paths, ctx.action_index)}, p.env, paths)
             if ctx.files is not None and not ctx.space.inputs_ready:
                 ctx.files.download_inputs(space)  # once: later actions see what it left
                 ctx.space.inputs_ready = True
@@ -162,6 +164,10 @@ class CommandAction:
             result["usage"] = used.as_dict()
         if failed is not None:
             raise ActionFailed(str(failed), failed.detail, result) from failed
+        if code == snooze.EXIT_CODE:  # raises Snooze when its file says how long
+            raise ActionFailed(f"command exited with {code} to snooze, but "
+                               f"{snooze.asked(space, ctx.action_index)}",
+                               result["stderr_tail"], result)
         if code != 0:
             stderr = result["stderr_tail"]
             last = stderr.strip().splitlines()[-1] if stderr.strip() else ""

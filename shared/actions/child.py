@@ -176,6 +176,13 @@ class JobSpace(Protocol):
         """Each listed file open for reading, or why it is not any more."""
         ...
 
+    def read_file(self, name: str, limit: int) -> bytes | None:
+        """What the job's children left in the regular file ``name`` at the top of their
+        working directory (a note to the worker, such as a snooze's delay), at most
+        ``limit`` bytes (4096 at most); None when there is none; BoundaryError saying why
+        anything else there is refused (a link, a FIFO, a longer file)."""
+        ...
+
     def start(self, argv: Sequence[str], env: Mapping[str, str],
               sink: Callable[[str, bytes], None]) -> Child:
         """Start a child in the space with exactly ``env``, its output handed to ``sink``

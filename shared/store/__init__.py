@@ -54,10 +54,10 @@ from jobfence.store.types import (
     Enqueued,
     JobRow,
     NewJob,
-    RetentionCandidate,
     RetryPolicy,
     Transition,
 )
+from jobfence.store.values import RetentionCandidate
 
 __all__ = [
     "ACTIVE", "IMMEDIATE", "SETTLE_BATCH", "TERMINAL", "ActionOutcome", "ChildBatches",

@@ -144,6 +144,16 @@ class Attempts(Noun):
             "max_interruptions": max_interruptions})
         return self._settled(row)
 
+    def snooze(self, *, job_id: UUID, attempt_id: UUID, delay_seconds: float, reason: str,
+               max_snoozes: int) -> Transition | None:
+        """Fenced give-back asked for by an action: pending again after ``delay_seconds``,
+        the attempt not counted, the snooze counted; failed instead when the job has snoozed
+        ``max_snoozes`` times already. None when the fence is lost."""
+        row = self._one("snooze", {
+            "job_id": job_id, "attempt_id": attempt_id, "delay_seconds": delay_seconds,
+            "reason": storable_text(reason), "max_snoozes": max_snoozes})
+        return self._settled(row)
+
     def _settled(self, row: dict[str, Any] | None) -> Transition | None:
         if row is None:
             return None

@@ -49,6 +49,13 @@ SELECT * FROM {schema}.worker_release(%(job_id)s::uuid, %(attempt_id)s::uuid,
 SELECT * FROM {schema}.worker_interrupt(%(job_id)s::uuid, %(attempt_id)s::uuid,
     %(reason)s::text, %(max_interruptions)s::integer);
 
+-- snooze --
+-- An action asked to run again later: the holder gives the job back, pending after
+-- %(delay_seconds)s, the attempt not counted and the snooze counted — or failed once the
+-- job has snoozed %(max_snoozes)s times.
+SELECT * FROM {schema}.worker_snooze(%(job_id)s::uuid, %(attempt_id)s::uuid,
+    %(delay_seconds)s::float8, %(reason)s::text, %(max_snoozes)s::integer);
+
 -- register_outputs --
 -- Register output files before uploading them (status running), under the fence:
 -- Falconeri's ownership check, done by the database. Idempotent.

@@ -50,7 +50,7 @@ SELECT * FROM {schema}.operator_cancel(%(job_id)s::uuid, %(reason)s::text);
 SELECT job_id, status, actions, resource, priority, max_attempts, attempt_count, visible_at,
     attempt_id, claimed_by, claimed_at, heartbeat_at, run_deadline_at, parent_id, is_parent,
     inputs, labels, ttl, timeout, expires_at, idempotency_key, reason, error, error_detail,
-    manifest, created_at, started_at, finished_at, interruptions, queue, run_at,
+    manifest, created_at, started_at, finished_at, interruptions, snoozes, queue, run_at,
     CASE WHEN stopping_until > clock_timestamp() THEN stopping_until END AS stopping_until,
     ARRAY(SELECT depends_on FROM {schema}.job_dependencies d WHERE d.job_id = jobs.job_id) AS after
 FROM {schema}.jobs WHERE job_id = %(job_id)s;
@@ -63,7 +63,7 @@ FROM {schema}.jobs WHERE job_id = %(job_id)s;
 SELECT job_id, status, actions, resource, priority, max_attempts, attempt_count, visible_at,
     attempt_id, claimed_by, claimed_at, heartbeat_at, run_deadline_at, parent_id, is_parent,
     inputs, labels, ttl, timeout, expires_at, idempotency_key, reason, error, error_detail,
-    manifest, created_at, started_at, finished_at, interruptions, queue, run_at,
+    manifest, created_at, started_at, finished_at, interruptions, snoozes, queue, run_at,
     CASE WHEN stopping_until > clock_timestamp() THEN stopping_until END AS stopping_until,
     ARRAY(SELECT depends_on FROM {schema}.job_dependencies d WHERE d.job_id = jobs.job_id) AS after
 FROM {schema}.jobs

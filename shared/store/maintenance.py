@@ -15,7 +15,8 @@ from uuid import UUID
 
 from jobfence import db
 from jobfence.store.base import Noun
-from jobfence.store.types import Moved, RetentionCandidate, RetryPolicy, Transition, transitions
+from jobfence.store.types import Moved, RetryPolicy, Transition, transitions
+from jobfence.store.values import RetentionCandidate
 
 
 class Maintenance(Noun):

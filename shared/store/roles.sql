@@ -62,6 +62,7 @@ GRANT EXECUTE ON FUNCTION
     {schema}.worker_release(uuid, uuid, float8, float8, text, text, text, integer, text, text,
                             timestamptz, jsonb, text, text),
     {schema}.worker_interrupt(uuid, uuid, text, integer),
+    {schema}.worker_snooze(uuid, uuid, float8, text, integer),
     {schema}.worker_register_outputs(uuid, uuid, jsonb),
     {schema}.worker_confirm_outputs(uuid, uuid, jsonb),
     {schema}.worker_fence(uuid, uuid),

@@ -101,7 +101,8 @@ class Claim(NamedTuple):
     lease_expires_at: datetime
     run_deadline_at: datetime | None
     interruptions: int = 0
-    """SIGTERMs this job took on earlier claims (their attempts were given back)."""
+    """Earlier claims of this job given back without spending an attempt (SIGTERMs and
+    snoozes): a claim after one may resume after the actions it finished."""
 
     @property
     def may_resume(self) -> bool:
@@ -172,18 +173,6 @@ class RetryPolicy:
 IMMEDIATE = RetryPolicy(0.0, 0.0)
 
 
-class RetentionCandidate(NamedTuple):
-    """A top-level terminal job whose retention has run out."""
-
-    job_id: UUID
-    is_parent: bool
-    has_outputs: bool
-    """Whether an attempt registered outputs: only then can it own objects on S3 (outputs
-    are registered under the fence before they are uploaded)."""
-    due: datetime
-    """Its place in the retention order (retain_until, or finished_at without a ttl)."""
-
-
 class JobRow(NamedTuple):
     """One job as ``status`` and ``list`` read it."""
 
@@ -216,6 +205,7 @@ class JobRow(NamedTuple):
     started_at: datetime | None
     finished_at: datetime | None
     interruptions: int
+    snoozes: int
     queue: str
     run_at: datetime | None
     stopping_until: datetime | None

@@ -1,5 +1,5 @@
-"""Value types of the store's newer nouns (schedules, bulk actions): rows come back as
-these, like the ones in ``jobfence.store.types``."""
+"""Value types of the store's newer nouns (schedules, bulk actions, retention): rows come
+back as these, like the ones in ``jobfence.store.types``."""
 
 from __future__ import annotations
 
@@ -70,3 +70,15 @@ class Acted(NamedTuple):
     job_id: UUID
     status: str | None
     refusal: str | None
+
+
+class RetentionCandidate(NamedTuple):
+    """A top-level terminal job whose retention has run out."""
+
+    job_id: UUID
+    is_parent: bool
+    has_outputs: bool
+    """Whether an attempt registered outputs: only then can it own objects on S3 (outputs
+    are registered under the fence before they are uploaded)."""
+    due: datetime
+    """Its place in the retention order (retain_until, or finished_at without a ttl)."""

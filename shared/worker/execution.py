@@ -27,7 +27,7 @@ from enum import StrEnum
 from typing import Any
 
 from jobfence import tracing
-from jobfence.actions import ActionContext, AttemptSpace, StopRequested, get_action
+from jobfence.actions import ActionContext, AttemptSpace, Snooze, StopRequested, get_action
 from jobfence.actions.builtin import ActionFailed
 from jobfence.actions.child import ChildOutput
 from jobfence.datums import AttemptFiles
@@ -50,6 +50,7 @@ class Outcome(StrEnum):
     SUCCEEDED = "succeeded"
     RETRY = "retry"            # released back to pending, attempts remain
     FAILED = "failed"          # terminal failure
+    SNOOZED = "snoozed"        # pending again after the delay an action asked for
     LOST = "lost"              # fence lost or self-fenced: wrote nothing
     TERMINATED = "terminated"  # SIGTERM: given back by the guards
 
@@ -173,6 +174,10 @@ class Execution:
                 return self._lost(guard)
             except WriteRefused:
                 raise
+            except Snooze as asked:
+                if guard.stop.is_set():
+                    return self._stopped(guard, index, spec["name"], started)
+                return self._snooze(guard, index, spec["name"], asked)
             except Exception as exc:
                 if guard.stop.is_set():  # the child died because we killed it
                     return self._stopped(guard, index, spec["name"], started)
@@ -261,6 +266,25 @@ class Execution:
             retry=self.w.retry, outcome=outcome, error=outcome.error,
             error_detail=outcome.error_detail))
         return self._released(guard, t, outcome.error)
+
+    def _snooze(self, guard: Guard, index: int, name: str, asked: Snooze) -> Result:
+        """Give the job back until the delay has passed, the attempt not spent (what this
+        attempt's earlier actions did stays recorded: the next claim resumes after them);
+        or fail it once it has snoozed JOBFENCE_MAX_SNOOZES times."""
+        claim = self.claim
+        reason = (f"snoozed for {format_duration(asked.delay)} by action {index + 1} "
+                  f"({name})")
+        log.info("job_snoozed", job_id=str(claim.job_id), index=index, action=name,
+                 delay_seconds=asked.delay.total_seconds())
+        guard.ending.set()
+        t = self.w.completer.write(guard, lambda s: s.attempts.snooze(
+            job_id=claim.job_id, attempt_id=claim.attempt_id,
+            delay_seconds=asked.delay.total_seconds(), reason=reason,
+            max_snoozes=self.w.settings.max_snoozes))
+        if t is None or t.status != "pending":
+            return self._released(guard, t, f"snoozed {self.w.settings.max_snoozes} times, "
+                                                   "the most a job may")
+        return Result(claim, Outcome.SNOOZED)
 
     def _stopped(self, guard: Guard, index: int, name: str, started: datetime) -> Result:
         claim = self.claim

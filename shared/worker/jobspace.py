@@ -13,6 +13,9 @@ run goes through those descriptors (``jobfence.fsboundary``):
 - outputs are listed from the ``outputs/`` descriptor — if the job moved or replaced that
   directory, nothing is uploaded and the result says so — and each accepted file is opened
   again through descriptors and checked to be the inode that was listed;
+- a note the children leave the worker at the top of their working directory (a snooze's
+  delay) is read through the working directory's descriptor: a regular file of the job's,
+  a few bytes long, or nothing is read;
 - the space is removed through descriptors, after every process of the job's own uid is
   killed.
 """
@@ -37,6 +40,7 @@ from jobfence.fsboundary import (
     list_files,
     make_dir,
     open_listed,
+    read_small,
     remove_dir,
     remove_owned,
     same_entry,
@@ -112,6 +116,10 @@ class LocalSpace:
     def open_outputs(self, items: Sequence[Listed]) -> list[BinaryIO | str]:
         _, paths = self._opened()
         return [open_listed(self._fds["outputs"], item, paths.uid) for item in items]
+
+    def read_file(self, name: str, limit: int) -> bytes | None:
+        _, paths = self._opened()
+        return read_small(self._fds["root"], name, paths.uid, limit)
 
     def start(self, argv: Sequence[str], env: Mapping[str, str],
               sink: Callable[[str, bytes], None]) -> LocalChild:

@@ -67,6 +67,7 @@ class Report:
     claimed: int = 0
     succeeded: int = 0
     retried: int = 0
+    snoozed: int = 0
     failed: int = 0
     lost: int = 0
     terminated: bool = False
@@ -81,6 +82,8 @@ class Report:
             self.succeeded += 1
         elif result.outcome is Outcome.RETRY:
             self.retried += 1
+        elif result.outcome is Outcome.SNOOZED:
+            self.snoozed += 1
         elif result.outcome is Outcome.FAILED:
             self.failed += 1
         elif result.outcome is Outcome.LOST:
@@ -90,7 +93,7 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return (self.succeeded == self.claimed and not self.terminated
+        return (self.succeeded + self.snoozed == self.claimed and not self.terminated
                 and self.stopped_by != "sidecar_lost")
 
 

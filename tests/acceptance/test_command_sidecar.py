@@ -5,9 +5,10 @@ namespace of its own under a small init, with an environment that holds no key, 
 socket a real worker listens on in a directory only the worker may write. As root its
 children get a uid of their own per job; as a non-root uid (the restricted pod) its
 children share that uid. Each test drives a real worker against it: results come back, a
-failure, a cancel, a timeout and a worker killed outright leave nothing running, and a
-child of the runner's own uid can neither stand in for the runner nor deny later jobs. The
-link's own rules and the protocol are unit tests (tests/unit/test_sidecar_protocol.py).
+snooze's file is read through the runner, a failure, a cancel, a timeout and a worker
+killed outright leave nothing running, and a child of the runner's own uid can neither
+stand in for the runner nor deny later jobs. The link's own rules and the protocol are unit
+tests (tests/unit/test_sidecar_protocol.py).
 """
 
 from __future__ import annotations
@@ -307,3 +308,24 @@ def test_a_child_that_stops_its_runner_is_cancelled_and_the_worker_takes_no_more
     assert (row["status"], row["attempt_count"]) == ("pending", 0)
     kill_quietly(pod_sidecar.proc)  # the pod ends: its namespace and the child with it
     wait_for(lambda: not processes_with(marker), timeout=10)
+
+
+@pytest.mark.parametrize("runner", ["sidecar", "pod_sidecar"])
+def test_a_command_in_the_sidecar_snoozes_through_its_snooze_file(
+        dsn: Dsn, store: Store, runner: str, request: pytest.FixtureRequest) -> None:
+    sidecar: Sidecar = request.getfixturevalue(runner)
+    snoozing = enqueue_one(store, max_attempts=1, actions=[{"name": "command", "params": {
+        "argv": ["sh", "-c", 'echo PT10M > "$JOBFENCE_SNOOZE_FILE"; exit 75']}}])
+    linked = enqueue_one(store, max_attempts=1, actions=[{"name": "command", "params": {
+        "argv": ["sh", "-c", 'ln -s /etc/hostname "$JOBFENCE_SNOOZE_FILE"; exit 75']}}])
+    r = subprocess.run([*JOBFENCE, "worker", "--max-jobs", "2"],
+                       env=worker_env(dsn, sidecar), capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert r.returncode == 1, r.stderr  # the linked one failed
+    row = job(dsn, str(snoozing))
+    assert (row["status"], row["attempt_count"], row["snoozes"]) == ("pending", 0, 1)
+    assert events(dsn, str(snoozing))[-1]["reason"] == "snoozed for PT10M by action 1 (command)"
+    row = job(dsn, str(linked))
+    assert (row["status"], row["snoozes"]) == ("failed", 0)
+    assert row["error"] == ("command exited with 75 to snooze, but its snooze file was "
+                            "refused: .jobfence-snooze-0: a symbolic link")

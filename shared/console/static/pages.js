@@ -56,7 +56,7 @@ async function reveal(jobId) {
 async function jobPage(id) {
   const j = await api("/jobs/" + encodeURIComponent(id));
   const facts = [["status", badge(j.status)], ["attempts", `${j.attempt_count}/${j.max_attempts}`],
-    ["queue", j.queue], ["resource", j.resource], ["priority", j.priority],
+    ["snoozes", j.snoozes || null], ["queue", j.queue], ["resource", j.resource], ["priority", j.priority],
     ["scheduled for", j.run_at], ["claimed by", j.status === "running" ? j.claimed_by : null],
     ["lease expires", j.lease_expires_at ? when(j.lease_expires_at) : null],
     ["created", when(j.created_at)], ["started", when(j.started_at)],

@@ -23,7 +23,6 @@ import contextlib
 import os
 import select
 import socket
-import stat
 import struct
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -32,9 +31,9 @@ from typing import Any, BinaryIO
 from uuid import UUID
 
 from jobfence.actions.child import ChildLost, ChildNotStarted, SpacePaths, Usage
-from jobfence.errors import ConfigError
 from jobfence.fsboundary import BoundaryError, Listed, Refused, check_regular, refusal
 from jobfence.logs import get_logger
+from jobfence.worker.sidecar.listen import listen
 from jobfence.worker.sidecar.protocol import (
     CLOSE_SECONDS,
     CONNECT_SECONDS,
@@ -43,41 +42,10 @@ from jobfence.worker.sidecar.protocol import (
     Channel,
     ProtocolError,
     close_all,
+    read_reply,
 )
 
 log = get_logger("jobfence.sidecar")
-
-
-def _listen(path: Path) -> tuple[socket.socket, int]:
-    """A listening socket at ``path``, in a directory only this process's user may write
-    (made here when missing); the socket's inode."""
-    parent = path.parent
-    try:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(parent, 0o755)
-        st = os.lstat(parent)
-    except OSError as exc:
-        raise ConfigError(f"JOBFENCE_COMMAND_SOCKET: cannot make {parent}: "
-                          f"{exc.strerror or exc}") from exc
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise ConfigError(
-            f"JOBFENCE_COMMAND_SOCKET: {parent} must be a directory that only the worker's "
-            f"user may write (it is mode {stat.filemode(st.st_mode)}, uid {st.st_uid})")
-    try:
-        if not stat.S_ISSOCK(os.lstat(path).st_mode):
-            raise ConfigError(f"JOBFENCE_COMMAND_SOCKET: {path} exists and is not a socket")
-        os.unlink(path)  # a socket left by a worker before this one
-    except FileNotFoundError:
-        pass
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        listener.bind(str(path))
-        os.chmod(path, 0o666)  # noqa: S103 - the runner is another user; SO_PEERCRED says who
-        listener.listen(1)
-    except OSError as exc:
-        listener.close()
-        raise ConfigError(f"JOBFENCE_COMMAND_SOCKET: cannot listen on {path}: {exc}") from exc
-    return listener, os.lstat(path).st_ino
 
 
 class SidecarLink:
@@ -89,7 +57,7 @@ class SidecarLink:
         self.runner_uid = runner_uid
         self.connect_seconds = connect_seconds
         self._listener: socket.socket | None
-        self._listener, self._ino = _listen(path)
+        self._listener, self._ino = listen(path)
         self._control: Channel | None = None
         self._lost: str | None = None
         self._lock = threading.Lock()
@@ -308,6 +276,16 @@ class SidecarSpace:
             else:
                 out.append(os.fdopen(fd, "rb"))
         return out
+
+    def read_file(self, name: str, limit: int) -> bytes | None:
+        channel, reply, fds = _call(self.link, read={"attempt": self.attempt, "name": name,
+                                                     "limit": limit})
+        channel.close()
+        close_all(fds)
+        try:
+            return read_reply(reply, limit)
+        except ProtocolError as exc:
+            raise ChildLost(f"the command sidecar answered {str(reply)[:200]}") from exc
 
     def start(self, argv: Sequence[str], env: Mapping[str, str],
               sink: Callable[[str, bytes], None]) -> SidecarChild:

@@ -32,6 +32,9 @@ message is the request:
   (as many as needed), then ``{"refused": [{"path", "why"}], "done": true}``;
 - ``{"open_outputs": {"attempt", "items": [...]}}`` → ``{"opened": [null | WHY, ...]}``
   with one descriptor per ``null``, open for reading: the worker uploads from them;
+- ``{"read": {"attempt", "name", "limit"}}`` → ``{"read": B64 | null}``: what the job's
+  children left in the file ``name`` at the top of their working directory (a regular file
+  of the job's, at most ``limit`` bytes, at most MAX_READ_BYTES), null when there is none;
 - ``{"close": {"attempt"}}`` → ``{"closed": true}``: the job's processes killed, its space
   removed;
 - ``{"start": {"attempt", "argv", "env"}}`` → ``{"started": PID}`` or ``{"error": ...}``,
@@ -49,6 +52,7 @@ thread of its own: a worker running many jobs has as many children there.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -86,7 +90,10 @@ REPLY_SECONDS = 60.0
 """How long a worker waits for the runner's answer to a request (listing many outputs takes
 longest); a runner that does not answer is lost."""
 
-REQUESTS = ("open", "inputs", "outputs", "open_outputs", "close", "start")
+MAX_READ_BYTES = 4096
+"""The most a ``read`` request may ask for: a note, never a file's worth."""
+
+REQUESTS = ("open", "inputs", "outputs", "open_outputs", "read", "close", "start")
 
 
 class ProtocolError(Exception):
@@ -194,9 +201,11 @@ def parse_request(message: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
         UUID(str(attempt))
     except ValueError:
         raise ProtocolError(f"{kind}: attempt must be an attempt id") from None
-    check = {"start": _start, "inputs": _inputs, "open_outputs": _items}.get(kind)
+    check = {"start": _start, "inputs": _inputs, "open_outputs": _items,
+             "read": _read}.get(kind)
     expected = {"start": {"attempt", "argv", "env"}, "inputs": {"attempt", "paths"},
-                "open_outputs": {"attempt", "items"}}.get(kind, {"attempt"})
+                "open_outputs": {"attempt", "items"},
+                "read": {"attempt", "name", "limit"}}.get(kind, {"attempt"})
     if set(args) != expected:
         raise ProtocolError(f'{kind}: its arguments must be {", ".join(sorted(expected))}')
     if check is not None:
@@ -233,3 +242,26 @@ def _items(args: Mapping[str, Any]) -> None:
             and _text(i["path"]) and all(isinstance(i[k], int) for k in ("size", "dev", "ino"))
             for i in items)):
         raise ProtocolError(f"items must be at most {MAX_FDS} listed files")
+
+
+def _read(args: Mapping[str, Any]) -> None:
+    name, limit = args["name"], args["limit"]
+    if not (_text(name) and name not in ("", ".", "..") and "/" not in name):
+        raise ProtocolError("name must be a file name (not empty, no '/')")
+    if not (type(limit) is int and 1 <= limit <= MAX_READ_BYTES):
+        raise ProtocolError(f"limit must be a whole number from 1 to {MAX_READ_BYTES}")
+
+
+def read_reply(reply: Mapping[str, Any], limit: int) -> bytes | None:
+    """The bytes a ``read`` reply carries (None: no such file); ProtocolError when it is
+    not a read reply of at most ``limit`` bytes."""
+    got = reply.get("read", 0)
+    if got is None and "read" in reply:
+        return None
+    try:
+        data = base64.b64decode(got, validate=True) if isinstance(got, str) else None
+    except ValueError:
+        data = None
+    if data is None or len(data) > limit:
+        raise ProtocolError(f"not a read reply of at most {limit} bytes")
+    return data

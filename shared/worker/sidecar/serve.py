@@ -211,6 +211,9 @@ class SidecarServer:
                 channel.send(listed=[{"path": f.path, "size": f.size, "dev": f.dev,
                                       "ino": f.ino} for f in listed[i:i + LISTED_PER_MESSAGE]])
             channel.send(refused=[r.as_dict() for r in refused], done=True)
+        elif kind == "read":
+            data = space.read_file(args["name"], args["limit"])
+            channel.send(read=None if data is None else base64.b64encode(data).decode())
         elif kind == "open_outputs":
             opened = space.open_outputs([Listed(**item) for item in args["items"]])
             files = [f for f in opened if not isinstance(f, str)]
