@@ -1,0 +1,1 @@
+-- 0027: placeholder for a change developed in parallel; replaced by that change at merge.

@@ -1,0 +1,1 @@
+-- 0028: placeholder for a change developed in parallel; replaced by that change at merge.
