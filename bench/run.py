@@ -36,6 +36,7 @@ BENCHMARKS = {
     "listing": "bench.bench_listing",
     "enqueue": "bench.bench_enqueue",
     "dependents": "bench.bench_dependents",
+    "finalize": "bench.bench_finalize",
     "pools": "bench.bench_pools",
     "pooler": "bench.bench_pooler",
     "sidecar": "bench.bench_sidecar",

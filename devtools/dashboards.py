@@ -70,9 +70,11 @@ def variable(name: str, query: str) -> dict[str, Any]:
 
 def overview() -> dict[str, Any]:
     q = 'queue=~"$queue"'
+    a = 'action=~"$action"'
     return dashboard(
         "jobfence-overview", "jobfence — jobs",
-        "Jobs by queue: how many finish and how, how long they wait and run, what waits.",
+        "Jobs by queue: how many finish and how, how long they wait and run, what waits; "
+        "actions by queue and action: runs, run time, CPU and memory.",
         [
             panel("Jobs finished per second, by status", [
                 (f"sum by (status) (rate(jobfence_jobs_finished_total{{{q}}}[{RATE}]))",
@@ -94,6 +96,22 @@ def overview() -> dict[str, Any]:
                   quantiles("jobfence_job_wait_seconds", q), unit="s"),
             panel("Run time (claimed → terminal), p50 / p95 / p99",
                   quantiles("jobfence_job_run_seconds", q), unit="s"),
+            panel("Action runs per second, by action and outcome", [
+                (f"sum by (action, outcome) (rate(jobfence_action_runs_total{{{q}, {a}}}"
+                 f"[{RATE}]))", "{{action}} {{outcome}}")], unit="ops",
+                description="Every action whose outcome a worker stored; an action name no "
+                            "worker registered counts as other."),
+            panel("Action run time, by action, p50 / p95 / p99",
+                  quantiles("jobfence_action_run_seconds", f"{q}, {a}", by="action"),
+                  unit="s"),
+            panel("CPU seconds per action run, by action, p50 / p95 / p99",
+                  quantiles("jobfence_action_cpu_seconds", f"{q}, {a}", by="action"),
+                  unit="s", description="What the action's result reports (usage.cpu_seconds): "
+                                        "a command's user and system time."),
+            panel("Peak memory per action run, by action, p50 / p95 / p99",
+                  quantiles("jobfence_action_peak_memory_bytes", f"{q}, {a}", by="action"),
+                  unit="bytes", description="What the action's result reports "
+                                            "(usage.peak_memory_bytes)."),
             panel("Jobs by queue and status (now)", [
                 (f"sum by (queue, status) (jobfence_jobs{{{q}}})", "{{queue}} {{status}}")]),
             panel("Oldest ready job's age, by queue", [
@@ -110,7 +128,8 @@ def overview() -> dict[str, Any]:
                 unit="s", kind="stat", width=8,
                 description="Pushed metrics go stale when the functions stop pushing."),
         ],
-        [variable("queue", "label_values(jobfence_jobs, queue)")])
+        [variable("queue", "label_values(jobfence_jobs, queue)"),
+         variable("action", "label_values(jobfence_action_runs_total, action)")])
 
 
 def functions() -> dict[str, Any]:

@@ -3,7 +3,8 @@
 Every value comes from the store — run counters, counted items and the duration histogram
 from ``function_totals``, the last run and last success from ``function_status``, the queue
 and lifecycle's overdue deadlines from partial-index looks, the job counters and histograms
-(wait, run, lag) from ``job_metrics``, by queue — so a counter never restarts with a pod,
+(wait, run, lag) from ``job_metrics``, by queue, and the action runs, run time and usage
+from ``action_metrics``, by queue and action — so a counter never restarts with a pod,
 and the last success survives failed runs. After each pass, when
 ``JOBFENCE_PUSHGATEWAY_URL`` is set, a function pushes its own metrics grouped by function
 (never by pod: the gateway never forgets a group) and the queue's under
@@ -49,6 +50,18 @@ JOB_HISTOGRAMS: tuple[tuple[str, str, str, str | None, str], ...] = (
 )
 """The job histograms: each a name of ``job_metrics`` (its sum ``<name>_sum``), and one
 more here is all a new one takes."""
+
+ACTION_HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
+    # (name in action_metrics, metric, help); the bucket kind: "action" for run, else name
+    ("run", "jobfence_action_run_seconds",
+     "How long actions ran, started to stored, by queue and action."),
+    ("cpu", "jobfence_action_cpu_seconds",
+     "CPU seconds an action's result reports using (usage.cpu_seconds), by queue and action."),
+    ("memory", "jobfence_action_peak_memory_bytes",
+     "Peak memory an action's result reports (usage.peak_memory_bytes), by queue and action."),
+)
+"""The action histograms, from ``action_metrics``, labelled by queue and action (a name no
+worker registered is ``other``)."""
 
 
 def cumulative(bounds: Iterable[float], per_bucket: Mapping[float, float]) -> list[
@@ -200,6 +213,7 @@ class StoreCollector:
             overdue.add_metric([kind], seconds)
         yield overdue
         yield from self._job_totals()
+        yield from self._action_totals()
         yield GaugeMetricFamily(
             "jobfence_metrics_collected_timestamp_seconds", "When the queue and job metrics "
             "beside it were read from the database (Unix time): pushed values go stale when "
@@ -251,6 +265,34 @@ class StoreCollector:
                     family.add_metric([key[1], *([key[2]] if label else [])],
                                       cumulative(self.bounds(kind), per_bucket),
                                       sums.get(key, 0.0))
+            yield family
+
+
+    def _action_totals(self) -> Iterator[Any]:
+        """Action runs by outcome, and the action histograms, by queue and action."""
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+        runs = CounterMetricFamily(
+            "jobfence_action_runs", "Actions whose outcome was stored, by queue, action and "
+            "outcome (succeeded, failed).", labels=["queue", "action", "outcome"])
+        counts: dict[tuple[str, str, str], dict[float, float]] = {}
+        sums: dict[tuple[str, str, str], float] = {}
+        for t in self.store.action_metrics.totals():
+            if t.name == "runs":
+                runs.add_metric([t.queue, t.action, t.label], t.value)
+            elif t.name.endswith("_sum"):
+                sums[(t.name[:-4], t.queue, t.action)] = t.value
+            else:
+                counts.setdefault((t.name, t.queue, t.action), {})[t.le] = t.value
+        yield runs
+        bounds = self.store.action_metrics.buckets() if counts else {}
+        for name, metric, help_text in ACTION_HISTOGRAMS:
+            family = HistogramMetricFamily(metric, help_text, labels=["queue", "action"])
+            for key, per_bucket in sorted(counts.items()):
+                if key[0] == name:
+                    family.add_metric([key[1], key[2]], cumulative(
+                        bounds["action" if name == "run" else name], per_bucket),
+                        sums.get(key, 0.0))
             yield family
 
 

@@ -304,9 +304,10 @@ def run_pass(name: str, argv: list[str] | None, run_once: RunOnce, description: 
                     store.runs.lease_release(function=name, holder=deps.pass_id)
                     metrics.push(settings, store, name)
                 raise
-            # Every pass also folds the job metrics' deltas into their totals (any of the
-            # periodic functions will do: a fold is cheap, exact, and safe to run at once).
+            # Every pass also folds the job and action metrics' deltas into their totals (any
+            # of the periodic functions will do: a fold is cheap, exact, safe to run at once).
             store.job_metrics.fold()
+            store.action_metrics.fold()
             counts = counts_of(report)
             duration = round(time.monotonic() - started, 3)
             store.runs.run_finished(run_id=run_id, function=name, trigger=trigger,

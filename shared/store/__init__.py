@@ -4,23 +4,24 @@ after a claim is predicated on the claim's ``attempt_id`` and reports whether it
 Verbs are grouped by what they act on, each group with its SQL in the file of the same name
 beside it (``attempts.py`` runs ``attempts.sql``):
 
-============  ==========================================================================
-noun          verbs
-============  ==========================================================================
-jobs          enqueue, get, list, cancel, events, action results, children counts
-attempts      claim, heartbeat, record an action, finish, release, interrupt, outputs
-dependencies  record `after`, settle what waited on jobs that finished
-parents       datum parents: ready, children pages, the one finalization
-maintenance   reclaim expired leases, run timeouts, pending expiry, retention
-runs          runs of the periodic functions and their totals
-job_metrics   jobs finished, attempts ended, wait and run times: folded totals by queue
-pods          a pass's snapshot of the worker pods: dead claims, orphan suspects, objects
-control       drain mode
-queues        each pool's KEDA trigger count, each queue's state and settings
-triggers      manual triggers of the periodic functions: one per interval, who and why
-schedules     users' schedules: add, pause, resume, delete; the due ticks, fired once each
-traces        the trace context of the attempt holding the fence (a worker that traces)
-============  ==========================================================================
+==============  ==========================================================================
+noun            verbs
+==============  ==========================================================================
+jobs            enqueue, get, list, cancel, events, action results, children counts
+attempts        claim, heartbeat, record an action, finish, release, interrupt, outputs
+dependencies    record `after`, settle what waited on jobs that finished
+parents         datum parents: ready, children pages, the one finalization
+maintenance     reclaim expired leases, run timeouts, pending expiry, retention
+runs            runs of the periodic functions and their totals
+job_metrics     jobs finished, attempts ended, wait and run times: folded totals by queue
+action_metrics  action runs, run times, resource usage: folded totals by queue and action
+pods            a pass's snapshot of the worker pods: dead claims, orphan suspects, objects
+control         drain mode
+queues          each pool's KEDA trigger count, each queue's state and settings
+triggers        manual triggers of the periodic functions: one per interval, who and why
+schedules       users' schedules: add, pause, resume, delete; the due ticks, fired once each
+traces          the trace context of the attempt holding the fence (a worker that traces)
+==============  ==========================================================================
 
 Callers never write SQL; they call these verbs with keyword arguments for ids and fences.
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 from functools import cached_property
 
 from jobfence.db import Connection
+from jobfence.store.action_metrics import ActionMetrics
 from jobfence.store.attempts import Attempts
 from jobfence.store.batches import ClaimRequest, TerminalWrite
 from jobfence.store.control import Control
@@ -116,6 +118,10 @@ class Store:
     @cached_property
     def job_metrics(self) -> JobMetrics:
         return JobMetrics(self)
+
+    @cached_property
+    def action_metrics(self) -> ActionMetrics:
+        return ActionMetrics(self)
 
     @cached_property
     def triggers(self) -> Triggers:

@@ -83,6 +83,8 @@ GRANT EXECUTE ON FUNCTION
 GRANT EXECUTE ON FUNCTION {schema}.worker_trace(uuid, uuid) TO {worker};
 -- worker: registering a command's output streams before they go to S3 (worker_register_log).
 GRANT EXECUTE ON FUNCTION {schema}.worker_register_log(uuid, uuid, integer) TO {worker};
+-- worker, as it starts: the action names of its registry, labels of the action metrics.
+GRANT EXECUTE ON FUNCTION {schema}.worker_register_actions(text[]) TO {worker};
 
 -- reader: status, list, queue status, drain status, KEDA's queries, metrics.
 GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {reader}, {maintainer}, {operator};
@@ -134,6 +136,9 @@ GRANT INSERT, UPDATE ON {schema}.job_metrics TO {maintainer};
 -- Lifecycle records how late it enforced what came due, in the statement that enforces it.
 GRANT INSERT, DELETE ON {schema}.job_metric_deltas TO {maintainer};
 GRANT INSERT, UPDATE, DELETE ON {schema}.job_metric_history TO {maintainer};
+-- Every pass folds the action metrics too, and forgets the names no worker registers any more.
+GRANT INSERT, UPDATE, DELETE ON {schema}.action_metrics TO {maintainer};
+GRANT DELETE ON {schema}.action_metric_deltas, {schema}.action_names TO {maintainer};
 GRANT DELETE ON {schema}.schedule_ticks TO {maintainer};
 GRANT EXECUTE ON FUNCTION {schema}.jobfence_reclaim(uuid[], text[], text[], float8, float8),
     {schema}.jobfence_reclaim(uuid[], text[], text[], float8, float8, boolean[]),

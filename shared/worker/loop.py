@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 from jobfence import cli
+from jobfence.actions import registry
 from jobfence.errors import ConfigError
 from jobfence.jobuids import users_for
 from jobfence.logs import get_logger
@@ -163,6 +164,18 @@ def open_sandbox(settings: Settings) -> Sandbox:
     return Sandbox(spaces, passthrough)
 
 
+def register_actions(completer: Completer) -> None:
+    """Tell the database the action names this worker may run (its registry: built-ins and
+    installed plugins), so that their metrics have labels of their own; any other name
+    counts as ``other``. Never fatal: a plugin that does not load fails its jobs as before,
+    and metrics are not worth a worker."""
+    try:
+        names = list(registry())
+        completer.read(lambda s: s.action_metrics.register(names))
+    except Exception as exc:
+        log.warning("actions_not_registered", error=str(exc))
+
+
 class Worker:
     """One worker process: its connection, its guards, its sandbox, and its slots."""
 
@@ -176,6 +189,7 @@ class Worker:
         # A worker of another installation stops here (exit 2), before it claims anything.
         identity = completer.read(lambda s: s.control.identity(settings.installation))
         assert identity.installation is not None
+        register_actions(completer)
         self._objects: ObjectStore | None = None
         self.wiring = Wiring(settings=settings, completer=completer,
                              guards=Guards(settings), sandbox=self.sandbox,

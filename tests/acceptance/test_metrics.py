@@ -26,7 +26,7 @@ from jobfence.store import Store
 from tests.factories import run_in_progress
 from tests.manifests.rendered import METRICS
 from tests.procs import enqueue, wait_for
-from tests.support import run_cli
+from tests.support import REPO, run_cli
 
 BROKEN_CLUSTER = {"JOBFENCE_CLUSTER": "kubernetes", "KUBECONFIG": "/nonexistent",
                   "KUBERNETES_SERVICE_HOST": ""}
@@ -250,6 +250,11 @@ def test_metrics_exports_exactly_the_names_alerts_and_dashboards_may_use(
         dsn: str, s3_env: dict[str, str]) -> None:
     enqueue(dsn, 'command:{"argv": ["true"]}')
     assert run_cli(dsn, "worker").returncode == 0
+    # An action whose result reports its usage (a plugin's, as a command's may).
+    plugin = {"PYTHONPATH": str(REPO / "tests" / "fixtures" / "plugin")}
+    enqueue(dsn, 'report:{"result": {"usage": {"cpu_seconds": 0.2, '
+                 '"peak_memory_bytes": 5000000}}}', "--queue", "plugins", **plugin)
+    assert run_cli(dsn, "worker", "--queue", "plugins", **plugin).returncode == 0
     assert run_cli(dsn, "queue", "limit", "default", "5").returncode == 0
     assert run_cli(dsn, "queue", "rate", "default", "100/minute").returncode == 0
     assert run_cli(dsn, "orphan-cleanup", JOBFENCE_CLUSTER="local").returncode == 0

@@ -76,6 +76,9 @@ METRICS = {
     "jobfence_parent_finalize_lag_seconds_count",
     "jobfence_parent_finalize_lag_seconds_sum",
     "jobfence_lifecycle_overdue_seconds",
+    "jobfence_action_runs_total",
+    *(f"jobfence_action_{h}_{part}" for h in ("run_seconds", "cpu_seconds", "peak_memory_bytes")
+      for part in ("bucket", "count", "sum")),
 }
 
 Obj = dict[str, Any]
