@@ -183,3 +183,65 @@ def test_the_workers_log_is_bounded_per_second_whatever_a_job_writes(dsn: str) -
     assert len(said) + dropped == 20000
     assert [e["event"] for e in map(json.loads, filter(None, r.stderr.splitlines()))
             if e.get("event") == "job_succeeded"]  # the worker's own lines are still there
+
+
+def test_the_inactivity_timeout_stops_a_silent_command_and_leaves_a_chatty_one(
+        dsn: str) -> None:
+    silent = enqueue(dsn, _command("sleep", "60"), "--inactivity-timeout", "PT2S",
+                     "--max-attempts", "1")
+    chatty = enqueue(dsn, _command("sh", "-c", "for i in 1 2 3 4 5 6 7 8; do echo $i; "
+                                   "sleep 0.5; done"), "--inactivity-timeout", "PT2S")
+    shown = json.loads(run_cli(dsn, "status", silent, "-o", "json").stdout)
+    assert shown["inactivity_timeout"] == "PT2S"
+    assert shown["actions"][0]["inactivity_timeout"] == "PT2S"
+    started = time.monotonic()
+    r = run_cli(dsn, "worker", "--max-jobs", "2", "--concurrency", "2", timeout=90)
+    took = time.monotonic() - started
+    assert job(dsn, chatty)["status"] == "succeeded", r.stderr
+    row = job(dsn, silent)
+    assert row["status"] == "failed" and took < 30
+    assert row["error"] == "inactive: no output or progress for PT2S"
+    [result] = action_results(dsn, silent)
+    assert result["error"] == "inactive: no output or progress for PT2S"
+    with connect(dsn) as conn:
+        reasons = [e["reason"] for e in conn.execute(
+            "SELECT reason FROM job_events WHERE job_id = %s ORDER BY event_id", (silent,))]
+    assert any("inactive" in (why or "") for why in reasons), reasons
+    # The worker's setting applies where the spec says nothing: a retry with attempts left.
+    again = enqueue(dsn, _command("sleep", "60"), "--max-attempts", "2")
+    run_cli(dsn, "worker", "--max-jobs", "1", JOBFENCE_INACTIVITY_TIMEOUT="PT1S",
+            JOBFENCE_RETRY_BASE_SECONDS="60")
+    row = job(dsn, again)
+    assert (row["status"], row["attempt_count"]) == ("pending", 1)
+    assert row["error"] == "inactive: no output or progress for PT1S"
+
+
+USAGE = """
+import time
+block = bytearray(200 * 2**20)
+for i in range(0, len(block), 4096):
+    block[i] = 1  # resident, not only reserved
+while time.process_time() < 1.0:
+    pass
+"""
+
+
+def test_a_commands_cpu_time_and_peak_memory_are_reported(dsn: str) -> None:
+    job_id = enqueue(dsn, _command(sys.executable, "-c", USAGE))
+    assert run_cli(dsn, "worker", "--max-jobs", "1").returncode == 0
+    [result] = [r["result"] for r in action_results(dsn, job_id)]
+    used = result["usage"]
+    assert 0.8 <= used["cpu_seconds"] <= 1.2, used
+    assert 200 * 2**20 * 0.8 <= used["peak_memory_bytes"] <= 200 * 2**20 * 1.2, used
+    shown = run_cli(dsn, "status", job_id).stdout
+    assert f"used: {used['cpu_seconds']} s CPU" in shown and "MiB peak memory" in shown
+    # A tree: two processes holding 100 MiB each at once are 200 MiB together.
+    tree = ("import subprocess, sys\n"
+            "code = 'b = bytearray(100 * 2**20)\\nfor i in range(0, len(b), 4096): b[i] = 1\\n"
+            "import time; time.sleep(2)'\n"
+            "procs = [subprocess.Popen([sys.executable, '-c', code]) for _ in range(2)]\n"
+            "[p.wait() for p in procs]\n")
+    tree_job = enqueue(dsn, _command(sys.executable, "-c", tree))
+    assert run_cli(dsn, "worker", "--max-jobs", "1").returncode == 0
+    [result] = [r["result"] for r in action_results(dsn, tree_job)]
+    assert result["usage"]["peak_memory_bytes"] >= 200 * 2**20 * 0.9, result["usage"]
