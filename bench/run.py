@@ -37,6 +37,7 @@ BENCHMARKS = {
     "enqueue": "bench.bench_enqueue",
     "dependents": "bench.bench_dependents",
     "finalize": "bench.bench_finalize",
+    "output": "bench.bench_output",
     "pools": "bench.bench_pools",
     "pooler": "bench.bench_pooler",
     "sidecar": "bench.bench_sidecar",

@@ -47,6 +47,14 @@ LINE_BYTES = 16 * 1024
 """The longest line written to the worker's log in one piece."""
 
 
+def _pieces(line: bytes, *, whole: bool) -> list[tuple[bytes, bool]]:
+    """A line as the worker's log says it: whole, or in pieces of LINE_BYTES each marked
+    cut (an unfinished line always in pieces: its last may still wait for more)."""
+    if whole and len(line) <= LINE_BYTES:
+        return [(line, False)]
+    return [(line[i:i + LINE_BYTES], True) for i in range(0, len(line), LINE_BYTES)]
+
+
 class LineBudget:
     """How many output lines the worker may still write to its log this second (all its
     jobs together); what was dropped is said once a second."""
@@ -59,15 +67,16 @@ class LineBudget:
         self._used = 0
         self._dropped: dict[str, int] = {}
 
-    def take(self, job_id: str) -> bool:
-        """Whether one more line of ``job_id`` may be written now."""
+    def take(self, job_id: str, lines: int) -> int:
+        """How many of ``lines`` more lines of ``job_id`` may be written now (the first
+        ones); the rest are counted as dropped."""
         with self._lock:
             self._roll()
-            if self._used < self.per_second:
-                self._used += 1
-                return True
-            self._dropped[job_id] = self._dropped.get(job_id, 0) + 1
-            return False
+            allowed = max(0, min(lines, int(self.per_second) - self._used))
+            self._used += allowed
+            if allowed < lines:
+                self._dropped[job_id] = self._dropped.get(job_id, 0) + lines - allowed
+            return allowed
 
     def flush(self) -> None:
         """Say now what was dropped (a job's last second)."""
@@ -116,6 +125,7 @@ class _Stream:
         self.name = name
         self.lock = threading.Lock()
         self.line = bytearray()   # the line being assembled for the worker's log
+        self.continued = False    # whether its beginning was said already, in pieces
         self.waiting = bytearray()  # what waits to go to S3
         self.sent = 0             # bytes written to S3 or given up on (past the cap)
         self.objects = 0
@@ -169,7 +179,7 @@ class Output(ChildOutput):
         for s in self._streams.values():
             with s.lock:
                 if self.lines is not None and s.line:
-                    self._say(s.name, bytes(s.line), cut=False)
+                    self._say(s.name, [(bytes(s.line), False)])
                     s.line.clear()
                 if self.target is not None and s.waiting and (
                         s.objects or self._total() > TAIL_BYTES or self._due(s)):
@@ -192,30 +202,32 @@ class Output(ChildOutput):
     # -- the worker's log --------------------------------------------------------------------
 
     def _log_lines(self, s: _Stream, chunk: bytes) -> None:
-        s.line += chunk
-        while True:
-            end = s.line.find(b"\n")
-            if end < 0:
-                while len(s.line) > LINE_BYTES:  # a line too long: written in pieces
-                    self._say(s.name, bytes(s.line[:LINE_BYTES]), cut=True)
-                    del s.line[:LINE_BYTES]
-                return
-            if end > LINE_BYTES:
-                self._say(s.name, bytes(s.line[:LINE_BYTES]), cut=True)
-                del s.line[:LINE_BYTES]
-                continue
-            self._say(s.name, bytes(s.line[:end]), cut=False)
-            del s.line[:end + 1]
+        """The whole lines ``chunk`` ends, each said once (a line longer than LINE_BYTES in
+        pieces); what is left waits for the rest of its line. One pass over the chunk."""
+        parts = (bytes(s.line) + chunk if s.line else chunk).split(b"\n")
+        rest = parts.pop()
+        lines: list[tuple[bytes, bool]] = []
+        for part in parts:
+            lines += _pieces(part, whole=True)
+            if s.continued:  # the end of a line whose beginning was said in pieces
+                lines[-1], s.continued = (lines[-1][0], True), False
+        pieces = _pieces(rest, whole=False)
+        waiting = pieces.pop()[0] if pieces and len(pieces[-1][0]) < LINE_BYTES else b""
+        s.line = bytearray(waiting)
+        s.continued = s.continued or bool(pieces)
+        lines += pieces
+        if lines:
+            self._say(s.name, lines)
 
-    def _say(self, stream: str, line: bytes, *, cut: bool) -> None:
+    def _say(self, stream: str, lines: list[tuple[bytes, bool]]) -> None:
         o = self.origin
         assert self.lines is not None
-        if not self.lines.take(str(o.job_id)):
-            return
-        text = line.removesuffix(b"\r").decode("utf-8", errors="replace")
-        log.info("output", job_id=str(o.job_id), attempt=o.attempt,
-                 attempt_id=str(o.attempt_id), action=o.action_index, stream=stream,
-                 line=text, **({"cut": True} if cut else {}))
+        allowed = self.lines.take(str(o.job_id), len(lines))
+        for line, cut in lines[:allowed]:
+            text = line.removesuffix(b"\r").decode("utf-8", errors="replace")
+            log.info("output", job_id=str(o.job_id), attempt=o.attempt,
+                     attempt_id=str(o.attempt_id), action=o.action_index, stream=stream,
+                     line=text, **({"cut": True} if cut else {}))
 
     # -- S3 -------------------------------------------------------------------------------------
 
