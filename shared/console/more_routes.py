@@ -1,7 +1,8 @@
 """The API's routes for the second day: retry and cancel a selection (one request, a count
-back), a command's env values for an operator who asks (audited), schedules, and the queue
-page's chart and warnings. Each is a store verb the CLI also has (``jobfence.bulk``,
-``Schedules``), answered like every other route of ``jobfence.console.api``."""
+back), a command's env values for an operator who asks (audited), a job's whole output,
+schedules, and the queue page's chart and warnings. Each is a store verb the CLI also has
+(``jobfence.bulk``, ``Schedules``, ``jobfence.joblogs``), answered like every other route
+of ``jobfence.console.api``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from jobfence import bulk
 from jobfence.console import params
 from jobfence.console.queue_history import flags, minutes
 from jobfence.errors import Conflict, InvalidSpec
+from jobfence.joblogs import Logs
 from jobfence.schedules import Cron, job_template, schedule_name, schedule_spec
 from jobfence.spec import queue_name
 from jobfence.store import Store
@@ -27,6 +29,9 @@ DEFAULT_LIMIT = 1000
 SHOWN_IDS = 1000
 """A dry run answers at most this many of the ids it would touch (and how many in all)."""
 HISTORY_QUERY = {"minutes": params.Param(params.whole("minutes", 1, 1440), 60)}
+LOGS_QUERY = {"attempt": params.Param(params.whole("attempt", 1, 1_000_000), None)}
+SHOWN_LOG_BYTES = 1024 * 1024
+"""What ``GET /jobs/ID/logs`` answers of each stream at most (the console's job page)."""
 
 
 def _object(body: Any) -> dict[str, Any]:
@@ -208,12 +213,45 @@ def queue_flags(store: Store, queues: list[dict[str, Any]]) -> list[dict[str, An
     return out
 
 
+def job_logs(server: Server) -> Any:
+    """An attempt's output (``jobfence.joblogs``): each stream's first SHOWN_LOG_BYTES."""
+    def handler(store: Store, call: Call) -> Answer:
+        from jobfence.console.api import Answer
+        from jobfence.wiring import open_object_store
+
+        settings = server.settings
+        installation = store.control.identity(settings.installation).installation
+        assert installation is not None
+        logs = Logs(store, (lambda: open_object_store(settings)) if settings.s3_bucket
+                    else None, settings.s3_bucket, installation)
+        job_id = call.path["job_id"]
+        attempt = logs.attempt(job_id, call.params["attempt"])
+        pieces = []
+        for piece in logs.pieces(job_id, attempt):
+            shown, cut = bytearray(), False
+            for _, data in logs.read(job_id, attempt, piece):
+                room = SHOWN_LOG_BYTES - len(shown)
+                shown += data[:room]
+                if len(data) > room:
+                    cut = True
+                    break
+            pieces.append({"action": piece.action_index, "name": piece.action,
+                           "stream": piece.stream, "size": piece.size, "on_s3": piece.on_s3,
+                           "whole": piece.whole and not cut,
+                           "text": shown.decode("utf-8", errors="replace"),
+                           "cut_at": len(shown) if cut else None})
+        return Answer({"job_id": str(job_id), "attempt": attempt.number,
+                       "running": attempt.running, "pieces": pieces})
+    return handler
+
+
 def routes(server: Server) -> list[Route]:
     r = server.route
     return [
         r(f"{V1}/jobs/retry", act(server, "retry"), method="POST", operate=True),
         r(f"{V1}/jobs/cancel", act(server, "cancel"), method="POST", operate=True),
         r(f"{V1}/jobs/{{job_id}}/env", reveal_env, method="POST", operate=True),
+        r(f"{V1}/jobs/{{job_id}}/logs", job_logs(server), query=LOGS_QUERY),
         r(f"{V1}/schedules", list_schedules),
         r(f"{V1}/schedules", add_schedule(server), method="POST", operate=True),
         r(f"{V1}/schedules/{{name}}", get_schedule),

@@ -268,4 +268,10 @@ def more_paths() -> dict[str, Any]:
             "time percentiles (p50, p95, p99) from the stored histograms",
             {**_ok("the minutes", {"type": "object"}), **_errors("400")},
             params=[QUEUE, _query("minutes", "1-1440 (60)", {"type": "integer"})])},
+        "/api/v1/jobs/{job_id}/logs": {"get": _op(
+            "an attempt's output: each stream of each action (its first MiB; whole on S3 "
+            "where the worker put it there, else the tail kept in its result)",
+            {**_ok("the attempt's streams", {"type": "object"}), **_errors("400", "404")},
+            params=[JOB_ID, _query("attempt", "the attempt's number (the latest)",
+                                   {"type": "integer"})])},
     }

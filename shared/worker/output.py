@@ -179,7 +179,8 @@ class Output(ChildOutput):
         for s in self._streams.values():
             with s.lock:
                 if self.lines is not None and s.line:
-                    self._say(s.name, [(bytes(s.line), False)])
+                    if self.lines.take(str(self.origin.job_id), 1):
+                        self._say(s.name, [(bytes(s.line), s.continued)])
                     s.line.clear()
                 if self.target is not None and s.waiting and (
                         s.objects or self._total() > TAIL_BYTES or self._due(s)):
@@ -203,27 +204,35 @@ class Output(ChildOutput):
 
     def _log_lines(self, s: _Stream, chunk: bytes) -> None:
         """The whole lines ``chunk`` ends, each said once (a line longer than LINE_BYTES in
-        pieces); what is left waits for the rest of its line. One pass over the chunk."""
-        parts = (bytes(s.line) + chunk if s.line else chunk).split(b"\n")
-        rest = parts.pop()
+        pieces) while the budget lasts, the rest only counted; what is left waits for the
+        rest of its line. What the budget drops is never looked at line by line."""
+        assert self.lines is not None
+        data = bytes(s.line) + chunk if s.line else chunk
+        end = data.rfind(b"\n")
         lines: list[tuple[bytes, bool]] = []
-        for part in parts:
-            lines += _pieces(part, whole=True)
-            if s.continued:  # the end of a line whose beginning was said in pieces
-                lines[-1], s.continued = (lines[-1][0], True), False
+        if end >= 0:
+            whole, rest = data[:end], data[end + 1:]
+            allowed = self.lines.take(str(self.origin.job_id), whole.count(b"\n") + 1)
+            for part in whole.split(b"\n", allowed)[:allowed]:
+                lines += _pieces(part, whole=True)
+                if s.continued:  # the end of a line whose beginning was said in pieces
+                    lines[-1] = (lines[-1][0], True)
+                s.continued = False
+            s.continued = False
+        else:
+            rest = data
         pieces = _pieces(rest, whole=False)
         waiting = pieces.pop()[0] if pieces and len(pieces[-1][0]) < LINE_BYTES else b""
         s.line = bytearray(waiting)
-        s.continued = s.continued or bool(pieces)
-        lines += pieces
+        if pieces:
+            s.continued = True
+            lines += pieces[:self.lines.take(str(self.origin.job_id), len(pieces))]
         if lines:
             self._say(s.name, lines)
 
     def _say(self, stream: str, lines: list[tuple[bytes, bool]]) -> None:
         o = self.origin
-        assert self.lines is not None
-        allowed = self.lines.take(str(o.job_id), len(lines))
-        for line, cut in lines[:allowed]:
+        for line, cut in lines:
             text = line.removesuffix(b"\r").decode("utf-8", errors="replace")
             log.info("output", job_id=str(o.job_id), attempt=o.attempt,
                      attempt_id=str(o.attempt_id), action=o.action_index, stream=stream,

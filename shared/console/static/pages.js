@@ -13,6 +13,24 @@ function tail(label, text, key, open = false) {
             el("pre", { class: "tail-" + label }, text));
 }
 
+// A stream kept whole on S3 (GET /jobs/ID/logs): its first MiB, and how to read the rest.
+function whole(label, piece, key, jobId) {
+  if (!piece) return null;
+  const size = piece.size === null ? "still running" : plural(piece.size, "byte");
+  return el("details", { class: "tail whole", key },
+            el("summary", {}, `${label} (whole output, ${size})`),
+            el("pre", { class: "log-" + label }, piece.text),
+            piece.cut_at !== null ? el("p", { class: "note" }, `The first ${plural(piece.cut_at,
+              "byte")} are shown: jobfence logs ${jobId} --stream ${label}`) : null);
+}
+
+function usage(r) {
+  const u = r.usage;
+  if (!u) return null;
+  return el("span", { class: "usage" }, ` · ${u.cpu_seconds} s CPU, `
+            + `${(u.peak_memory_bytes / 1048576).toFixed(1)} MiB peak memory`);
+}
+
 function outputLink(url) {
   return /^https?:\/\//.test(url) ? el("a", { href: url, rel: "noreferrer" }, url)
                                   : el("code", {}, url);
@@ -65,16 +83,25 @@ async function jobPage(id) {
     ["labels", Object.keys(j.labels || {}).length ? JSON.stringify(j.labels) : null],
     ["idempotency key", j.idempotency_key],
     ["manifest", j.manifest]].filter(([, v]) => v !== null && v !== undefined && v !== "");
+  const onS3 = j.actions.some(a => (a.result || {}).output_on_s3) || j.status === "running";
+  const logs = onS3 ? await api(`/jobs/${encodeURIComponent(id)}/logs`).catch(() => null) : null;
+  const piece = (i, stream) => ((logs && logs.pieces) || []).find(
+    p => p.action === i && p.stream === stream && p.on_s3);
   const actions = j.actions.map((a, i) => {
     const r = a.result || {};
     return el("li", { class: "action", "data-action-index": i, key: "action-" + i },
       el("div", { class: "action-head" }, el("strong", {}, `${i + 1}. ${a.name}`), " ",
          badge(a.status), r.exit_code !== undefined ? el("span", { class: "exit" },
-                                                         ` exit ${r.exit_code}`) : null),
+                                                         ` exit ${r.exit_code}`) : null,
+         usage(r), a.inactivity_timeout ? el("span", { class: "quiet" },
+                                             ` · inactivity timeout ${a.inactivity_timeout}`)
+                                       : null),
       runs(j.job_id, a, i),
       a.error ? el("p", { class: "error" }, a.error) : null,
-      tail("stdout", r.stdout_tail, `stdout-${i}`),
-      tail("stderr", r.stderr_tail || a.error_detail, `stderr-${i}`, a.status === "failed"),
+      whole("stdout", piece(i, "stdout"), `whole-stdout-${i}`, j.job_id)
+        || tail("stdout", r.stdout_tail, `stdout-${i}`),
+      whole("stderr", piece(i, "stderr"), `whole-stderr-${i}`, j.job_id)
+        || tail("stderr", r.stderr_tail || a.error_detail, `stderr-${i}`, a.status === "failed"),
       (r.outputs || []).length ? el("ul", { class: "outputs" },
                                     r.outputs.map(u => el("li", {}, outputLink(u)))) : null);
   });
