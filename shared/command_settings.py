@@ -70,9 +70,11 @@ class CommandSettings(BaseSettings):
     ``inactive`` — retried or failed like a run timeout. Unset: no such limit."""
 
     usage_sample_seconds: float = Field(default=0.5, ge=0, le=60)
-    """How often the memory of a command's whole process tree is sampled for its peak
-    (``usage.peak_memory_bytes``); the CPU time and the largest single process come from
-    the kernel at its exit whatever this says. 0: no sampling."""
+    """How often the resident memory of a command's whole process tree is sampled for its
+    peak (``usage.peak_memory_bytes``; the command's own high-water mark is read at each
+    poll besides). 0: nothing is read while it runs — the peak is then known only where a
+    process of the tree outgrew the worker's own image. The CPU time comes from the kernel
+    at the command's exit whatever this says."""
 
     @field_validator("command_uids")
     @classmethod

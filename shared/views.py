@@ -189,7 +189,7 @@ def render_text(view: dict[str, Any]) -> str:
 
 
 def _mib(value: object) -> str:
-    return f"{value / 2**20:.1f} MiB" if isinstance(value, int) else "?"
+    return f"{value / 2**20:.1f} MiB" if isinstance(value, int) else "unknown"
 
 
 def schedule_view(row: Any) -> dict[str, Any]:

@@ -98,7 +98,8 @@ class Usage:
     tree where it was sampled, never less than its largest single process)."""
 
     cpu_seconds: float
-    peak_memory_bytes: int
+    peak_memory_bytes: int | None
+    """None where it was not seen (a command that ended within a few milliseconds)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"cpu_seconds": round(self.cpu_seconds, 3),
@@ -110,10 +111,14 @@ class Usage:
         if not isinstance(said, dict):
             return None
         try:
-            cpu, peak = float(said["cpu_seconds"]), int(said["peak_memory_bytes"])
+            cpu = float(said["cpu_seconds"])
+            peak = None if said.get("peak_memory_bytes") is None \
+                else int(said["peak_memory_bytes"])
         except (KeyError, TypeError, ValueError):
             return None
-        return cls(cpu, peak) if 0 <= cpu < 1e9 and 0 <= peak < 1 << 50 else None
+        if not 0 <= cpu < 1e9 or (peak is not None and not 0 <= peak < 1 << 50):
+            return None
+        return cls(cpu, peak)
 
 
 class Child(Protocol):

@@ -257,6 +257,72 @@ def tree_rss(root: int) -> int:
     return total
 
 
+class TreeMemory:
+    """The peak resident memory of a child and its descendants, watched while it runs:
+
+    - every poll (at most every HWM_SECONDS), the child's own high-water mark (``VmHWM``)
+      once it has exec'd its program — before that it is a copy of this process, whose
+      pages it shares;
+    - every ``every`` seconds (0: never), the whole tree's resident memory together;
+    - at its exit, the largest ``ru_maxrss`` of it and the descendants it waited for, where
+      that is larger than the image it was forked from (the kernel counts that image in
+      the child's own maximum, so a smaller one says nothing).
+    """
+
+    HWM_SECONDS = 0.02
+
+    def __init__(self, root: int, every: float, *, forked_from: int) -> None:
+        self.root = root
+        self.every = every
+        self.forked_from = forked_from
+        self.peak = 0
+        now = time.monotonic()
+        self._next_hwm = now
+        self._next_tree = now + every
+        self._mine = _read(Path("/proc/self/cmdline"))
+
+    @staticmethod
+    def own_rss() -> int:
+        try:
+            return int(Path("/proc/self/statm").read_text().split()[1]) * _PAGE
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    def sample(self) -> None:
+        if self.every <= 0:
+            return
+        now = time.monotonic()
+        if now >= self._next_hwm:
+            self._next_hwm = now + self.HWM_SECONDS
+            self.peak = max(self.peak, self._root_hwm())
+        if now >= self._next_tree:
+            self._next_tree = now + self.every
+            self.peak = max(self.peak, tree_rss(self.root))
+
+    def at_exit(self, maxrss: int) -> int | None:
+        """The peak, given the largest ``ru_maxrss`` of the tree at its exit; None when
+        nothing was seen (a child that ended before its first poll)."""
+        return max(self.peak, maxrss if maxrss > self.forked_from * 1.1 else 0) or None
+
+    def _root_hwm(self) -> int:
+        if _read(Path(f"/proc/{self.root}/cmdline")) in (self._mine, b""):
+            return 0  # not exec'd yet (or gone): its numbers are this process's
+        try:
+            for line in Path(f"/proc/{self.root}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        return 0
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
 def _below_one(root: int) -> list[_Proc]:
     """The children of ``root`` (from its task's children list where the kernel keeps one,
     else a /proc scan)."""

@@ -44,11 +44,11 @@ from uuid import UUID
 from jobfence.actions.child import ChildNotStarted, JobSpace, SpacePaths, Usage
 from jobfence.worker.proctree import (
     DIE_WITH_PARENT,
+    TreeMemory,
     child_waited,
     kill_group,
     pump,
     starting_child,
-    tree_rss,
 )
 
 BASE_ENV = ("PATH", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TZ")
@@ -67,13 +67,14 @@ def protect_worker() -> bool:
 
 class LocalChild:
     """A child of this process in a session of its own, its output handed to ``sink`` as
-    it comes. Its exit is collected with ``wait4``, which says what it (and every
-    descendant it waited for) used; while it runs, its tree's memory is sampled every
-    ``sample_seconds`` (0: never) for the peak of the whole tree."""
+    it comes. Its exit is collected with ``wait4``, which says the CPU time it (and every
+    descendant it waited for) used; its peak memory is watched while it runs
+    (``TreeMemory``)."""
 
     def __init__(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str],
                  popen_args: Mapping[str, Any], sink: Callable[[str, bytes], None], *,
                  sample_seconds: float = 0.5) -> None:
+        own_rss = TreeMemory.own_rss()  # what the child's image holds until it execs
         try:
             with starting_child() as register:
                 self._proc = subprocess.Popen(
@@ -89,7 +90,7 @@ class LocalChild:
         self.pgid: int | None = self._proc.pid
         self._closed = False
         self._usage: Usage | None = None
-        self._peak = TreeMemory(self._proc.pid, sample_seconds)
+        self._peak = TreeMemory(self._proc.pid, sample_seconds, forked_from=own_rss)
         assert self._proc.stdout is not None and self._proc.stderr is not None
         self._pumps = [pump(stream, functools.partial(sink, name))
                        for name, stream in (("out", self._proc.stdout),
@@ -115,7 +116,7 @@ class LocalChild:
                 child_waited(self._proc.pid)
                 if rusage is not None:
                     self._usage = Usage(rusage.ru_utime + rusage.ru_stime,
-                                        max(rusage.ru_maxrss * 1024, self._peak.peak))
+                                        self._peak.at_exit(rusage.ru_maxrss * 1024))
                 return self._proc.returncode
             self._peak.sample()
             left = None if deadline is None else deadline - time.monotonic()
@@ -143,23 +144,6 @@ class LocalChild:
 
     def usage(self) -> Usage | None:
         return self._usage
-
-
-class TreeMemory:
-    """The peak of the resident memory of a process and its descendants together, sampled
-    (from /proc) no more often than every ``every`` seconds."""
-
-    def __init__(self, root: int, every: float) -> None:
-        self.root = root
-        self.every = every
-        self.peak = 0
-        self._next = time.monotonic() + min(every, 0.05)  # a short child costs no scan
-
-    def sample(self) -> None:
-        if self.every <= 0 or time.monotonic() < self._next:
-            return
-        self._next = time.monotonic() + self.every
-        self.peak = max(self.peak, tree_rss(self.root))
 
 
 class Spaces(Protocol):

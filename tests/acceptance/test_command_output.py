@@ -235,6 +235,11 @@ def test_a_commands_cpu_time_and_peak_memory_are_reported(dsn: str) -> None:
     assert 200 * 2**20 * 0.8 <= used["peak_memory_bytes"] <= 200 * 2**20 * 1.2, used
     shown = run_cli(dsn, "status", job_id).stdout
     assert f"used: {used['cpu_seconds']} s CPU" in shown and "MiB peak memory" in shown
+    # A small command is small: not the worker's image it was forked from.
+    small = enqueue(dsn, _command("sh", "-c", "sleep 0.3"))
+    assert run_cli(dsn, "worker", "--max-jobs", "1").returncode == 0
+    [result] = [r["result"] for r in action_results(dsn, small)]
+    assert 0 < result["usage"]["peak_memory_bytes"] < 16 * 2**20, result["usage"]
     # A tree: two processes holding 100 MiB each at once are 200 MiB together.
     tree = ("import subprocess, sys\n"
             "code = 'b = bytearray(100 * 2**20)\\nfor i in range(0, len(b), 4096): b[i] = 1\\n"

@@ -391,3 +391,28 @@ def test_the_second_day_in_the_console(browser: Any, console: Served, dsn: str,
     browser.save_screenshot(str(shots / "queue-chart.png"))
     errors = _errors(browser)
     assert errors == [], errors
+
+
+def test_a_jobs_whole_output_on_its_page(browser: Any, dsn: str, tmp_path: Path,
+                                        s3_env: dict[str, str], shots: Path) -> None:
+    """3,000 lines: the tail kept in the database has lost the first ones; the page shows
+    the stream whole, from S3 — with the command's argv and its env's names, values masked."""
+    secret = "s3cr3t-never-on-the-page"
+    cmd = json.dumps({"argv": ["sh", "-c", "seq 1 3000; echo 'all done' >&2"],
+                      "env": {"WAREHOUSE_TOKEN": secret}})
+    ran = enqueue(dsn, f"command:{cmd}", **s3_env)
+    assert run_cli(dsn, "worker", "--max-jobs", "1", **{**FAST, **s3_env}).returncode == 0
+    with serve(dsn, JOBFENCE_AUTH="none", TMPDIR=str(tmp_path), **s3_env) as console:
+        browser.get(console.url + f"/#/jobs/{ran}")
+        until(browser, "#actions code.argv", "sh -c 'seq 1 3000; echo '")
+        click(browser, "#actions details.whole summary", "stdout (whole output, 13,893 bytes)")
+        text = until(browser, "#actions pre.log-stdout").text
+        assert text.splitlines() == [str(i) for i in range(1, 3001)]
+        assert secret not in browser.page_source
+        browser.execute_script("document.querySelector('#actions pre.log-stdout')"
+                               ".scrollTop = 1e9")
+        browser.save_screenshot(str(shots / "job-full-log.png"))
+        _refreshed(browser)  # the open block stays open
+        assert browser.execute_script("return document.querySelector("
+                                      "'#actions details.whole').open") is True
+        assert not _errors(browser)

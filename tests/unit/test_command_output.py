@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from jobfence.actions.child import Usage
 from jobfence.logs import configure
 from jobfence.worker.output import LINE_BYTES, LineBudget, Origin, Output
 
@@ -72,3 +73,17 @@ def test_every_line_is_said_or_counted_within_the_budget(
     said = len(_said(err, "output"))
     dropped = sum(int(str(e["lines"])) for e in _said(err, "output_lines_dropped"))
     assert said == min(lines, per_second) and said + dropped == lines
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                    lambda inner: st.lists(inner, max_size=3)
+                    | st.dictionaries(st.text(max_size=20), inner, max_size=3), max_leaves=8)
+       | st.fixed_dictionaries({"cpu_seconds": st.floats() | st.integers() | st.text(),
+                                "peak_memory_bytes": st.none() | st.integers() | st.floats()}))
+def test_a_reported_usage_is_a_usage_or_nothing(said: object) -> None:
+    """What the command sidecar reports with an exit is read strictly, whatever it is."""
+    used = Usage.reported(said)
+    if used is not None:
+        assert 0 <= used.cpu_seconds < 1e9
+        assert used.peak_memory_bytes is None or 0 <= used.peak_memory_bytes < 1 << 50
+        assert Usage.reported(used.as_dict()) is not None

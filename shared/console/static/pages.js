@@ -27,8 +27,9 @@ function whole(label, piece, key, jobId) {
 function usage(r) {
   const u = r.usage;
   if (!u) return null;
-  return el("span", { class: "usage" }, ` · ${u.cpu_seconds} s CPU, `
-            + `${(u.peak_memory_bytes / 1048576).toFixed(1)} MiB peak memory`);
+  const peak = u.peak_memory_bytes === null ? "unknown"
+             : `${(u.peak_memory_bytes / 1048576).toFixed(1)} MiB`;
+  return el("span", { class: "usage" }, ` · ${u.cpu_seconds} s CPU, ${peak} peak memory`);
 }
 
 function outputLink(url) {
