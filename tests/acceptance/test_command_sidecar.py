@@ -33,12 +33,13 @@ from tests.procs import (
     SYSTEM_PYTHON,
     Sidecar,
     action_results,
+    enqueue,
     events,
     job,
     kill_quietly,
     wait_for,
 )
-from tests.support import JOBFENCE, Dsn, cli_env, run_cli
+from tests.support import JOBFENCE, REPO, Dsn, cli_env, run_cli
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                                 reason="a PID namespace of its own needs root and unshare")
@@ -329,3 +330,26 @@ def test_a_command_in_the_sidecar_snoozes_through_its_snooze_file(
     assert (row["status"], row["snoozes"]) == ("failed", 0)
     assert row["error"] == ("command exited with 75 to snooze, but its snooze file was "
                             "refused: .jobfence-snooze-0: a symbolic link")
+
+
+def test_a_commands_whole_output_and_usage_come_back_from_the_sidecar(
+        dsn: Dsn, sidecar: Sidecar, s3_env: dict[str, str]) -> None:
+    """Through the runner as through a local child: every line to the worker's log, the
+    streams whole to S3, what the command used reported with its exit."""
+    script = ("import sys, time\nb = bytearray(64 * 2**20)\nb[::4096] = b'x' * len(b[::4096])\n"
+              "time.sleep(0.3)\nfor i in range(2000): print(f'{i:07d}')\n"
+              "sys.stderr.write('bye\\n')\n")
+    job_id = enqueue(dsn, "command:" + json.dumps({"argv": [SYSTEM_PYTHON, "-c", script]}),
+                     **s3_env)
+    r = subprocess.run([*JOBFENCE, "worker", "--max-jobs", "1"], cwd=REPO, timeout=120,
+                       env=worker_env(dsn, sidecar, **s3_env), capture_output=True,
+                       text=True, check=False)
+    assert r.returncode == 0, r.stderr
+    [result] = [a["result"] for a in action_results(dsn, job_id)]
+    assert result["stdout_bytes"] == 16000 and result["output_on_s3"] is True
+    assert 64 * 2**20 <= result["usage"]["peak_memory_bytes"] < 96 * 2**20, result["usage"]
+    said = [json.loads(line) for line in r.stderr.splitlines() if '"event": "output"' in line]
+    assert [e["line"] for e in said if e["stream"] == "stdout"] == [
+        f"{i:07d}" for i in range(2000)][:len([e for e in said if e["stream"] == "stdout"])]
+    whole = run_cli(dsn, "logs", job_id, "--stream", "stdout", **s3_env)
+    assert whole.stdout == "".join(f"{i:07d}\n" for i in range(2000))
