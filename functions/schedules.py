@@ -23,6 +23,7 @@ from datetime import datetime
 from functools import lru_cache
 from uuid import UUID
 
+from jobfence import tracing
 from jobfence.budget import Budget
 from jobfence.errors import InvalidSpec
 from jobfence.ids import uuid7
@@ -30,7 +31,8 @@ from jobfence.logs import get_logger
 from jobfence.runner import Deps, run_pass, snapshot
 from jobfence.schedules import Cron, due_tick, zone
 from jobfence.settings import Settings
-from jobfence.store.values import DueSchedule
+from jobfence.store import NewJob, Store
+from jobfence.store.values import DueSchedule, Fired
 
 log = get_logger("jobfence.schedules")
 
@@ -61,6 +63,16 @@ def _due(cron: Cron, expected: datetime, now: datetime) -> tuple[datetime, datet
     return due_tick(cron, expected, now)
 
 
+def _fire(settings: Settings, store: Store,
+          ticks: list[tuple[DueSchedule, datetime, datetime, UUID]]) -> list[Fired]:
+    """Enqueue a batch of ticks inside the enqueue's producer span, where this pass traces:
+    the jobs carry its traceparent, as every enqueued job does."""
+    made = [NewJob(job_id=job_id, actions=[], max_attempts=1, queue=d.queue)
+            for d, _, _, job_id in ticks]
+    with tracing.enqueue_span(settings, made) as traced:
+        return store.schedules.fire(ticks, traced[0].traceparent)
+
+
 def run_once(settings: Settings, deps: Deps) -> Report:
     store = deps.store
     if store.control.drain_status().draining:
@@ -86,7 +98,7 @@ def run_once(settings: Settings, deps: Deps) -> Report:
                 continue
             caught_up += tick != d.next_tick_at
             ticks.append((d, tick, following, uuid7()))
-        fired = store.schedules.fire(ticks) if ticks else []
+        fired = _fire(settings, store, ticks) if ticks else []
         raced += len(ticks) - len(fired)
         for f in fired:
             if f.outcome == "enqueued":

@@ -152,5 +152,6 @@ GRANT EXECUTE ON FUNCTION {schema}.jobfence_reclaim(uuid[], text[], text[], floa
     {schema}.jobfence_children_page(uuid, uuid, integer),
     {schema}.jobfence_first_errors(uuid, integer),
     {schema}.jobfence_finalize_parent(uuid, text, text, text, text),
-    {schema}.scheduler_fire(uuid[], timestamptz[], timestamptz[], timestamptz[], uuid[])
+    {schema}.scheduler_fire(uuid[], timestamptz[], timestamptz[], timestamptz[], uuid[],
+                            text[])
     TO {maintainer};

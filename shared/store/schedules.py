@@ -79,18 +79,19 @@ class Schedules(Noun):
             "after_tick": after.next_tick_at if after else None,
             "after_id": after.schedule_id if after else None}, DueSchedule)
 
-    def fire(self, ticks: Sequence[tuple[DueSchedule, datetime, datetime, UUID]]
-             ) -> list[Fired]:
+    def fire(self, ticks: Sequence[tuple[DueSchedule, datetime, datetime, UUID]],
+             traceparent: str | None = None) -> list[Fired]:
         """Enqueue each (schedule as read, tick, the tick after it, a new job id) in one
-        statement: a schedule another run moved on meanwhile answers nothing. Nothing at
-        all while draining."""
+        statement, the jobs carrying ``traceparent`` (the pass's producer span): a schedule
+        another run moved on meanwhile answers nothing. Nothing at all while draining."""
         with db.transaction(self.conn):
             return self._rows("fire", {
                 "schedule_ids": [d.schedule_id for d, *_ in ticks],
                 "expected": [d.next_tick_at for d, *_ in ticks],
                 "ticks": [t for _, t, _, _ in ticks],
                 "following": [f for _, _, f, _ in ticks],
-                "job_ids": [j for *_, j in ticks]}, Fired)
+                "job_ids": [j for *_, j in ticks],
+                "traceparents": [traceparent] * len(ticks)}, Fired)
 
     def clock(self) -> datetime:
         row = self._one("clock")

@@ -47,7 +47,8 @@ WHERE s.name = %(name)s ORDER BY t.tick_at DESC LIMIT %(limit)s;
 -- due --
 -- A batch of schedules whose next tick has come by the database's clock, oldest tick
 -- first (keyset after the last of the previous batch).
-SELECT schedule_id, name, cron, timezone, next_tick_at
+SELECT schedule_id, name, cron, timezone, next_tick_at,
+    coalesce(job ->> 'queue', 'default') AS queue
 FROM {schema}.schedules
 WHERE NOT paused AND next_tick_at <= coalesce(%(now)s::timestamptz, clock_timestamp())
   AND (%(after_tick)s::timestamptz IS NULL
@@ -60,7 +61,7 @@ LIMIT %(limit)s;
 SELECT schedule_id, name, tick_at, job_id, outcome
 FROM {schema}.scheduler_fire(%(schedule_ids)s::uuid[], %(expected)s::timestamptz[],
                              %(ticks)s::timestamptz[], %(following)s::timestamptz[],
-                             %(job_ids)s::uuid[]);
+                             %(job_ids)s::uuid[], %(traceparents)s::text[]);
 
 -- clock --
 -- The database's clock (ticks are judged by it, not by the pass's).

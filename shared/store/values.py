@@ -34,6 +34,8 @@ class DueSchedule(NamedTuple):
     cron: str
     timezone: str
     next_tick_at: datetime
+    queue: str = "default"
+    """The queue of the job it enqueues."""
 
 
 class Fired(NamedTuple):

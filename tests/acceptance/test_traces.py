@@ -2,7 +2,8 @@
 its exporter writes: an application's request to the HTTP API (with its traceparent), and an
 application's own span around the Python API, each one trace through the enqueue, the
 worker's attempt and each action, the command seeing its action's span as TRACEPARENT; a
-retry's attempt a trace of its own linked to the first attempt and to the enqueue."""
+retry's attempt a trace of its own linked to the first attempt and to the enqueue; a job a
+schedule enqueued, in the trace of the schedules pass that enqueued it."""
 
 from __future__ import annotations
 
@@ -180,3 +181,29 @@ def test_a_collector_that_does_not_answer_costs_the_job_nothing(dsn: str) -> Non
 def test_a_variable_jobfence_cannot_honour_is_refused_before_any_work(dsn: str) -> None:
     r = run_cli(dsn, "worker", OTEL_TRACES_EXPORTER="zipkin")
     assert r.returncode == 2 and "OTEL_TRACES_EXPORTER" in r.stderr
+
+
+def test_a_scheduled_job_joins_the_trace_of_the_pass_that_enqueued_it(
+        dsn: str, otel: Collector, tmp_path: Path) -> None:
+    from devtools.sqlconn import connect
+
+    spec = tmp_path / "nightly.json"
+    spec.write_text(json.dumps({"actions": [ECHO]}))
+    added = run_cli(dsn, "schedule", "add", "nightly", "--cron", "0 3 * * *", "--spec",
+                    str(spec))
+    assert added.returncode == 0, added.stderr
+    with connect(dsn) as conn:  # its tick came while nothing ran
+        conn.execute("UPDATE schedules SET next_tick_at = now() - interval '1 minute'")
+    fired = run_cli(dsn, "schedules", **otel.env)
+    assert fired.returncode == 0, fired.stderr
+    work(dsn, otel)
+    spans = otel.wait(lambda s: len(named(s, "process default")) == 1)
+    [enqueue] = named(spans, "enqueue default")
+    [attempt] = named(spans, "process default")
+    assert enqueue.kind == PRODUCER and enqueue.resource["jobfence.function"] == "schedules"
+    assert (attempt.trace_id, attempt.parent) == (enqueue.trace_id, enqueue.span_id)
+    with connect(dsn) as conn:
+        [row] = conn.execute("SELECT job_id, traceparent FROM jobs").fetchall()
+    assert enqueue.is_parent_of(row["traceparent"])  # stored with the job
+    [result] = [r["result"] for r in action_results(dsn, str(row["job_id"]))]
+    assert result["stdout_tail"].split("-")[1] == enqueue.trace_id  # the command's TRACEPARENT

@@ -83,7 +83,7 @@ STATEMENTS: dict[str, LiteralString] = {
     "fire a schedule's tick (its function)": "SELECT * FROM jobfence.scheduler_fire("
                                              "ARRAY[]::uuid[], ARRAY[]::timestamptz[], "
                                              "ARRAY[]::timestamptz[], ARRAY[]::timestamptz[], "
-                                             "ARRAY[]::uuid[])",
+                                             "ARRAY[]::uuid[], ARRAY[]::text[])",
     "forget a tick": "DELETE FROM jobfence.schedule_ticks",
 }
 
