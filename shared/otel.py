@@ -36,6 +36,7 @@ from opentelemetry.trace import (
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from jobfence.actions import Snooze
 from jobfence.errors import ConfigError
 from jobfence.logs import get_logger
 from jobfence.store.types import NewJob
@@ -240,7 +241,7 @@ class _Attempt(AttemptSpan):
     def ended(self, outcome: T) -> T:
         value = str(outcome)
         self.span.set_attribute("jobfence.outcome", value)
-        if value != "succeeded":
+        if value not in ("succeeded", "snoozed"):  # a snooze asks for later: no error
             self.span.set_status(Status(StatusCode.ERROR, f"the attempt ended {value}"))
         return outcome
 
@@ -290,11 +291,21 @@ def attempt(claim: Claim, queue: str, stored: TraceParent | None,
 @contextmanager
 def action(index: int, name: str) -> Iterator[None]:
     """One action's span, a child of the current (attempt's) span. An exception out of the
-    action is recorded on it (the attempt's span says how the attempt ended)."""
+    action is recorded on it (the attempt's span says how the attempt ended) — but a snooze
+    is no error: its delay is an attribute (``jobfence.action.snoozed_seconds``)."""
     with _tracer().start_as_current_span(
-            f"action {name}", kind=SpanKind.INTERNAL,
-            attributes={"jobfence.action.name": name, "jobfence.action.index": index}):
-        yield
+            f"action {name}", kind=SpanKind.INTERNAL, record_exception=False,
+            set_status_on_exception=False,
+            attributes={"jobfence.action.name": name, "jobfence.action.index": index}) as span:
+        try:
+            yield
+        except Snooze as snooze:
+            span.set_attribute("jobfence.action.snoozed_seconds", snooze.delay.total_seconds())
+            raise
+        except BaseException as exc:
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            raise
 
 
 def carrier() -> dict[str, str]:

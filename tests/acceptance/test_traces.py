@@ -207,3 +207,16 @@ def test_a_scheduled_job_joins_the_trace_of_the_pass_that_enqueued_it(
     assert enqueue.is_parent_of(row["traceparent"])  # stored with the job
     [result] = [r["result"] for r in action_results(dsn, str(row["job_id"]))]
     assert result["stdout_tail"].split("-")[1] == enqueue.trace_id  # the command's TRACEPARENT
+
+
+def test_a_snooze_is_no_error_in_the_trace(dsn: str, otel: Collector) -> None:
+    snooze = ('printf PT1H > "$JOBFENCE_SNOOZE_FILE"; exit 75')
+    r = run_cli(dsn, "enqueue", "command:" + json.dumps({"argv": ["sh", "-c", snooze]}),
+                **otel.env)
+    assert r.returncode == 0, r.stderr
+    work(dsn, otel)
+    spans = otel.wait(lambda s: len(named(s, "action command")) == 1)
+    [attempt] = named(spans, "process default")
+    [action] = named(spans, "action command")
+    assert attempt.attributes["jobfence.outcome"] == "snoozed" and not attempt.error
+    assert action.attributes["jobfence.action.snoozed_seconds"] == 3600 and not action.error
