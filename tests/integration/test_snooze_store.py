@@ -98,3 +98,18 @@ def test_a_delay_out_of_bounds_is_refused_by_the_database(store: Store, delay: f
 def test_a_new_job_is_born_without_snoozes(store: Store, conn: Connection) -> None:
     job_id = enqueue_one(store)
     assert store.jobs.get(job_id).snoozes == 0  # type: ignore[union-attr]
+
+
+def test_a_retried_job_may_snooze_again(store: Store) -> None:
+    """Failed for snoozing too often, retried by an operator: its snoozes start afresh."""
+    job_id = enqueue_one(store)
+    for _ in range(2):
+        [claim] = store.attempts.claim(worker_id="w", lease_seconds=60)
+        store.attempts.snooze(job_id=job_id, attempt_id=claim.attempt_id, delay_seconds=0.001,
+                              reason="later", max_snoozes=1)
+        store.conn.execute("UPDATE jobs SET visible_at = now() WHERE job_id = %s", (job_id,))
+    row = store.jobs.get(job_id)
+    assert row is not None and row.status == "failed"
+    store.jobs.retry(job_id=job_id, reason="try again")
+    row = store.jobs.get(job_id)
+    assert row is not None and (row.status, row.snoozes) == ("pending", 0)
