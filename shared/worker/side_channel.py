@@ -57,10 +57,19 @@ class SideChannel:
 
     def told(self, timeout: float) -> set[str]:
         """The job ids the database said it stopped, waiting up to ``timeout`` seconds for
-        the first (without holding the connection meanwhile); empty when not listening."""
+        the first (without holding the connection meanwhile); empty when not listening. A
+        notification that arrived while a heartbeat or a check ran on the connection was
+        read with that statement's answer and waits in the driver, not on the socket: it is
+        taken first."""
         conn = self._conn
-        if not self._listening or conn is None or not db.readable(conn, timeout):
+        if not self._listening or conn is None:
             return set()
+        found = self._payloads(conn)
+        if found or not db.readable(conn, timeout):
+            return found
+        return self._payloads(conn)
+
+    def _payloads(self, conn: Connection) -> set[str]:
         with self.lock:
             if conn is not self._conn:
                 return set()

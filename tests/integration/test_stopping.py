@@ -170,3 +170,31 @@ def test_the_database_bounds_the_retry_delays_a_worker_asks_for(store: Store) ->
                                retry=RetryPolicy(-5, 10))
     assert store.attempts.heartbeat(job_id=job, attempt_id=claim.attempt_id,
                                     lease_seconds=60) is not None
+
+
+def test_a_stop_told_while_a_statement_ran_on_the_guards_connection_is_not_lost(
+        dsn: str) -> None:
+    """The notification arrives while a heartbeat holds the guards' connection: the driver
+    reads it with that statement's answer, so the socket has nothing more to say. It is
+    still told at once, not at the next safety-net check (seconds later)."""
+    from devtools.sqlconn import connect
+    from jobfence.settings import load_settings
+    from jobfence.worker.side_channel import SideChannel
+
+    side = SideChannel(load_settings(database_url=dsn))
+    try:
+        side.call(lambda s: s.schedules.clock())  # connected and listening
+        assert side.listening
+        with connect(dsn) as other:
+            def notify_soon() -> None:
+                time.sleep(0.2)
+                other.execute("SELECT pg_notify('jobfence.stop', 'job-1')")
+
+            sender = threading.Thread(target=notify_soon)
+            sender.start()
+            side.call(lambda s: s.conn.execute("SELECT pg_sleep(0.5)"))  # a slow heartbeat
+            sender.join()
+        assert side.told(0.05) == {"job-1"}
+        assert side.told(0.05) == set()  # once
+    finally:
+        side.close_quietly()
