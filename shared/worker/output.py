@@ -267,6 +267,7 @@ class Output(ChildOutput):
             return
         s.objects += 1
         s.sent += len(data)
+        self.touch()  # the command waited on this write: it was not idle meanwhile
 
     def _register(self) -> bool:
         """Registered under the fence before the first object (once for both streams)."""
