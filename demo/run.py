@@ -364,6 +364,11 @@ def summary(d: Demo, platform: LocalPlatform, rows: list[tuple[str, str, str]]) 
         chain = " → ".join(f"pid {c}" for c in claims) if claims else "(its children)"
         attempts = "—" if j["is_parent"] else f"{j['attempt_count']}/{j['max_attempts']}"
         print(f"   {what:<22}{colour}{j['status']:<11}{RESET}{attempts:<10}{chain:<44}{note}")
+    flaky = next(job_id for what, job_id, _ in rows if what == "db.clicks")
+    print()
+    d.cli("logs", flaky, "--attempt", "1")
+    d.say("what each attempt wrote stays readable: tails in the database, a longer output "
+          "whole on S3 (`--follow` while it runs)")
     children = d.store.jobs.children_counts(UUID(rows[-1][1]))
     print(f"\n   children of the datum job: {children}")
     running = d.conn.execute("SELECT count(*) AS n FROM jobs WHERE status = 'running' "
