@@ -15,7 +15,7 @@ from jobfence import cli, metrics
 from jobfence.cluster import PERIODIC_FUNCTIONS
 from jobfence.errors import InvalidSpec, WaitTimeout
 from jobfence.ids import parse_job_id
-from jobfence.joblogs import STREAM_NAMES, Attempt, Logs, Piece
+from jobfence.joblogs import STREAM_NAMES, Attempt, Logs, Piece, visible
 from jobfence.limits import MAX_WAIT_SECONDS
 from jobfence.store import Store
 from jobfence.store.types import FunctionRun
@@ -212,6 +212,9 @@ class _Printer:
         self.printed: dict[tuple[int, str], int] = {}
         self.headed: tuple[int, str] | None = None
         self.out = sys.stdout.buffer
+        self.terminal = sys.stdout.isatty()
+        """A person reads it: a job's control characters are shown, not obeyed (piped,
+        the bytes are exactly what the job wrote)."""
 
     def print_new(self, *, final: bool) -> None:
         for piece in self.logs.pieces(self.job_id, self.attempt):
@@ -224,7 +227,7 @@ class _Printer:
             for seq, data in self.logs.read(self.job_id, self.attempt, piece,
                                             after=self.printed.get(key, 0)):
                 self._head(piece)
-                self.out.write(data)
+                self.out.write(visible(data) if self.terminal else data)
                 self.printed[key] = seq
             if final and not piece.whole:
                 self._head(piece)

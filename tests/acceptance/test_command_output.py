@@ -250,3 +250,36 @@ def test_a_commands_cpu_time_and_peak_memory_are_reported(dsn: str) -> None:
     assert run_cli(dsn, "worker", "--max-jobs", "1").returncode == 0
     [result] = [r["result"] for r in action_results(dsn, tree_job)]
     assert result["usage"]["peak_memory_bytes"] >= 200 * 2**20 * 0.9, result["usage"]
+
+
+def test_logs_shows_a_jobs_control_characters_to_a_person_and_pipes_them_as_written(
+        dsn: str) -> None:
+    """A job's output may hold escape sequences (write the clipboard, retitle the window,
+    clear the screen): `jobfence logs` on a terminal shows them, piped it keeps them."""
+    import os
+    import pty
+
+    hostile = "printf 'before\\033]52;c;cm0gLXJmIC8K\\007\\033[2Jafter\\n'"
+    job_id = enqueue(dsn, _command("sh", "-c", hostile))
+    assert run_cli(dsn, "worker", "--max-jobs", "1").returncode == 0
+    piped = subprocess.run([*JOBFENCE, "logs", job_id, "--stream", "stdout"], cwd=REPO,
+                           env=cli_env(dsn, "logs"), capture_output=True, check=True)
+    assert piped.stdout == b"before\x1b]52;c;cm0gLXJmIC8K\x07\x1b[2Jafter\n"
+    leader, follower = pty.openpty()
+    shown = subprocess.run([*JOBFENCE, "logs", job_id, "--stream", "stdout"], cwd=REPO,
+                           env=cli_env(dsn, "logs"), stdout=follower,
+                           stderr=subprocess.PIPE, check=True, timeout=60)
+    os.close(follower)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the terminal's other end is closed: all read
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(leader)
+    assert shown.returncode == 0
+    assert b"\x1b" not in seen and b"\x07" not in seen
+    assert seen.replace(b"\r\n", b"\n") == b"before\\x1b]52;c;cm0gLXJmIC8K\\x07\\x1b[2Jafter\n"
