@@ -19,7 +19,7 @@ from jobfence.spec import queue_name
 from jobfence.store import ACTIVE, TERMINAL, JobRow, Store
 from jobfence.store.migrations import migrate
 from jobfence.store.roles import connection_identity, setup_sql
-from jobfence.views import empty_queue_view, job_views, queue_view, render_text
+from jobfence.views import empty_queue_view, harmless, job_views, queue_view, render_text
 
 
 def _job_id(text: str) -> UUID:
@@ -145,9 +145,10 @@ def list_main(argv: list[str]) -> int:
             status = v["status"]
             if status == "pending" and v["run_at"] and v["run_at"] > now:
                 status = "scheduled"
-            print(f"{v['job_id']!s:<36}  {status:<9}  "
-                  f"{v['attempt_count']:>3}/{v['max_attempts']:<3}  {v['queue'][:12]:<12}  "
-                  f"{(v['resource'] or '-')[:20]:<20}  {actions}")
+            print(harmless(f"{v['job_id']!s:<36}  {status:<9}  "
+                           f"{v['attempt_count']:>3}/{v['max_attempts']:<3}  "
+                           f"{v['queue'][:12]:<12}  {(v['resource'] or '-')[:20]:<20}  "
+                           f"{actions}"))
         if len(views) == args.limit:
             print(f"(more: --after {views[-1]['job_id']})")
         return 0

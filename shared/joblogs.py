@@ -21,19 +21,13 @@ from jobfence.errors import InvalidSpec, JobNotFound, NotFound
 from jobfence.objectstore import ObjectStore, log_prefix
 from jobfence.store import Store
 from jobfence.store.types import JobRow
-from jobfence.views import attempts_of
+from jobfence.views import attempts_of, harmless
 
 STREAM_NAMES = tuple(STREAMS.values())
 
-_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))
-             if c not in (0x09, 0x0A)}
-
-
 def visible(data: bytes) -> bytes:
-    """A job's output made safe for a person's terminal: control characters (escape
-    sequences that could move the cursor, retitle the window or write the clipboard) shown
-    as ``\\xNN``; tabs and newlines kept."""
-    return data.decode("utf-8", errors="replace").translate(_CONTROLS).encode()
+    """A job's output made safe for a person's terminal (``jobfence.views.harmless``)."""
+    return harmless(data.decode("utf-8", errors="replace")).encode()
 
 
 @dataclass(frozen=True, slots=True)

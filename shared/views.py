@@ -185,7 +185,18 @@ def render_text(view: dict[str, Any]) -> str:
         lines += [f"         output: {url}" for url in result.get("outputs") or []]
         if result.get("output_on_s3"):
             lines.append(f"         whole output: jobfence logs {view['job_id']}")
-    return "\n".join(lines)
+    return harmless("\n".join(lines))  # what a job carries may hold escape sequences
+
+
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))
+             if c not in (0x09, 0x0A)}
+
+
+def harmless(text: str) -> str:
+    """A job's text made safe for a person's terminal: control characters (escape
+    sequences that could move the cursor, retitle the window or write the clipboard) shown
+    as ``\\xNN``; tabs and newlines kept."""
+    return text.translate(_CONTROLS)
 
 
 def _mib(value: object) -> str:

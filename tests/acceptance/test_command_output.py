@@ -283,3 +283,5 @@ def test_logs_shows_a_jobs_control_characters_to_a_person_and_pipes_them_as_writ
     assert shown.returncode == 0
     assert b"\x1b" not in seen and b"\x07" not in seen
     assert seen.replace(b"\r\n", b"\n") == b"before\\x1b]52;c;cm0gLXJmIC8K\\x07\\x1b[2Jafter\n"
+    status = run_cli(dsn, "status", job_id)  # its tail, for a person: shown, not obeyed
+    assert "\x1b" not in status.stdout and "before\\x1b]52;c;" in status.stdout

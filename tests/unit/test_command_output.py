@@ -87,3 +87,12 @@ def test_a_reported_usage_is_a_usage_or_nothing(said: object) -> None:
         assert 0 <= used.cpu_seconds < 1e9
         assert used.peak_memory_bytes is None or 0 <= used.peak_memory_bytes < 1 << 50
         assert Usage.reported(used.as_dict()) is not None
+
+
+@given(st.text())
+def test_what_a_person_is_shown_holds_no_control_character(text: str) -> None:
+    from jobfence.views import harmless
+
+    shown = harmless(text)
+    assert not any((ord(c) < 0x20 and c not in "\t\n") or 0x7F <= ord(c) < 0xA0 for c in shown)
+    assert harmless(shown) == shown and harmless("a\tb\nc") == "a\tb\nc"
