@@ -14,7 +14,7 @@ from starlette.routing import Route
 from jobfence import bulk
 from jobfence.console import params
 from jobfence.console.queue_history import flags, minutes
-from jobfence.errors import Conflict, InvalidSpec
+from jobfence.errors import Conflict, InvalidSpec, NotFound, ObjectStoreError
 from jobfence.joblogs import Logs
 from jobfence.schedules import Cron, job_template, schedule_name, schedule_spec
 from jobfence.spec import queue_name
@@ -228,18 +228,22 @@ def job_logs(server: Server) -> Any:
         attempt = logs.attempt(job_id, call.params["attempt"])
         pieces = []
         for piece in logs.pieces(job_id, attempt):
-            shown, cut = bytearray(), False
-            for _, data in logs.read(job_id, attempt, piece):
-                room = SHOWN_LOG_BYTES - len(shown)
-                shown += data[:room]
-                if len(data) > room:
-                    cut = True
-                    break
+            shown, cut, unavailable = bytearray(), False, None
+            try:
+                for _, data in logs.read(job_id, attempt, piece):
+                    room = SHOWN_LOG_BYTES - len(shown)
+                    shown += data[:room]
+                    if len(data) > room:
+                        cut = True
+                        break
+            except (NotFound, ObjectStoreError) as exc:  # no bucket or no S3 access here
+                unavailable = str(exc)
             pieces.append({"action": piece.action_index, "name": piece.action,
                            "stream": piece.stream, "size": piece.size, "on_s3": piece.on_s3,
-                           "whole": piece.whole and not cut,
+                           "whole": piece.whole and not cut and unavailable is None,
                            "text": shown.decode("utf-8", errors="replace"),
-                           "cut_at": len(shown) if cut else None})
+                           "cut_at": len(shown) if cut else None,
+                           "unavailable": unavailable})
         return Answer({"job_id": str(job_id), "attempt": attempt.number,
                        "running": attempt.running, "pieces": pieces})
     return handler

@@ -285,3 +285,28 @@ def test_logs_shows_a_jobs_control_characters_to_a_person_and_pipes_them_as_writ
     assert seen.replace(b"\r\n", b"\n") == b"before\\x1b]52;c;cm0gLXJmIC8K\\x07\\x1b[2Jafter\n"
     status = run_cli(dsn, "status", job_id)  # its tail, for a person: shown, not obeyed
     assert "\x1b" not in status.stdout and "before\\x1b]52;c;" in status.stdout
+
+
+def test_the_api_answers_an_attempts_output(dsn: str, s3_env: dict[str, str],
+                                           tmp_path: Path) -> None:
+    from tests.acceptance.serving import serve
+
+    job_id = enqueue(dsn, _command("sh", "-c", "seq 1 3000; echo oops >&2; exit 3"),
+                     "--max-attempts", "1", **s3_env)
+    assert run_cli(dsn, "worker", "--max-jobs", "1", **s3_env).returncode == 1
+    with serve(dsn, JOBFENCE_AUTH="none", TMPDIR=str(tmp_path), **s3_env) as server:
+        r = server.get(f"/api/v1/jobs/{job_id}/logs")
+        assert r.status == 200, r.body
+        out, err = r.body["pieces"]
+        assert (r.body["attempt"], r.body["running"]) == (1, False)
+        assert (out["stream"], out["on_s3"], out["whole"], out["size"]) == ("stdout", True,
+                                                                            True, 13893)
+        assert out["text"].splitlines() == [str(i) for i in range(1, 3001)]
+        assert (err["text"], err["unavailable"]) == ("oops\n", None)
+        assert server.get(f"/api/v1/jobs/{job_id}/logs?attempt=2").status == 400
+    # A server without the S3 settings still answers: the tails, and why not the rest.
+    with serve(dsn, JOBFENCE_AUTH="none", TMPDIR=str(tmp_path)) as server:
+        r = server.get(f"/api/v1/jobs/{job_id}/logs")
+        assert r.status == 200, r.body
+        out = r.body["pieces"][0]
+        assert out["whole"] is False and "JOBFENCE_S3_BUCKET" in out["unavailable"]

@@ -87,7 +87,7 @@ async function jobPage(id) {
   const onS3 = j.actions.some(a => (a.result || {}).output_on_s3) || j.status === "running";
   const logs = onS3 ? await api(`/jobs/${encodeURIComponent(id)}/logs`).catch(() => null) : null;
   const piece = (i, stream) => ((logs && logs.pieces) || []).find(
-    p => p.action === i && p.stream === stream && p.on_s3);
+    p => p.action === i && p.stream === stream && p.on_s3 && !p.unavailable);
   const actions = j.actions.map((a, i) => {
     const r = a.result || {};
     return el("li", { class: "action", "data-action-index": i, key: "action-" + i },
