@@ -14,19 +14,11 @@ from uuid import UUID
 from jobfence import cli, metrics
 from jobfence.cluster import PERIODIC_FUNCTIONS
 from jobfence.errors import InvalidSpec, WaitTimeout
-from jobfence.ids import parse_job_id
 from jobfence.joblogs import STREAM_NAMES, Attempt, Logs, Piece, visible
 from jobfence.limits import MAX_WAIT_SECONDS
 from jobfence.store import Store
 from jobfence.store.types import FunctionRun
 from jobfence.wiring import open_object_store
-
-
-def parse_job_id_arg(text: str) -> UUID:
-    try:
-        return parse_job_id(text)
-    except ValueError as exc:
-        raise InvalidSpec(str(exc)) from None
 
 
 def metrics_main(argv: list[str]) -> int:
@@ -180,7 +172,7 @@ def logs_main(argv: list[str]) -> int:
                        help="while the attempt runs, print what comes as it comes")
         p.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
         args = p.parse_args(argv)
-        job_id = parse_job_id_arg(args.job_id)
+        job_id = cli.job_id(args.job_id)
         if not 0.05 <= args.interval <= 60:
             raise InvalidSpec("--interval must be between 0.05 and 60 seconds")
         settings = cli.setup("logs")

@@ -13,20 +13,12 @@ from jobfence import cli, db
 from jobfence.db import connect
 from jobfence.durations import parse_rate
 from jobfence.errors import ExitCode, InvalidSpec, JobfenceError, JobNotFound, WaitTimeout
-from jobfence.ids import parse_job_id
 from jobfence.limits import MAX_WAIT_SECONDS
 from jobfence.spec import queue_name
 from jobfence.store import ACTIVE, TERMINAL, JobRow, Store
 from jobfence.store.migrations import migrate
 from jobfence.store.roles import connection_identity, setup_sql
 from jobfence.views import empty_queue_view, harmless, job_views, queue_view, render_text
-
-
-def _job_id(text: str) -> UUID:
-    try:
-        return parse_job_id(text)
-    except ValueError as exc:
-        raise InvalidSpec(str(exc)) from None
 
 
 def migrate_main(argv: list[str]) -> int:
@@ -81,7 +73,7 @@ def status_main(argv: list[str]) -> int:
                        "actions' env (an operator's login; recorded with who asked and why)")
         p.add_argument("--reason", help="why the env values are needed (recorded)")
         args = p.parse_args(argv)
-        job_id = _job_id(args.job_id)
+        job_id = cli.job_id(args.job_id)
         if args.reason is not None and not args.reveal_env:
             raise InvalidSpec("--reason goes with --reveal-env")
         settings = cli.setup("status")
@@ -125,8 +117,8 @@ def list_main(argv: list[str]) -> int:
         args = p.parse_args(argv)
         if not 1 <= args.limit <= 10_000:
             raise InvalidSpec("--limit must be between 1 and 10000 (page on with --after)")
-        parent = _job_id(args.parent) if args.parent else None
-        after = _job_id(args.after) if args.after else None
+        parent = cli.job_id(args.parent) if args.parent else None
+        after = cli.job_id(args.after) if args.after else None
         queue = _queue(args.queue) if args.queue else None
         labels = cli.labels_of(args.label)
         settings = cli.setup("list")
@@ -295,7 +287,7 @@ def wait_main(argv: list[str]) -> int:
         p.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
                        help="polling fallback (default 2)")
         args = p.parse_args(argv)
-        job_id = _job_id(args.job_id)
+        job_id = cli.job_id(args.job_id)
         if args.timeout is not None and not 0 <= args.timeout <= MAX_WAIT_SECONDS:
             raise InvalidSpec(f"--timeout must be between 0 and {MAX_WAIT_SECONDS:g} seconds")
         if not 0.01 <= args.interval <= 3600:

@@ -6,11 +6,9 @@ a window of creation time — a batch per transaction, each job audited with the
 from __future__ import annotations
 
 import sys
-from uuid import UUID
 
 from jobfence import bulk, cli
 from jobfence.errors import ExitCode, InvalidSpec
-from jobfence.ids import parse_job_id
 from jobfence.spec import queue_name
 from jobfence.store import ACTIVE
 from jobfence.store.values import Selected
@@ -18,12 +16,6 @@ from jobfence.submit import cancelled_object
 
 DEFAULT_LIMIT = 1000
 
-
-def _job_id(text: str) -> UUID:
-    try:
-        return parse_job_id(text)
-    except ValueError as exc:
-        raise InvalidSpec(str(exc)) from None
 
 
 def parser(verb: str) -> cli.Parser:
@@ -66,7 +58,7 @@ def selection_of(args: object, verb: str) -> bulk.Selection:
             raise InvalidSpec(str(exc)) from None
     sel = bulk.Selection(
         statuses=tuple(dict.fromkeys(a["status"])), queue=queue, resource=a["resource"],
-        parent_id=_job_id(a["parent"]) if a["parent"] else None,
+        parent_id=cli.job_id(a["parent"]) if a["parent"] else None,
         labels=cli.labels_of(a["label"]),
         created_before=bulk.parse_time(a["before"], "--before") if a["before"] else None,
         created_after=bulk.parse_time(a["after"], "--after") if a["after"] else None)
@@ -92,7 +84,7 @@ def _one(verb: str, args: object) -> int:
     if given:
         raise InvalidSpec(f"give a job id or filters (--{given[0].replace('_', '-')}), "
                           "not both")
-    job_id = _job_id(a["job_id"])
+    job_id = cli.job_id(a["job_id"])
     settings = cli.setup(verb)
     with cli.open_store(settings, verb) as store:
         if verb == "cancel":

@@ -10,10 +10,12 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
+from uuid import UUID
 
 from jobfence import logs, tracing
 from jobfence.db import connect
 from jobfence.errors import ExitCode, InvalidSpec, JobfenceError
+from jobfence.ids import parse_job_id
 from jobfence.limits import Unstorable, check_text
 from jobfence.settings import Settings, load_settings
 from jobfence.store import Store
@@ -65,6 +67,14 @@ class Parser(argparse.ArgumentParser):
             except Unstorable as exc:
                 raise InvalidSpec(f"{self.prog}: {exc}") from None
         return super().parse_args(args, namespace)
+
+
+def job_id(text: str) -> UUID:
+    """A job id given on the command line; InvalidSpec (exit 2) saying why it is not one."""
+    try:
+        return parse_job_id(text)
+    except ValueError as exc:
+        raise InvalidSpec(str(exc)) from None
 
 
 def labels_of(items: Sequence[str]) -> dict[str, str]:
