@@ -280,6 +280,7 @@ class TreeMemory:
         self._next_hwm = now
         self._next_tree = now + every
         self._mine = _read(Path("/proc/self/cmdline"))
+        self._execd = False
 
     @staticmethod
     def own_rss() -> int:
@@ -305,8 +306,10 @@ class TreeMemory:
         return max(self.peak, maxrss if maxrss > self.forked_from * 1.1 else 0) or None
 
     def _root_hwm(self) -> int:
-        if _read(Path(f"/proc/{self.root}/cmdline")) in (self._mine, b""):
-            return 0  # not exec'd yet (or gone): its numbers are this process's
+        if not self._execd:
+            if _read(Path(f"/proc/{self.root}/cmdline")) in (self._mine, b""):
+                return 0  # not exec'd yet (or gone): its numbers are this process's
+            self._execd = True
         try:
             for line in Path(f"/proc/{self.root}/status").read_text().splitlines():
                 if line.startswith("VmHWM:"):
