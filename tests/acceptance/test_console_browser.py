@@ -250,8 +250,10 @@ def test_signing_in_with_a_token_and_reading_only(browser: Any, dsn: str, tmp_pa
                JOBFENCE_NAMESPACE=namespace, JOBFENCE_AUTH_OPERATORS="group:ops",
                KUBECONFIG=str(kubeconfig)) as s:
         browser.get(s.url + "/#/queues")
+        # No token yet: the console asks for one, once its first call was refused (the
+        # box is in the page from the start, hidden until then).
+        assert wait_for(lambda: until(browser, "#login-token").is_displayed(), timeout=10)
         box = until(browser, "#login-token")
-        assert box.is_displayed()  # no token yet: the console asks for one
         box.send_keys("wrong")
         click(browser, "#login-form button")
         wait_for(lambda: until(browser, "#login-token").is_displayed(), timeout=10)
