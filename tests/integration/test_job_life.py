@@ -1,0 +1,70 @@
+"""A job's life, checked against its reference model (tests/model): hypothesis drives the
+real store on a real PostgreSQL through random sequences of every verb — enqueue with
+``after``, claims by several workers, heartbeats, action results and outputs, finish,
+failures with retries, snooze, SIGTERM, cancel and stopping, retry one by one and in bulk,
+expiry, pause and limits, leases running out on a clock the test moves, the sweeper,
+export-finalize and orphan-cleanup, datum parents — and after every step compares the
+database with the model and checks every invariant (tests/model/machine.py lists them).
+
+``make test`` runs a modest number of sequences from a fixed seed; ``make model-check``
+runs thousands from a fresh one (``JOBFENCE_MODEL_EXAMPLES``, ``JOBFENCE_MODEL_SEED``). A
+failure prints the seed and the shrunk sequence of steps that breaks the rule.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import HealthCheck, seed, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from devtools.sqlconn import connect
+from tests.model.machine import JobLife, seed_from_env
+from tests.pg import Databases
+
+DEFAULT_SEED = 39
+"""The seed ``make test`` runs with, so that the suite is the same run to run."""
+
+
+def run_model(databases: Databases, *, examples: int, steps: int, run_seed: int,
+              prepare: Callable[[Any], None] | None = None) -> None:
+    """Run the state machine: ``examples`` sequences of up to ``steps`` steps on a fresh
+    database of the test's own (``prepare`` runs on it first), emptied before each; on
+    failure the exception carries the seed that reproduces it."""
+
+    url = databases.create()
+    if prepare is not None:
+        with connect(url) as conn:
+            prepare(conn)
+
+    class Machine(JobLife):
+        pass
+
+    Machine.url = url
+
+    def factory() -> Machine:
+        return Machine()
+
+    try:
+        run_state_machine_as_test(seed(run_seed)(factory), settings=settings(
+            max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
+            print_blob=True, suppress_health_check=list(HealthCheck)))
+    except BaseException as exc:
+        exc.add_note(f"jobfence model: seed {run_seed}; reproduce with "
+                     f"JOBFENCE_MODEL_SEED={run_seed} JOBFENCE_MODEL_EXAMPLES={examples}")
+        raise
+    finally:
+        databases.drop(url)
+
+
+def test_every_sequence_of_verbs_agrees_with_the_model(databases: Databases) -> None:
+    examples = int(os.environ.get("JOBFENCE_MODEL_EXAMPLES", "25"))
+    run_seed = seed_from_env()
+    if run_seed is None:
+        run_seed = DEFAULT_SEED if examples <= 100 else random.randrange(2**32)
+    print(f"jobfence model: {examples} sequences, seed {run_seed}")
+    run_model(databases, examples=examples,
+              steps=int(os.environ.get("JOBFENCE_MODEL_STEPS", "40")), run_seed=run_seed)
