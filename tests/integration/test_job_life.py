@@ -18,11 +18,12 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from hypothesis import HealthCheck, seed, settings
+import pytest
+from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from devtools.sqlconn import connect
-from tests.model.machine import JobLife, seed_from_env
+from tests.model.machine import JobLife, Violation, seed_from_env
 from tests.pg import Databases
 
 DEFAULT_SEED = 39
@@ -30,7 +31,7 @@ DEFAULT_SEED = 39
 
 
 def run_model(databases: Databases, *, examples: int, steps: int, run_seed: int,
-              prepare: Callable[[Any], None] | None = None) -> None:
+              prepare: Callable[[Any], None] | None = None, shrink: bool = True) -> None:
     """Run the state machine: ``examples`` sequences of up to ``steps`` steps on a fresh
     database of the test's own (``prepare`` runs on it first), emptied before each; on
     failure the exception carries the seed that reproduces it."""
@@ -51,7 +52,8 @@ def run_model(databases: Databases, *, examples: int, steps: int, run_seed: int,
     try:
         run_state_machine_as_test(seed(run_seed)(factory), settings=settings(
             max_examples=examples, stateful_step_count=steps, deadline=None, database=None,
-            print_blob=True, suppress_health_check=list(HealthCheck)))
+            print_blob=True, suppress_health_check=list(HealthCheck),
+            phases=list(Phase) if shrink else [Phase.explicit, Phase.generate]))
     except BaseException as exc:
         exc.add_note(f"jobfence model: seed {run_seed}; reproduce with "
                      f"JOBFENCE_MODEL_SEED={run_seed} JOBFENCE_MODEL_EXAMPLES={examples}")
@@ -60,6 +62,7 @@ def run_model(databases: Databases, *, examples: int, steps: int, run_seed: int,
         databases.drop(url)
 
 
+@pytest.mark.timeout(900)  # a failure is shrunk (hypothesis gives that up to 5 minutes)
 def test_every_sequence_of_verbs_agrees_with_the_model(databases: Databases) -> None:
     examples = int(os.environ.get("JOBFENCE_MODEL_EXAMPLES", "25"))
     run_seed = seed_from_env()
@@ -68,3 +71,29 @@ def test_every_sequence_of_verbs_agrees_with_the_model(databases: Databases) -> 
     print(f"jobfence model: {examples} sequences, seed {run_seed}")
     run_model(databases, examples=examples,
               steps=int(os.environ.get("JOBFENCE_MODEL_STEPS", "40")), run_seed=run_seed)
+
+
+# A heartbeat that forgets the fence: it renews the lease of whatever job it names, whoever
+# holds it and whatever its state (the store's own checks the attempt and a live lease).
+FENCELESS_HEARTBEAT = """
+CREATE OR REPLACE FUNCTION worker_heartbeat_many(p_job_ids uuid[], p_attempt_ids uuid[],
+                                                 p_lease_seconds double precision)
+RETURNS TABLE(job_id uuid, lease_expires_at timestamptz)
+LANGUAGE sql SECURITY DEFINER SET search_path = jobfence, pg_temp AS $$
+    UPDATE jobs j SET visible_at = now() + make_interval(secs => p_lease_seconds),
+                      heartbeat_at = now()
+    WHERE j.job_id = ANY(p_job_ids)
+    RETURNING j.job_id, j.visible_at
+$$"""
+
+
+def test_a_broken_rule_is_found(databases: Databases) -> None:
+    """The test can fail: with one function of its own database replaced by a broken one,
+    the state machine finds a sequence that shows it."""
+    with pytest.raises(BaseException) as caught:
+        run_model(databases, examples=200, steps=30, run_seed=DEFAULT_SEED, shrink=False,
+                  prepare=lambda conn: conn.execute(FENCELESS_HEARTBEAT))
+    found = caught.value.exceptions if isinstance(caught.value, BaseExceptionGroup) \
+        else (caught.value,)
+    assert any(isinstance(e, Violation) for e in found), found
+    assert any("disagrees with the fence" in str(e) for e in found), found

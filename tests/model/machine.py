@@ -300,10 +300,14 @@ class JobLife(RuleBasedStateMachine):
         return [w for w in WORKERS if w not in self.held]
 
     @precondition(lambda self: len(self.held) < len(WORKERS))
-    @rule(worker=st.sampled_from(WORKERS), queue=st.sampled_from(QUEUES))
-    def claim(self, worker: str, queue: str) -> None:
+    @rule(worker=st.sampled_from(WORKERS), queue=st.sampled_from((*QUEUES, None)))
+    def claim(self, worker: str, queue: str | None) -> None:
+        """A worker of ``queue`` claims a job (None: of a queue the model says has ready
+        work, when one has)."""
         if worker in self.held:
             worker = self._idle()[0]
+        if queue is None:
+            queue = next((q for q in QUEUES if self.model.ready(q)), QUEUES[0])
         ready = self.model.ready(queue)
         claims = self.store.attempts.claim(worker_id=worker, lease_seconds=LEASE_TICKS * TICK,
                                            queue=queue, limit=1)
@@ -335,31 +339,23 @@ class JobLife(RuleBasedStateMachine):
         return worker if worker in self.held else self._holding()[0]
 
     @precondition(lambda self: bool(self.held))
-    @rule(worker=st.sampled_from(WORKERS))
-    def heartbeat(self, worker: str) -> None:
-        worker = self._pick(worker)
-        h = self.held[worker]
-        renewed = self.store.attempts.heartbeat_many(
-            [(self.ids[h.key], self.attempts[h.attempt])], LEASE_TICKS * TICK)
-        expected = self.model.heartbeat(h.key, h.attempt)
-        if bool(renewed) != expected:
-            self._fail("heartbeat disagrees with the fence", job=h.key, renewed=bool(renewed),
-                       expected=expected)
-        if not expected:
-            self._release(worker)
-
-    @precondition(lambda self: bool(self.held))
-    @rule(worker=st.sampled_from(WORKERS))
-    def stop_check(self, worker: str) -> None:
-        """The worker's guard asks whether its attempt still holds the fence; when not, it
+    @rule(worker=st.sampled_from(WORKERS), check=st.sampled_from(["heartbeat", "holding"]))
+    def guard(self, worker: str, check: str) -> None:
+        """The worker's guard renews its lease (``heartbeat_many``), or asks whether its
+        attempt still holds the fence (``holding``, the stop check); when not, the worker
         kills its command and confirms it gone."""
         worker = self._pick(worker)
         h = self.held[worker]
-        holding = self.store.attempts.holding([(self.ids[h.key], self.attempts[h.attempt])])
-        expected = self.model.holds(h.key, h.attempt)
-        if bool(holding) != expected:
-            self._fail("holding disagrees with the fence", job=h.key, holding=bool(holding),
-                       expected=expected)
+        held = [(self.ids[h.key], self.attempts[h.attempt])]
+        if check == "heartbeat":
+            answer = bool(self.store.attempts.heartbeat_many(held, LEASE_TICKS * TICK))
+            expected = self.model.heartbeat(h.key, h.attempt)
+        else:
+            answer = bool(self.store.attempts.holding(held))
+            expected = self.model.holds(h.key, h.attempt)
+        if answer != expected:
+            self._fail(f"{check} disagrees with the fence", job=h.key, store=answer,
+                       model=expected)
         if not expected:
             self._release(worker)
 
@@ -536,13 +532,15 @@ class JobLife(RuleBasedStateMachine):
                 self._fail("bulk retry refused a job the contract lets run again", job=k,
                            refusal=a.refusal, why=sorted(why))
 
-    @rule(queue=st.sampled_from(QUEUES), paused=st.booleans())
-    def pause(self, queue: str, paused: bool) -> None:
-        self.store.queues.configure(queue, paused=paused, actor="model")
-        self.model.queue(queue).paused = paused
-
-    @rule(queue=st.sampled_from(QUEUES), limit=st.none() | st.integers(0, 2))
-    def limit(self, queue: str, limit: int | None) -> None:
+    @rule(queue=st.sampled_from(QUEUES),
+          setting=st.sampled_from(["pause", "resume", "no limit"]) | st.integers(0, 2))
+    def configure(self, queue: str, setting: str | int) -> None:
+        """``jobfence queue pause|resume|limit``."""
+        if setting in ("pause", "resume"):
+            self.store.queues.configure(queue, paused=setting == "pause", actor="model")
+            self.model.queue(queue).paused = setting == "pause"
+            return
+        limit = None if setting == "no limit" else int(setting)
         self.store.queues.configure(queue, limit=limit, set_limit=True, actor="model")
         self.model.queue(queue).limit = limit
 
@@ -554,31 +552,27 @@ class JobLife(RuleBasedStateMachine):
         shift_clock(self.conn, ticks * TICK)
         self.model.advance(ticks)
 
-    @rule()
-    def sweeper(self) -> None:
-        sweeper.run_once(self.settings, self.deps)
-        for parent in self.model.sweep():
-            self.model.finalize(parent)
-
-    @rule()
-    def lifecycle(self) -> None:
-        """Lifecycle's pending expiry (its run timeouts and retention have nothing to do
-        here: no job has a timeout, nothing is old enough)."""
-        lifecycle.Expiry.run_once(self.settings, self.deps, Budget())
-        self.model.expire()
-
-    @rule()
-    def export_finalize(self) -> None:
-        export_finalize.run_once(self.settings, self.deps)
-        self.model.export_finalize()
-
-    @rule()
-    def orphan_cleanup(self) -> None:
-        """orphan-cleanup's object pass, every object past its grace."""
-        report = orphan_cleanup.Report(function="orphan-cleanup", cluster="none")
-        orphan_cleanup.clean_objects(self.store, self.objects, BUCKET, self.installation,
-                                     cutoff=datetime.now(UTC).replace(year=9999),
-                                     c=report)
+    @rule(function=st.sampled_from(["sweeper", "lifecycle", "export-finalize",
+                                     "orphan-cleanup"]))
+    def periodic(self, function: str) -> None:
+        """One pass of a periodic function: its own ``run_once`` (lifecycle: its pending
+        expiry — no job has a timeout, nothing is old enough for retention; orphan-cleanup:
+        its object pass, every object past its grace)."""
+        if function == "sweeper":
+            sweeper.run_once(self.settings, self.deps)
+            for parent in self.model.sweep():
+                self.model.finalize(parent)
+        elif function == "lifecycle":
+            lifecycle.Expiry.run_once(self.settings, self.deps, Budget())
+            self.model.expire()
+        elif function == "export-finalize":
+            export_finalize.run_once(self.settings, self.deps)
+            self.model.export_finalize()
+        else:
+            report = orphan_cleanup.Report(function="orphan-cleanup", cluster="none")
+            orphan_cleanup.clean_objects(self.store, self.objects, BUCKET, self.installation,
+                                         cutoff=datetime.now(UTC).replace(year=9999),
+                                         c=report)
 
     # -- judging -------------------------------------------------------------------------------
 
