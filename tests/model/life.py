@@ -363,21 +363,25 @@ class Life:
         return why, held == "either"
 
     def retry(self, key: str) -> set[str]:
-        """An operator's retry: a new run — attempts from zero, nothing done yet. Pending,
-        or waiting while a dependency has not succeeded (it may run only after them all).
-        The statuses the job may be in right after it (a dependency that already failed
-        fails it at once, or at export-finalize's next pass)."""
+        """An operator's retry: a new run — attempts from zero, nothing done yet. A job
+        with ``after`` waits for its dependencies as an enqueue does: pending once they all
+        succeeded, else waiting (it may run only after them all). The statuses the job may
+        be in right after it (a dependency that already failed fails it at once, or at
+        export-finalize's next pass)."""
         j = self.jobs[key]
         j.attempt_count = 0
         j.snoozes = 0
         j.interruptions = 0
         j.done = {}
         j.visible_at = self.now
+        if not j.after:
+            self._move(j, "pending")
+            return {"pending"}
+        self._move(j, "waiting")
         deps = [self.jobs[d] for d in j.after]
         if all(d.status == "succeeded" for d in deps):
             self._move(j, "pending")
             return {"pending"}
-        self._move(j, "waiting")
         if any(d.status in ("failed", "cancelled") for d in deps):
             return {"waiting", "failed"}
         return {"waiting"}
