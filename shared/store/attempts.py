@@ -180,8 +180,9 @@ class Attempts(Noun):
         return bool(row and row["confirmed"])
 
     def done_actions(self, job_id: UUID, attempt_id: UUID) -> set[int]:
-        """Indexes of the actions earlier attempts finished, for the attempt holding the
-        fence: a retry resumes after them."""
+        """Indexes of the actions earlier attempts of the job's current run finished (since
+        its last operator retry), for the attempt holding the fence: a claim that resumes
+        skips them."""
         return {r["action_index"] for r in self._all("done_actions", {
             "job_id": job_id, "attempt_id": attempt_id})}
 

@@ -79,7 +79,8 @@ SELECT * FROM {schema}.worker_confirm_outputs(%(job_id)s::uuid, %(attempt_id)s::
 SELECT * FROM {schema}.worker_fence(%(job_id)s::uuid, %(attempt_id)s::uuid);
 
 -- done_actions --
--- Indexes of the actions earlier attempts finished (for the attempt holding the fence).
+-- Indexes of the actions earlier attempts of the job's current run finished (since its
+-- last retry), for the attempt holding the fence.
 SELECT * FROM {schema}.worker_done_actions(%(job_id)s::uuid, %(attempt_id)s::uuid)
     AS action_index;
 

@@ -212,6 +212,8 @@ class JobRow(NamedTuple):
     """While a cancelled (or timed-out) attempt's command is not yet confirmed gone: the end
     of its lease, until which the job keeps its resource and is not run again."""
     after: list[UUID]
+    run: int = 0
+    """The job's run: 0 for the one its enqueue began, one more for each operator retry."""
 
     @property
     def terminal(self) -> bool:
@@ -240,6 +242,8 @@ class ActionResult(NamedTuple):
     result: Any
     error: str | None
     error_detail: str | None = None
+    run: int = 0
+    """The job's run the result belongs to (``JobRow.run``)."""
 
 
 class JobEvent(NamedTuple):
