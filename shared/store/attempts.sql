@@ -8,7 +8,8 @@
 -- claim --
 -- Claim up to %(limit)s ready jobs of a queue in one statement: fresh fence, lease,
 -- attempt_count + 1 (SKIP LOCKED; nothing while draining or the queue is paused; a
--- queue's limit on running jobs is held by a transaction lock taken inside).
+-- queue's limit on running jobs — an attempt still stopping counts as running — is held
+-- by a transaction lock taken inside).
 SELECT * FROM {schema}.worker_claim(%(queue)s::text, %(worker_id)s::text,
                                     %(lease_seconds)s::float8, %(limit)s::integer);
 
