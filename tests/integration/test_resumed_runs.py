@@ -219,4 +219,5 @@ def test_outputs_of_a_run_before_a_retry_are_no_longer_owned(store: Store) -> No
                           outcome=_outcome(1, True, []))
     _cleanup(store, objects)
     assert _keys(objects) == {new.removeprefix("s3://out/")}
+    assert old.removeprefix("s3://out/") not in _keys(objects)
     assert _listed_outputs(store, job) == [new]

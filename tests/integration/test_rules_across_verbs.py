@@ -2,6 +2,9 @@
 
 * a queue's limit on running jobs counts a cancelled attempt that is still stopping (it
   keeps its resource, and its slot, until its worker confirms or its lease runs out);
+* `retry` (one job or in bulk) of a job with `after` dependencies waits for them as an
+  enqueue does — runnable once they all succeeded, failed when one failed, was cancelled or
+  is gone;
 * `expires_in` ("cancelled if not started by then") expires only jobs that never started:
   a job snoozed, waiting for its retry, given back on SIGTERM or reclaimed has started.
 """
@@ -12,6 +15,7 @@ import time
 
 import pytest
 
+from jobfence import bulk
 from jobfence.db import Connection
 from jobfence.store import RetryPolicy, Store
 from tests.factories import enqueue_one
@@ -60,6 +64,83 @@ def test_a_queue_limit_counts_a_timed_out_attempt_still_stopping(
     store.maintenance.reclaim_timed_out(retry=NOW_RETRY, batch_size=10)
     enqueue_one(store, queue="one")
     assert store.attempts.claim(worker_id="w2", lease_seconds=60, queue="one") == []
+
+
+# -- a retry waits for its dependencies ---------------------------------------------------
+
+
+def _waiting_job_cancelled(store: Store, dependency: object) -> object:
+    job = enqueue_one(store, after=[dependency])
+    store.jobs.cancel(job_id=job, reason="not now")  # type: ignore[arg-type]
+    return job
+
+
+def test_a_retried_job_waits_for_a_dependency_still_running(store: Store) -> None:
+    dep = enqueue_one(store)
+    [claim] = store.attempts.claim(worker_id="w", lease_seconds=60)
+    job = _waiting_job_cancelled(store, dep)
+    assert store.jobs.retry(job_id=job, reason="again").status == "waiting"  # type: ignore[arg-type]
+    assert store.attempts.claim(worker_id="w", lease_seconds=60) == []
+    store.attempts.finish(job_id=dep, attempt_id=claim.attempt_id, succeeded=True)
+    assert store.jobs.get(job).status == "pending"  # type: ignore[arg-type,union-attr]
+
+
+def test_a_retried_job_whose_dependency_failed_fails_as_an_enqueue_would(
+        store: Store) -> None:
+    dep = enqueue_one(store, max_attempts=1)
+    [claim] = store.attempts.claim(worker_id="w", lease_seconds=60)
+    job = enqueue_one(store, after=[dep])
+    store.attempts.finish(job_id=dep, attempt_id=claim.attempt_id, succeeded=False,
+                          error="boom")
+    row = store.jobs.get(job)
+    assert row is not None and row.status == "failed"
+    t = store.jobs.retry(job_id=job, reason="again")
+    assert t.status == "failed"
+    row = store.jobs.get(job)
+    assert row is not None and row.status == "failed"
+    assert row.error == f"dependency {dep} failed"
+    assert store.attempts.claim(worker_id="w", lease_seconds=60) == []
+
+
+def test_a_retried_job_whose_dependencies_succeeded_is_pending_at_once(store: Store) -> None:
+    dep = enqueue_one(store)
+    [claim] = store.attempts.claim(worker_id="w", lease_seconds=60)
+    store.attempts.finish(job_id=dep, attempt_id=claim.attempt_id, succeeded=True)
+    job = _waiting_job_cancelled(store, dep)
+    assert store.jobs.retry(job_id=job, reason="again").status == "pending"  # type: ignore[arg-type]
+
+
+def test_a_bulk_retry_of_a_failed_chain_waits_for_the_dependency_it_retries(
+        store: Store) -> None:
+    dep = enqueue_one(store, max_attempts=1)
+    [claim] = store.attempts.claim(worker_id="w", lease_seconds=60)
+    job = enqueue_one(store, after=[dep])
+    store.attempts.finish(job_id=dep, attempt_id=claim.attempt_id, succeeded=False,
+                          error="boom")
+    # Newest first: the dependent is retried in the first page, its dependency in the next.
+    out = bulk.act(store, "retry", bulk.Selection(statuses=("failed",)), reason="again",
+                   limit=10, batch=1)
+    assert out.done == 2 and out.batches == 2
+    assert store.jobs.get(job).status == "waiting"  # type: ignore[union-attr]
+    assert store.jobs.get(dep).status == "pending"  # type: ignore[union-attr]
+    [again] = store.attempts.claim(worker_id="w", lease_seconds=60)
+    assert again.job_id == dep
+    store.attempts.finish(job_id=dep, attempt_id=again.attempt_id, succeeded=True)
+    assert store.jobs.get(job).status == "pending"  # type: ignore[union-attr]
+
+
+def test_a_bulk_retry_fails_a_job_whose_dependency_stays_failed(store: Store) -> None:
+    dep = enqueue_one(store, max_attempts=1)
+    [claim] = store.attempts.claim(worker_id="w", lease_seconds=60)
+    job = enqueue_one(store, after=[dep])
+    store.attempts.finish(job_id=dep, attempt_id=claim.attempt_id, succeeded=False,
+                          error="boom")
+    out = bulk.act(store, "retry", bulk.Selection(job_ids=(job,)), reason="again",  # type: ignore[arg-type]
+                   limit=10, batch=10)
+    assert out.done == 1
+    row = store.jobs.get(job)  # type: ignore[arg-type]
+    assert row is not None and row.status == "failed"
+    assert row.error == f"dependency {dep} failed"
 
 
 # -- expiry only of jobs never started ----------------------------------------------------
