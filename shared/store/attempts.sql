@@ -53,9 +53,12 @@ SELECT * FROM {schema}.worker_interrupt(%(job_id)s::uuid, %(attempt_id)s::uuid,
 -- snooze --
 -- An action asked to run again later: the holder gives the job back, pending after
 -- %(delay_seconds)s, the attempt not counted and the snooze counted — or failed once the
--- job has snoozed %(max_snoozes)s times.
+-- job has snoozed %(max_snoozes)s times; the snoozing action's outcome recorded with it.
 SELECT * FROM {schema}.worker_snooze(%(job_id)s::uuid, %(attempt_id)s::uuid,
-    %(delay_seconds)s::float8, %(reason)s::text, %(max_snoozes)s::integer);
+    %(delay_seconds)s::float8, %(reason)s::text, %(max_snoozes)s::integer,
+    %(action_index)s::integer, %(action_name)s::text, %(action_status)s::text,
+    %(action_started_at)s::timestamptz, %(action_result)s::jsonb, %(action_error)s::text,
+    %(action_error_detail)s::text);
 
 -- register_outputs --
 -- Register output files before uploading them (status running), under the fence:

@@ -121,12 +121,15 @@ class ActionOutcome:
     result: Any = None
     error: str | None = None
     error_detail: str | None = None
+    snoozed: bool = False
+    """The action asked to run again later (stored as ``snoozed``, neither done nor failed)."""
 
     def params(self, prefix: str = "") -> dict[str, Any]:
         """Query parameters, made storable; ``prefix="action_"`` where they sit beside the
         job's own."""
         return {"action_index": self.index, f"{prefix}name": storable_text(self.name, 200),
-                f"{prefix}status": "succeeded" if self.succeeded else "failed",
+                f"{prefix}status": ("snoozed" if self.snoozed
+                                    else "succeeded" if self.succeeded else "failed"),
                 f"{prefix}started_at": self.started_at,
                 f"{prefix}result": storable_json(self.result),
                 f"{prefix}error": storable_text(self.error),

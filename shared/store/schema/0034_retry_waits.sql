@@ -154,3 +154,47 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- A snoozed claim's output ------------------------------------------------------------
+-- The action that asks to run again later ends its claim like a failure ends one, yet what
+-- it said — a command's exit code and output tails, or that its whole output went to S3 —
+-- was stored nowhere: `status` showed nothing of that claim and `logs` could not find its
+-- output. worker_snooze now takes the snoozing action's outcome too and records it under
+-- the fence, as `snoozed` (neither done nor failed: the next claim runs that action again).
+-- The one-row snooze of 0028 stays for a worker of the release before.
+
+ALTER TABLE {schema}.job_action_results DROP CONSTRAINT job_action_results_status_check;
+ALTER TABLE {schema}.job_action_results ADD CONSTRAINT job_action_results_status_check
+    CHECK (status IN ('succeeded', 'failed', 'snoozed'));
+
+CREATE FUNCTION {schema}.worker_snooze(p_job_id uuid, p_attempt_id uuid,
+    p_delay_seconds float8, p_reason text, p_max_snoozes integer,
+    p_action_index integer, p_action_name text, p_action_status text,
+    p_action_started_at timestamptz, p_action_result jsonb, p_action_error text,
+    p_action_error_detail text)
+RETURNS TABLE (job_id uuid, status text, parent_id uuid)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    IF p_action_index IS NOT NULL AND p_action_status IS DISTINCT FROM 'snoozed' THEN
+        RAISE EXCEPTION USING ERRCODE = 'invalid_parameter_value',
+            MESSAGE = 'a snoozing action''s outcome is recorded as snoozed';
+    END IF;
+    -- Under the fence (the same rows worker_snooze then matches, locked first).
+    INSERT INTO {schema}.job_action_results AS r (
+        job_id, attempt_id, action_index, name, status, started_at, result, error,
+        error_detail)
+    SELECT j.job_id, j.attempt_id, p_action_index, p_action_name, 'snoozed',
+        p_action_started_at, p_action_result, p_action_error, p_action_error_detail
+    FROM {schema}.jobs j
+    WHERE p_action_index IS NOT NULL AND j.job_id = p_job_id
+      AND j.attempt_id = p_attempt_id AND j.status = 'running'
+      AND j.visible_at > clock_timestamp()
+    ON CONFLICT (job_id, attempt_id, action_index) DO UPDATE SET
+        status = excluded.status, result = excluded.result, error = excluded.error,
+        error_detail = excluded.error_detail, finished_at = excluded.finished_at;
+    RETURN QUERY
+    SELECT * FROM {schema}.worker_snooze(p_job_id, p_attempt_id, p_delay_seconds, p_reason,
+                                         p_max_snoozes);
+END;
+$$;
