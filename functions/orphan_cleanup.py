@@ -8,8 +8,9 @@
 * **S3 objects under the installation's prefix ``jobfence/INSTALLATION/``** that belong to
   a fenced-out, failed or cancelled attempt, or to a job that no longer exists, once older
   than the grace period. Nothing outside that prefix is ever listed. A live
-  claim's outputs, a winning attempt's committed outputs and a parent's manifest are never
-  touched.
+  claim's outputs, a winning attempt's committed outputs, those of an earlier attempt
+  that finished an action of its job's current run (a resumed run skipped that action:
+  its files are the job's) and a parent's manifest are never touched.
 
 Objects first, then pods. Everything is paged (1,000 keys, one page of pods at a time) and
 decided in the database; a failed delete is logged and counted and the pass goes on. A pod

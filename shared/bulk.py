@@ -35,6 +35,9 @@ VERBS: dict[str, tuple[str, ...]] = {
 
 MAX_LIMIT = 1_000_000
 MAX_BATCH = 1_000
+MAX_SETTLED = 100_000
+"""Retried jobs waiting on dependencies that a bulk retry settles itself when it ends (its
+memory stays bounded); export-finalize's next pass settles any beyond."""
 DONE = {"retry": "retried", "cancel": "cancelled"}
 
 
@@ -181,6 +184,7 @@ def act(store: Store, verb: str, sel: Selection, *, reason: str, limit: int, bat
         raise InvalidSpec(f"limit must be between 1 and {MAX_LIMIT}")
     batch = max(1, min(batch, MAX_BATCH))
     out = Outcome(verb, dry_run)
+    waiting: list[UUID] = []  # retried jobs waiting on dependencies: settled at the end
     for page in pages(store, sel, verb, ceiling=ceiling or ceiling_now(store), batch=batch,
                       limit=limit):
         out.matched += len(page)
@@ -195,6 +199,8 @@ def act(store: Store, verb: str, sel: Selection, *, reason: str, limit: int, bat
             for a in store.jobs.retry_many(job_ids=ids, reason=reason):
                 if a.refusal is None:
                     out.done += 1
+                    if a.status == "waiting" and len(waiting) < MAX_SETTLED:
+                        waiting.append(a.job_id)
                 else:
                     out.refused[a.refusal] += 1
         else:
@@ -204,6 +210,10 @@ def act(store: Store, verb: str, sel: Selection, *, reason: str, limit: int, bat
             out.children_cancelled += sum(1 for t in done if t.job_id not in asked)
             for a in refused:
                 out.refused[a.refusal or ""] += 1
+    # Once the whole selection is retried: a dependency retried in a later batch than its
+    # dependent is then waited for, not taken as failed.
+    for i in range(0, len(waiting), MAX_BATCH):
+        store.jobs.settle_retried(waiting[i:i + MAX_BATCH])
     return out
 
 

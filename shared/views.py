@@ -63,9 +63,11 @@ def summary(actions: Sequence[dict[str, Any]]) -> str:
 
 
 def action_statuses(job: JobRow, results: Sequence[ActionResult]) -> list[dict[str, Any]]:
-    """Each action's status: succeeded if any attempt finished it; running if it is the
-    first unfinished action of a running job; else its latest result; else pending (or
-    skipped, once the job is terminal)."""
+    """Each action's status in the job's current run (an operator's retry begins a new one,
+    and what succeeded before it is done no longer): succeeded if an attempt of the run
+    finished it; running if it is the first unfinished action of a running job; else its
+    latest result; else pending (or skipped, once the job is terminal)."""
+    results = [r for r in results if r.run == job.run]
     succeeded = {r.action_index for r in results if r.status == "succeeded"}
     latest = {r.action_index: r for r in results}
     first_open = next((i for i in range(len(job.actions)) if i not in succeeded), None)

@@ -54,6 +54,9 @@ class Snooze(Exception):
                 MIN_SNOOZE.total_seconds() <= seconds <= MAX_SNOOZE.total_seconds()):
             raise ValueError(f"a snooze lasts from a millisecond to a day, not {delay!r}")
         self.delay = timedelta(seconds=seconds)
+        self.result: dict[str, Any] | None = None
+        """What the action had to say when it asked (a ``command``'s exit code and output
+        tails): kept as its result for this claim, as a failure's is."""
         super().__init__(f"snooze for {seconds:g} s")
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from jobfence.actions import Action, ActionContext, StopRequested, snooze
+from jobfence.actions import Action, ActionContext, Snooze, StopRequested, snooze
 from jobfence.actions.child import Child, ChildLost, ChildNotStarted, ChildOutput
 from jobfence.durations import Duration
 from jobfence.errors import InvalidSpec
@@ -165,8 +165,12 @@ class CommandAction:
         if failed is not None:
             raise ActionFailed(str(failed), failed.detail, result) from failed
         if code == snooze.EXIT_CODE:  # raises Snooze when its file says how long
-            raise ActionFailed(f"command exited with {code} to snooze, but "
-                               f"{snooze.asked(space, ctx.action_index)}",
+            try:
+                why_not = snooze.asked(space, ctx.action_index)
+            except Snooze as asked:
+                asked.result = result  # the claim's output is kept with the snooze
+                raise
+            raise ActionFailed(f"command exited with {code} to snooze, but {why_not}",
                                result["stderr_tail"], result)
         if code != 0:
             stderr = result["stderr_tail"]

@@ -145,13 +145,15 @@ class Attempts(Noun):
         return self._settled(row)
 
     def snooze(self, *, job_id: UUID, attempt_id: UUID, delay_seconds: float, reason: str,
-               max_snoozes: int) -> Transition | None:
+               max_snoozes: int, outcome: ActionOutcome | None = None) -> Transition | None:
         """Fenced give-back asked for by an action: pending again after ``delay_seconds``,
         the attempt not counted, the snooze counted; failed instead when the job has snoozed
-        ``max_snoozes`` times already. None when the fence is lost."""
+        ``max_snoozes`` times already. The snoozing action's outcome (its output) is
+        recorded with it, as ``snoozed``. None when the fence is lost."""
         row = self._one("snooze", {
             "job_id": job_id, "attempt_id": attempt_id, "delay_seconds": delay_seconds,
-            "reason": storable_text(reason), "max_snoozes": max_snoozes})
+            "reason": storable_text(reason), "max_snoozes": max_snoozes,
+            **(outcome.params("action_") if outcome else NO_OUTCOME)})
         return self._settled(row)
 
     def _settled(self, row: dict[str, Any] | None) -> Transition | None:
@@ -180,8 +182,9 @@ class Attempts(Noun):
         return bool(row and row["confirmed"])
 
     def done_actions(self, job_id: UUID, attempt_id: UUID) -> set[int]:
-        """Indexes of the actions earlier attempts finished, for the attempt holding the
-        fence: a retry resumes after them."""
+        """Indexes of the actions earlier attempts of the job's current run finished (since
+        its last operator retry), for the attempt holding the fence: a claim that resumes
+        skips them."""
         return {r["action_index"] for r in self._all("done_actions", {
             "job_id": job_id, "attempt_id": attempt_id})}
 

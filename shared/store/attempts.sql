@@ -8,7 +8,8 @@
 -- claim --
 -- Claim up to %(limit)s ready jobs of a queue in one statement: fresh fence, lease,
 -- attempt_count + 1 (SKIP LOCKED; nothing while draining or the queue is paused; a
--- queue's limit on running jobs is held by a transaction lock taken inside).
+-- queue's limit on running jobs — an attempt still stopping counts as running — is held
+-- by a transaction lock taken inside).
 SELECT * FROM {schema}.worker_claim(%(queue)s::text, %(worker_id)s::text,
                                     %(lease_seconds)s::float8, %(limit)s::integer);
 
@@ -52,9 +53,12 @@ SELECT * FROM {schema}.worker_interrupt(%(job_id)s::uuid, %(attempt_id)s::uuid,
 -- snooze --
 -- An action asked to run again later: the holder gives the job back, pending after
 -- %(delay_seconds)s, the attempt not counted and the snooze counted — or failed once the
--- job has snoozed %(max_snoozes)s times.
+-- job has snoozed %(max_snoozes)s times; the snoozing action's outcome recorded with it.
 SELECT * FROM {schema}.worker_snooze(%(job_id)s::uuid, %(attempt_id)s::uuid,
-    %(delay_seconds)s::float8, %(reason)s::text, %(max_snoozes)s::integer);
+    %(delay_seconds)s::float8, %(reason)s::text, %(max_snoozes)s::integer,
+    %(action_index)s::integer, %(action_name)s::text, %(action_status)s::text,
+    %(action_started_at)s::timestamptz, %(action_result)s::jsonb, %(action_error)s::text,
+    %(action_error_detail)s::text);
 
 -- register_outputs --
 -- Register output files before uploading them (status running), under the fence:
@@ -79,7 +83,8 @@ SELECT * FROM {schema}.worker_confirm_outputs(%(job_id)s::uuid, %(attempt_id)s::
 SELECT * FROM {schema}.worker_fence(%(job_id)s::uuid, %(attempt_id)s::uuid);
 
 -- done_actions --
--- Indexes of the actions earlier attempts finished (for the attempt holding the fence).
+-- Indexes of the actions earlier attempts of the job's current run finished (since its
+-- last retry), for the attempt holding the fence.
 SELECT * FROM {schema}.worker_done_actions(%(job_id)s::uuid, %(attempt_id)s::uuid)
     AS action_index;
 

@@ -19,6 +19,7 @@ from jobfence.store.types import (
     Enqueued,
     JobEvent,
     JobRow,
+    Moved,
     NewJob,
     Transition,
     transitions,
@@ -161,11 +162,25 @@ class Jobs(Noun):
         ``JobNotFound``; ``NotRetryable`` when it is not failed or cancelled, is a parent
         (retry its children), is a child of a parent that is no longer running, or its
         cancelled attempt is still stopping; ``ResourceBusy`` when another active job holds
-        its resource; ``Drained`` while draining."""
+        its resource; ``Drained`` while draining.
+
+        A job with ``after`` dependencies waits for them as an enqueue makes it wait:
+        settled after the retry's commit (``settle_retried``), it is pending when they all
+        succeeded, failed when one failed, was cancelled or is gone, else still waiting."""
         with db.transaction(self.conn):
             row = self._one("retry", {"job_id": job_id, "reason": reason})
         assert row is not None, "operator_retry returns its row or raises"
-        return transitions([row])[0]
+        t = transitions([row])[0]
+        if t.status == "waiting":
+            settled = {m.job_id: m for m in self.settle_retried([job_id]).done}
+            t = settled.get(job_id, t)
+        return t
+
+    def settle_retried(self, job_ids: Sequence[UUID]) -> Moved:
+        """Settle retried jobs that wait on dependencies, after the retry's commit (a
+        dependency that finished meanwhile could not see them waiting: its own look for
+        dependents ran before), and what waited on those it failed."""
+        return self.store.dependencies.release(job_ids) if job_ids else Moved([], [])
 
     def action_results(self, job_ids: Sequence[UUID]) -> list[ActionResult]:
         return self._rows("action_results", {"job_ids": list(job_ids)}, ActionResult)
@@ -221,7 +236,9 @@ class Jobs(Noun):
         """Retry up to 1,000 jobs in one transaction, each with ``retry``'s rules; a
         refusal per job (``not_found``, ``not_failed_or_cancelled``, ``parent``,
         ``stopping``, ``parent_not_running``, ``resource_busy``). ``Drained`` while
-        draining."""
+        draining. A job with dependencies is left ``waiting``: the caller settles those
+        (``settle_retried``) once its whole selection is retried, so that a dependency
+        retried in a later batch is waited for."""
         with db.transaction(self.conn):
             return self._rows("retry_many", {"job_ids": list(job_ids), "reason": reason},
                               Acted)

@@ -52,7 +52,8 @@ SELECT job_id, status, actions, resource, priority, max_attempts, attempt_count,
     inputs, labels, ttl, timeout, expires_at, idempotency_key, reason, error, error_detail,
     manifest, created_at, started_at, finished_at, interruptions, snoozes, queue, run_at,
     CASE WHEN stopping_until > clock_timestamp() THEN stopping_until END AS stopping_until,
-    ARRAY(SELECT depends_on FROM {schema}.job_dependencies d WHERE d.job_id = jobs.job_id) AS after
+    ARRAY(SELECT depends_on FROM {schema}.job_dependencies d WHERE d.job_id = jobs.job_id) AS after,
+    run
 FROM {schema}.jobs WHERE job_id = %(job_id)s;
 
 -- page --
@@ -65,7 +66,8 @@ SELECT job_id, status, actions, resource, priority, max_attempts, attempt_count,
     inputs, labels, ttl, timeout, expires_at, idempotency_key, reason, error, error_detail,
     manifest, created_at, started_at, finished_at, interruptions, snoozes, queue, run_at,
     CASE WHEN stopping_until > clock_timestamp() THEN stopping_until END AS stopping_until,
-    ARRAY(SELECT depends_on FROM {schema}.job_dependencies d WHERE d.job_id = jobs.job_id) AS after
+    ARRAY(SELECT depends_on FROM {schema}.job_dependencies d WHERE d.job_id = jobs.job_id) AS after,
+    run
 FROM {schema}.jobs
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(resource)s::text IS NULL OR resource = %(resource)s)
@@ -77,9 +79,9 @@ ORDER BY job_id DESC
 LIMIT %(limit)s;
 
 -- action_results --
--- Every recorded action result of some jobs, oldest first.
+-- Every recorded action result of some jobs, oldest first, each with its run.
 SELECT job_id, attempt_id, action_index, name, status, started_at, finished_at, result, error,
-    error_detail
+    error_detail, run
 FROM {schema}.job_action_results
 WHERE job_id = ANY(%(job_ids)s::uuid[])
 ORDER BY job_id, finished_at, action_index;

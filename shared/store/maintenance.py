@@ -48,8 +48,9 @@ class Maintenance(Noun):
 
     def expire_pending(self, *, batch_size: int,
                        now: datetime | None = None) -> tuple[Moved, int]:
-        """One bounded batch of waiting/pending jobs past their ``expires_at``: cancelled
-        "expired before start", with how late past its expiry each was. A waiting parent's
+        """One bounded batch of waiting/pending jobs never started, past their
+        ``expires_at``: cancelled "expired before start" (a job that started once is never
+        expired), with how late past its expiry each was. A waiting parent's
         waiting children are cancelled in the same transaction, and only counted (second
         value): a parent's children may be many, and nothing waits on a child. What waited
         on the expired jobs is settled."""

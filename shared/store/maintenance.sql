@@ -62,14 +62,16 @@ FROM {schema}.jobfence_reclaim(
 SELECT job_id FROM {schema}.jobfence_release_stopped(%(batch_size)s::integer) AS job_id;
 
 -- expire_pending --
--- Waiting or pending jobs past their expires_at, in a bounded batch: cancelled "expired
--- before start". Never claimed, so there is no fence to rotate. How late each was cancelled
--- after it expired is recorded (lifecycle_lag, expiry) in the same statement.
+-- Waiting or pending jobs never started, past their expires_at, in a bounded batch:
+-- cancelled "expired before start". A job that started once (snoozed, waiting for its
+-- retry, given back on SIGTERM, reclaimed) is never expired. Never claimed, so there is no
+-- fence to rotate. How late each was cancelled after it expired is recorded (lifecycle_lag,
+-- expiry) in the same statement.
 WITH expired AS (
     SELECT job_id, queue,
         extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - expires_at)::float8 AS late
     FROM {schema}.jobs
-    WHERE status IN ('waiting', 'pending') AND expires_at IS NOT NULL
+    WHERE status IN ('waiting', 'pending') AND expires_at IS NOT NULL AND started_at IS NULL
       AND expires_at <= coalesce(%(now)s::timestamptz, now())
     ORDER BY expires_at
     LIMIT %(batch_size)s

@@ -127,13 +127,20 @@ LIMIT %(limit)s;
 
 -- object_owners --
 -- For a page of (job, attempt) pairs parsed from object keys under jobfence/: 'keep' for a
--- job's own files (no attempt: the manifest), the live claim's and the committed attempt's
--- outputs; 'garbage' for any other attempt's (fenced out, failed, cancelled); 'gone' when
--- the job no longer exists.
+-- job's own files (no attempt: the manifest, the logs), the live claim's and the committed
+-- attempt's outputs, and those of every earlier attempt that finished an action of the
+-- job's current run while the job may still use or list them (a resumed run skipped those
+-- actions: their files are its outputs); 'garbage' for any other attempt's (fenced out,
+-- failed, cancelled, of a run before a retry); 'gone' when the job no longer exists.
 SELECT x.job_id, x.attempt_id,
     CASE WHEN j.job_id IS NULL THEN 'gone'
          WHEN x.attempt_id IS NULL THEN 'keep'
          WHEN j.attempt_id = x.attempt_id AND j.status IN ('running', 'succeeded')
+             THEN 'keep'
+         WHEN j.status IN ('waiting', 'pending', 'running', 'succeeded')
+              AND EXISTS (SELECT FROM {schema}.job_action_results r
+                          WHERE r.job_id = j.job_id AND r.attempt_id = x.attempt_id
+                            AND r.status = 'succeeded' AND r.run = j.run)
              THEN 'keep'
          ELSE 'garbage' END AS verdict
 FROM jsonb_to_recordset(%(pairs)s::jsonb) AS x (job_id uuid, attempt_id uuid)

@@ -63,6 +63,8 @@ GRANT EXECUTE ON FUNCTION
                             timestamptz, jsonb, text, text),
     {schema}.worker_interrupt(uuid, uuid, text, integer),
     {schema}.worker_snooze(uuid, uuid, float8, text, integer),
+    {schema}.worker_snooze(uuid, uuid, float8, text, integer, integer, text, text,
+                           timestamptz, jsonb, text, text),
     {schema}.worker_register_outputs(uuid, uuid, jsonb),
     {schema}.worker_confirm_outputs(uuid, uuid, jsonb),
     {schema}.worker_fence(uuid, uuid),

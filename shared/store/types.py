@@ -121,12 +121,15 @@ class ActionOutcome:
     result: Any = None
     error: str | None = None
     error_detail: str | None = None
+    snoozed: bool = False
+    """The action asked to run again later (stored as ``snoozed``, neither done nor failed)."""
 
     def params(self, prefix: str = "") -> dict[str, Any]:
         """Query parameters, made storable; ``prefix="action_"`` where they sit beside the
         job's own."""
         return {"action_index": self.index, f"{prefix}name": storable_text(self.name, 200),
-                f"{prefix}status": "succeeded" if self.succeeded else "failed",
+                f"{prefix}status": ("snoozed" if self.snoozed
+                                    else "succeeded" if self.succeeded else "failed"),
                 f"{prefix}started_at": self.started_at,
                 f"{prefix}result": storable_json(self.result),
                 f"{prefix}error": storable_text(self.error),
@@ -212,6 +215,8 @@ class JobRow(NamedTuple):
     """While a cancelled (or timed-out) attempt's command is not yet confirmed gone: the end
     of its lease, until which the job keeps its resource and is not run again."""
     after: list[UUID]
+    run: int = 0
+    """The job's run: 0 for the one its enqueue began, one more for each operator retry."""
 
     @property
     def terminal(self) -> bool:
@@ -240,6 +245,8 @@ class ActionResult(NamedTuple):
     result: Any
     error: str | None
     error_detail: str | None = None
+    run: int = 0
+    """The job's run the result belongs to (``JobRow.run``)."""
 
 
 class JobEvent(NamedTuple):

@@ -177,7 +177,7 @@ class Execution:
             except Snooze as asked:
                 if guard.stop.is_set():
                     return self._stopped(guard, index, spec["name"], started)
-                return self._snooze(guard, index, spec["name"], asked)
+                return self._snooze(guard, index, spec["name"], started, asked)
             except Exception as exc:
                 if guard.stop.is_set():  # the child died because we killed it
                     return self._stopped(guard, index, spec["name"], started)
@@ -267,10 +267,12 @@ class Execution:
             error_detail=outcome.error_detail))
         return self._released(guard, t, outcome.error)
 
-    def _snooze(self, guard: Guard, index: int, name: str, asked: Snooze) -> Result:
+    def _snooze(self, guard: Guard, index: int, name: str, started: datetime,
+                asked: Snooze) -> Result:
         """Give the job back until the delay has passed, the attempt not spent (what this
         attempt's earlier actions did stays recorded: the next claim resumes after them);
-        or fail it once it has snoozed JOBFENCE_MAX_SNOOZES times."""
+        or fail it once it has snoozed JOBFENCE_MAX_SNOOZES times. The snoozing action's
+        output is recorded with it (``snoozed``), for ``status`` and ``logs``."""
         claim = self.claim
         reason = (f"snoozed for {format_duration(asked.delay)} by action {index + 1} "
                   f"({name})")
@@ -280,7 +282,9 @@ class Execution:
         t = self.w.completer.write(guard, lambda s: s.attempts.snooze(
             job_id=claim.job_id, attempt_id=claim.attempt_id,
             delay_seconds=asked.delay.total_seconds(), reason=reason,
-            max_snoozes=self.w.settings.max_snoozes))
+            max_snoozes=self.w.settings.max_snoozes,
+            outcome=ActionOutcome(index, name, False, started, result=asked.result,
+                                  snoozed=True)))
         if t is None or t.status != "pending":
             return self._released(guard, t, f"snoozed {self.w.settings.max_snoozes} times, "
                                                    "the most a job may")

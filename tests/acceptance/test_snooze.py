@@ -45,7 +45,19 @@ def test_a_command_that_exits_75_with_a_delay_is_pending_again_without_spending_
         ("pending", "snoozed for PT1H by action 1 (command)")]
     status = json.loads(run_cli(dsn, "status", job_id, "-o", "json").stdout)
     assert (status["snoozes"], status["attempt_count"], status["status"]) == (1, 0, "pending")
-    assert status["actions"][0]["status"] == "pending"
+    assert status["actions"][0]["status"] == "snoozed"
+
+
+def test_a_snoozed_claims_output_is_shown_by_status_and_logs(dsn: str) -> None:
+    job_id = enqueue(dsn, command('echo "table locked, later"; echo why >&2; '
+                                  'printf PT1H > "$JOBFENCE_SNOOZE_FILE"; exit 75'))
+    assert worker(dsn)["snoozed"] == 1
+    status = json.loads(run_cli(dsn, "status", job_id, "-o", "json").stdout)
+    result = status["actions"][0]["result"]
+    assert (result["exit_code"], result["stdout_tail"]) == (75, "table locked, later\n")
+    r = run_cli(dsn, "logs", job_id, "--stream", "stdout")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "table locked, later\n"
 
 
 def test_a_plugin_action_that_raises_snooze_is_pending_again(dsn: str) -> None:

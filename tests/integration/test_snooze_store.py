@@ -113,3 +113,53 @@ def test_a_retried_job_may_snooze_again(store: Store) -> None:
     store.jobs.retry(job_id=job_id, reason="try again")
     row = store.jobs.get(job_id)
     assert row is not None and (row.status, row.snoozes) == ("pending", 0)
+
+
+def test_a_snoozed_claims_output_is_kept_with_its_snooze(store: Store) -> None:
+    from datetime import UTC, datetime
+
+    from jobfence.joblogs import Logs
+    from jobfence.store.types import ActionOutcome
+    from jobfence.views import job_views
+
+    job_id = enqueue_one(store)
+    claim = _claim(store)
+    said = {"exit_code": 75, "stdout_tail": "table locked, later\n", "stdout_bytes": 20,
+            "stderr_tail": "", "stderr_bytes": 0}
+    t = store.attempts.snooze(job_id=job_id, attempt_id=claim.attempt_id, delay_seconds=30,
+                              reason="snoozed for PT30S by action 1 (sleep)", max_snoozes=5,
+                              outcome=ActionOutcome(0, "sleep", False, datetime.now(UTC),
+                                                    result=said, snoozed=True))
+    assert t is not None and t.status == "pending"
+    [result] = store.jobs.action_results([job_id])
+    assert (result.attempt_id, result.status, result.result) == (claim.attempt_id, "snoozed",
+                                                                said)
+    row = store.jobs.get(job_id)
+    assert row is not None
+    [view] = job_views(store, [row])
+    assert view["actions"][0]["status"] == "snoozed"
+    assert view["actions"][0]["result"]["stdout_tail"] == "table locked, later\n"
+    logs = Logs(store, None, None, "x")
+    attempt = logs.attempt(job_id)
+    [out, _err] = logs.pieces(job_id, attempt)
+    assert out.tail == "table locked, later\n" and out.whole
+    # It is not done: the next claim runs it again.
+    store.conn.execute("UPDATE jobs SET visible_at = now() WHERE job_id = %s", (job_id,))
+    again = _claim(store)
+    assert store.attempts.done_actions(job_id, again.attempt_id) == set()
+
+
+def test_a_stale_attempts_snooze_records_no_outcome(store: Store, conn: Connection) -> None:
+    from datetime import UTC, datetime
+
+    from jobfence.store.types import ActionOutcome
+
+    job_id = enqueue_one(store)
+    stale = _claim(store)
+    conn.execute("UPDATE jobs SET visible_at = now() - interval '1 s' WHERE job_id = %s",
+                 (job_id,))
+    assert store.attempts.snooze(job_id=job_id, attempt_id=stale.attempt_id, delay_seconds=5,
+                                 reason="snoozed", max_snoozes=5,
+                                 outcome=ActionOutcome(0, "sleep", False, datetime.now(UTC),
+                                                       result={"x": 1}, snoozed=True)) is None
+    assert store.jobs.action_results([job_id]) == []
