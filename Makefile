@@ -114,7 +114,7 @@ chaos: $(STAMP) system-test ## fault-injection run: thousands of jobs, SIGKILL/S
 	$(PY) -m bench.chaos $(CHAOS_ARGS)
 
 # The job-life model's stateful test (tests/integration/test_job_life.py) at thousands of
-# sequences from a fresh seed (MODEL_SEED=N reproduces a run); make test runs 25 from a fixed one.
+# sequences from a fresh seed (MODEL_SEED=N reproduces a run); make test runs 20 from a fixed one.
 MODEL_EXAMPLES ?= 2000
 MODEL_SEED ?=
 model-check: $(STAMP) system-test ## the stateful test of a job's life against its model, at thousands of sequences (MODEL_EXAMPLES, MODEL_SEED)

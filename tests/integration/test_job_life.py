@@ -64,7 +64,7 @@ def run_model(databases: Databases, *, examples: int, steps: int, run_seed: int,
 
 @pytest.mark.timeout(900)  # a failure is shrunk (hypothesis gives that up to 5 minutes)
 def test_every_sequence_of_verbs_agrees_with_the_model(databases: Databases) -> None:
-    examples = int(os.environ.get("JOBFENCE_MODEL_EXAMPLES", "25"))
+    examples = int(os.environ.get("JOBFENCE_MODEL_EXAMPLES", "20"))
     run_seed = seed_from_env()
     if run_seed is None:
         run_seed = DEFAULT_SEED if examples <= 100 else random.randrange(2**32)
