@@ -93,9 +93,9 @@ def status_main(argv: list[str]) -> int:
             cli.emit(view)
         else:
             print(render_text(view))
-            for e in view.get("events", []):
-                print(f"    {e.at:%H:%M:%S.%f} {e.from_status or '-':>9} -> "
-                      f"{e.to_status:<9} {e.reason or ''}")
+            for e in view.get("events", []):  # a reason may quote a job's stderr
+                print(harmless(f"    {e.at:%H:%M:%S.%f} {e.from_status or '-':>9} -> "
+                               f"{e.to_status:<9} {e.reason or ''}"))
         return 0
 
     return cli.run_command("status", body)
