@@ -6,7 +6,7 @@ of ``jobfence.console.api``."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from starlette.routing import Route
@@ -157,7 +157,7 @@ def add_schedule(server: Server) -> Any:
         name = schedule_name(_text(body, "name", 63) or "")
         cron = Cron.parse(_text(body, "cron", 200) or "", _text(body, "timezone", 100) or "UTC")
         spec, shown = schedule_spec(body.get("spec"))
-        first = cron.after(datetime.now(UTC))
+        first = cron.after(store.schedules.clock())  # the database's clock, as every tick
         assert first is not None
         row = store.schedules.add(
             name=name, cron=cron.expr, timezone=cron.tz.key, spec=shown,
@@ -175,7 +175,7 @@ def pause_schedule(verb: str) -> Any:
         nxt = None
         if verb == "resume":
             row = store.schedules.get(name)
-            nxt = Cron.parse(row.cron, row.timezone).after(datetime.now(UTC))
+            nxt = Cron.parse(row.cron, row.timezone).after(store.schedules.clock())
         if verb == "delete":
             row = store.schedules.delete(name=name, actor=call.caller.user)
         else:

@@ -217,3 +217,31 @@ def test_recorded_ticks_go_with_the_function_runs_retention(store: Store, dsn: s
     assert report.schedule_ticks_deleted == 1
     assert [t for t, _ in ticks(store, "old")] == [utc(2025, 1, 1, 1, 0)]
     assert run(store, dsn, utc(2025, 1, 1, 1, 30)).enqueued == 0
+
+
+def test_add_and_resume_date_the_first_tick_by_the_databases_clock(
+        store: Store, dsn: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`schedule add` and `resume` run on an operator's machine, whose clock may be a year
+    off: the first tick is the one after the database's now, as every tick after it."""
+    import json
+
+    import jobfence.functions.schedule as command
+
+    class Skewed(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Skewed:  # type: ignore[override]
+            return cls(2031, 6, 1, tzinfo=UTC)
+
+    monkeypatch.setattr(command, "datetime", Skewed, raising=False)
+    monkeypatch.setattr("jobfence.schedules.datetime", Skewed)
+    monkeypatch.setenv("JOBFENCE_DATABASE_URL", dsn)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(SPEC))
+    assert command.main(["add", "skew", "--cron", "0 * * * *", "--spec", str(spec)]) == 0
+    now = store.schedules.clock()
+    first = store.schedules.get("skew").next_tick_at
+    assert now < first <= now + timedelta(hours=1), (now, first)
+    assert command.main(["pause", "skew"]) == 0
+    assert command.main(["resume", "skew"]) == 0
+    resumed = store.schedules.get("skew").next_tick_at
+    assert now < resumed <= store.schedules.clock() + timedelta(hours=1), (now, resumed)
