@@ -18,7 +18,8 @@ from jobfence.spec import queue_name
 from jobfence.store import ACTIVE, TERMINAL, JobRow, Store
 from jobfence.store.migrations import migrate
 from jobfence.store.roles import connection_identity, setup_sql
-from jobfence.views import empty_queue_view, harmless, job_views, queue_view, render_text
+from jobfence.terminal import harmless
+from jobfence.views import empty_queue_view, job_views, queue_view, render_text
 
 
 def migrate_main(argv: list[str]) -> int:

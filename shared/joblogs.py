@@ -21,12 +21,13 @@ from jobfence.errors import InvalidSpec, JobNotFound, NotFound
 from jobfence.objectstore import ObjectStore, log_prefix
 from jobfence.store import Store
 from jobfence.store.types import JobRow
-from jobfence.views import attempts_of, harmless
+from jobfence.terminal import harmless
+from jobfence.views import attempts_of
 
 STREAM_NAMES = tuple(STREAMS.values())
 
 def visible(data: bytes) -> bytes:
-    """A job's output made safe for a person's terminal (``jobfence.views.harmless``)."""
+    """A job's output made safe for a person's terminal (``jobfence.terminal.harmless``)."""
     return harmless(data.decode("utf-8", errors="replace")).encode()
 
 
