@@ -18,7 +18,8 @@ from jobfence.spec import queue_name
 from jobfence.store import ACTIVE, TERMINAL, JobRow, Store
 from jobfence.store.migrations import migrate
 from jobfence.store.roles import connection_identity, setup_sql
-from jobfence.views import empty_queue_view, harmless, job_views, queue_view, render_text
+from jobfence.terminal import harmless
+from jobfence.views import empty_queue_view, job_views, queue_view, render_text
 
 
 def migrate_main(argv: list[str]) -> int:
@@ -93,9 +94,9 @@ def status_main(argv: list[str]) -> int:
             cli.emit(view)
         else:
             print(render_text(view))
-            for e in view.get("events", []):
-                print(f"    {e.at:%H:%M:%S.%f} {e.from_status or '-':>9} -> "
-                      f"{e.to_status:<9} {e.reason or ''}")
+            for e in view.get("events", []):  # a reason may quote a job's stderr
+                print(harmless(f"    {e.at:%H:%M:%S.%f} {e.from_status or '-':>9} -> "
+                               f"{e.to_status:<9} {e.reason or ''}"))
         return 0
 
     return cli.run_command("status", body)

@@ -6,7 +6,6 @@ unknown time zone or an invalid spec is exit 2, nothing written."""
 from __future__ import annotations
 
 import sys
-from datetime import UTC, datetime
 from typing import Any
 
 from jobfence import cli
@@ -76,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = cli.setup("schedule")
         with cli.open_store(settings, "schedule") as store:
             schedules = store.schedules
-            if args.verb == "add":
-                first = cron.after(datetime.now(UTC))
+            if args.verb == "add":  # the first tick by the database's clock, as every tick
+                first = cron.after(schedules.clock())
                 assert first is not None  # Cron.parse refuses one that never fires
                 row = schedules.add(name=name, cron=cron.expr, timezone=args.timezone,
                                     spec=shown, job=job_template(spec, name,
@@ -87,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                 nxt = None
                 if args.verb == "resume":
                     current = schedules.get(name)
-                    nxt = Cron.parse(current.cron, current.timezone).after(datetime.now(UTC))
+                    nxt = Cron.parse(current.cron, current.timezone).after(schedules.clock())
                 row = schedules.set_paused(name=name, paused=args.verb == "pause",
                                            next_tick_at=nxt, actor=cli.actor())
             elif args.verb == "delete":

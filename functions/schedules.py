@@ -8,7 +8,10 @@ others are skipped — and the tick after it becomes the schedule's next. The da
 enqueues the batch in one statement (``scheduler_fire``), moving each schedule on only from
 the tick this pass read: two passes at once, or a pass beside a manual run, never enqueue a
 tick twice, and the job's idempotency key (``schedule:NAME:TICK``) says so too. A tick
-whose job's resource is still held by the previous tick's job is recorded as skipped.
+whose job's resource is still held by the previous tick's job is recorded as skipped. A
+schedule whose stored job is not what ``schedule add`` makes of its spec (the database
+judges it, migration 0035) is moved on, its tick recorded ``invalid``, counted and logged:
+it never fires, and never stops the others.
 Nothing is enqueued while drain mode is on; once it is off, the latest missed tick is
 caught up.
 
@@ -44,6 +47,7 @@ class Report:
     enqueued: int = 0
     resource_busy: int = 0
     already_enqueued: int = 0
+    invalid: int = 0
     caught_up: int = 0
     raced: int = 0
     errors: int = 0
@@ -80,7 +84,7 @@ def run_once(settings: Settings, deps: Deps) -> Report:
         return Report(function="schedules", draining=1)
     now = deps.now or store.schedules.clock()
     budget = Budget(checkpoint=deps.checkpoint)
-    due = enqueued = busy = exists = caught_up = raced = errors = 0
+    due = enqueued = busy = exists = caught_up = raced = errors = invalid = 0
     after: DueSchedule | None = None
     while budget:
         page = budget.batch(store.schedules.due, limit=settings.batch_size, after=after,
@@ -105,6 +109,11 @@ def run_once(settings: Settings, deps: Deps) -> Report:
                 enqueued += 1
                 log.debug("tick_enqueued", schedule=f.name, tick=f.tick_at.isoformat(),
                           job_id=str(f.job_id))
+            elif f.outcome == "invalid":  # not what `schedule add` stores: never run
+                invalid += 1
+                log.error("schedule_invalid", schedule=f.name, tick=f.tick_at.isoformat(),
+                          reason="its stored job is not what schedule add makes of its spec "
+                                 "(stored by hand?): skipped; delete and add it again")
             elif f.outcome == "resource_busy":
                 busy += 1
                 log.warning("tick_skipped", schedule=f.name, tick=f.tick_at.isoformat(),
@@ -117,7 +126,8 @@ def run_once(settings: Settings, deps: Deps) -> Report:
         if len(page) < settings.batch_size:
             break
     return Report(function="schedules", due=due, enqueued=enqueued, resource_busy=busy,
-                  already_enqueued=exists, caught_up=caught_up, raced=raced, errors=errors,
+                  already_enqueued=exists, invalid=invalid, caught_up=caught_up, raced=raced,
+                  errors=errors,
                   batches=budget.batches)
 
 

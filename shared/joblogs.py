@@ -21,12 +21,13 @@ from jobfence.errors import InvalidSpec, JobNotFound, NotFound
 from jobfence.objectstore import ObjectStore, log_prefix
 from jobfence.store import Store
 from jobfence.store.types import JobRow
-from jobfence.views import attempts_of, harmless
+from jobfence.terminal import harmless
+from jobfence.views import attempts_of
 
 STREAM_NAMES = tuple(STREAMS.values())
 
 def visible(data: bytes) -> bytes:
-    """A job's output made safe for a person's terminal (``jobfence.views.harmless``)."""
+    """A job's output made safe for a person's terminal (``jobfence.terminal.harmless``)."""
     return harmless(data.decode("utf-8", errors="replace")).encode()
 
 
@@ -138,3 +139,30 @@ class Logs:
             if not (len(name) == 8 and name.isdigit()) or int(name) <= after:
                 continue
             yield int(name), store.get_bytes(self.bucket, info.key)
+
+    def read_at(self, job_id: UUID, attempt: Attempt, piece: Piece,
+                offset: int) -> Iterator[bytes]:
+        """The piece's bytes from byte ``offset`` on, an object at a time: the objects
+        wholly before it are passed by their listed size, never downloaded (a page of a
+        long output costs what it answers, not everything before it)."""
+        if not piece.on_s3:
+            if piece.tail is not None:
+                yield piece.tail.encode()[offset:]
+            return
+        if self.objects is None or not self.bucket:
+            raise NotFound("the whole output is on S3, and no bucket is configured here "
+                           "(JOBFENCE_S3_BUCKET)")
+        store = self.objects()
+        prefix = log_prefix(self.installation, job_id, attempt.attempt_id,
+                            piece.action_index, piece.stream)
+        at = 0
+        for info in store.iter_objects(self.bucket, prefix):
+            name = info.key[len(prefix):]
+            if not (len(name) == 8 and name.isdigit()):
+                continue
+            if at + info.size <= offset:
+                at += info.size
+                continue
+            data = store.get_bytes(self.bucket, info.key)
+            yield data[max(0, offset - at):]
+            at += len(data)

@@ -11,6 +11,8 @@ from typing import Any
 
 import structlog
 
+from jobfence.terminal import harmless
+
 
 class _Stderr:
     """Whatever ``sys.stderr`` is when a line is written: loggers are cached on first use,
@@ -29,9 +31,10 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
 
 def configure(fmt: str = "json", level: str = "info", **context: Any) -> None:
     """Configure structlog for this process; ``context`` is bound to every line."""
+    console = fmt == "console"
     renderer: Any = (
         structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
-        if fmt == "console"
+        if console
         else structlog.processors.JSONRenderer()
     )
     structlog.configure(
@@ -40,6 +43,7 @@ def configure(fmt: str = "json", level: str = "info", **context: Any) -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            *([_for_a_terminal] if console else []),
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
@@ -49,6 +53,13 @@ def configure(fmt: str = "json", level: str = "info", **context: Any) -> None:
     structlog.contextvars.clear_contextvars()
     if context:
         structlog.contextvars.bind_contextvars(**context)
+
+
+def _for_a_terminal(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
+    """The console format is read on a terminal, and a line may carry a job's bytes (its
+    output, line by line; an error quoting its stderr): every text shown harmless
+    (``jobfence.terminal``), as ``status`` shows it. JSON escapes them by itself."""
+    return {k: harmless(v) if isinstance(v, str) else v for k, v in event.items()}
 
 
 def get_logger(name: str) -> Any:

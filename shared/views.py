@@ -9,6 +9,7 @@ from uuid import UUID
 
 from jobfence.store import TERMINAL, Store
 from jobfence.store.types import ActionResult, JobEvent, JobRow, QueueStatus
+from jobfence.terminal import harmless
 
 _FIELDS = (
     "job_id", "status", "attempt_count", "max_attempts", "resource", "priority", "reason",
@@ -188,17 +189,6 @@ def render_text(view: dict[str, Any]) -> str:
         if result.get("output_on_s3"):
             lines.append(f"         whole output: jobfence logs {view['job_id']}")
     return harmless("\n".join(lines))  # what a job carries may hold escape sequences
-
-
-_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))
-             if c not in (0x09, 0x0A)}
-
-
-def harmless(text: str) -> str:
-    """A job's text made safe for a person's terminal: control characters (escape
-    sequences that could move the cursor, retitle the window or write the clipboard) shown
-    as ``\\xNN``; tabs and newlines kept."""
-    return text.translate(_CONTROLS)
 
 
 def _mib(value: object) -> str:

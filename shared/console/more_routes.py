@@ -6,16 +6,25 @@ of ``jobfence.console.api``."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 from starlette.routing import Route
 
 from jobfence import bulk
 from jobfence.console import params
+from jobfence.console.bounds import (
+    ANSWER_BYTES,
+    LISTED_SCHEDULE_BYTES,
+    LOG_ANSWER_BYTES,
+    fit_schedule,
+    size,
+    slim,
+)
 from jobfence.console.queue_history import flags, minutes
-from jobfence.errors import Conflict, InvalidSpec, NotFound, ObjectStoreError
-from jobfence.joblogs import Logs
+from jobfence.errors import Conflict, InvalidSpec, JobNotFound, NotFound, ObjectStoreError
+from jobfence.joblogs import STREAM_NAMES, Logs
 from jobfence.schedules import Cron, job_template, schedule_name, schedule_spec
 from jobfence.spec import queue_name
 from jobfence.store import Store
@@ -29,9 +38,16 @@ DEFAULT_LIMIT = 1000
 SHOWN_IDS = 1000
 """A dry run answers at most this many of the ids it would touch (and how many in all)."""
 HISTORY_QUERY = {"minutes": params.Param(params.whole("minutes", 1, 1440), 60)}
-LOGS_QUERY = {"attempt": params.Param(params.whole("attempt", 1, 1_000_000), None)}
-SHOWN_LOG_BYTES = 1024 * 1024
-"""What ``GET /jobs/ID/logs`` answers of each stream at most (the console's job page)."""
+LOGS_QUERY = {
+    "attempt": params.Param(params.whole("attempt", 1, 1_000_000), None),
+    "action": params.Param(params.whole("action", 0, 1_000_000), None),
+    "stream": params.Param(params.one_of("stream", STREAM_NAMES), None),
+    "offset": params.Param(params.whole("offset", 0, 2**62), 0),
+    "only": params.Param(params.one_of("only", ("true", "false")), "false"),
+}
+ACTIONS_QUERY = {"from": params.Param(params.whole("from", 0, 1_000_000), 0)}
+SCHEDULES_QUERY = {"after": params.Param(params.text_of("after", 63), None),
+                   "limit": params.Param(params.whole("limit", 1, 500), 100)}
 
 
 def _object(body: Any) -> dict[str, Any]:
@@ -128,13 +144,28 @@ def reveal_env(store: Store, call: Call) -> Answer:
 
 
 def list_schedules(store: Store, call: Call) -> Answer:
+    """Schedules by name, a page at a time: at most ``limit`` and ANSWER_BYTES, each
+    within LISTED_SCHEDULE_BYTES; ``next`` is the page after."""
     from jobfence.console.api import Answer
 
-    rows, after = [], None
-    while page := store.schedules.page(after=after):
-        rows += [schedule_view(r) for r in page]
-        after = page[-1].name
-    return Answer({"schedules": rows})
+    limit = call.params["limit"]
+    rows = store.schedules.page(after=call.params["after"], limit=limit)
+    shown: list[dict[str, Any]] = []
+    used = 1024  # the answer's own fields and the next link
+    full = False
+    for r in rows:
+        view = fit_schedule(schedule_view(r), LISTED_SCHEDULE_BYTES)
+        cost = size(view) + 1
+        if shown and used + cost > ANSWER_BYTES:
+            full = True
+            break
+        shown.append(view)
+        used += cost
+    following = None
+    if shown and (full or len(rows) == limit):
+        following = f"{V1}/schedules?{urlencode({'limit': limit, 'after': shown[-1]['name']})}"
+    return Answer({"schedules": shown, "next": following},
+                  headers={"link": f'<{following}>; rel="next"'} if following else {})
 
 
 def get_schedule(store: Store, call: Call) -> Answer:
@@ -143,7 +174,37 @@ def get_schedule(store: Store, call: Call) -> Answer:
     name = schedule_name(call.path["name"])
     out = schedule_view(store.schedules.get(name))
     out["ticks"] = [t._asdict() for t in store.schedules.ticks(name)]
-    return Answer(out)
+    return Answer(fit_schedule(out, ANSWER_BYTES))
+
+
+def job_actions(store: Store, call: Call) -> Answer:
+    """A job's actions whole from ``from`` on, at most ANSWER_BYTES an answer (one that
+    alone is larger comes slim); ``next`` the rest. Where a job's page links past its
+    bound."""
+    from jobfence.console.api import Answer
+    from jobfence.views import job_views
+
+    job_id = call.path["job_id"]
+    row = store.jobs.get(job_id)
+    if row is None:
+        raise JobNotFound(job_id)
+    actions = job_views(store, [row])[0]["actions"]
+    at = call.params["from"]
+    shown: list[dict[str, Any]] = []
+    used = 1024
+    while at < len(actions):
+        action = {"index": at, **actions[at]}
+        cost = size(action) + 1
+        if used + cost > ANSWER_BYTES:
+            if shown:
+                break
+            action = {"index": at, **slim(actions[at])}  # alone past the bound: slim
+        shown.append(action)
+        used += cost
+        at += 1
+    following = f"{V1}/jobs/{job_id}/actions?from={at}" if at < len(actions) else None
+    return Answer({"job_id": str(job_id), "actions": shown, "next": following},
+                  headers={"link": f'<{following}>; rel="next"'} if following else {})
 
 
 def add_schedule(server: Server) -> Any:
@@ -157,7 +218,7 @@ def add_schedule(server: Server) -> Any:
         name = schedule_name(_text(body, "name", 63) or "")
         cron = Cron.parse(_text(body, "cron", 200) or "", _text(body, "timezone", 100) or "UTC")
         spec, shown = schedule_spec(body.get("spec"))
-        first = cron.after(datetime.now(UTC))
+        first = cron.after(store.schedules.clock())  # the database's clock, as every tick
         assert first is not None
         row = store.schedules.add(
             name=name, cron=cron.expr, timezone=cron.tz.key, spec=shown,
@@ -175,7 +236,7 @@ def pause_schedule(verb: str) -> Any:
         nxt = None
         if verb == "resume":
             row = store.schedules.get(name)
-            nxt = Cron.parse(row.cron, row.timezone).after(datetime.now(UTC))
+            nxt = Cron.parse(row.cron, row.timezone).after(store.schedules.clock())
         if verb == "delete":
             row = store.schedules.delete(name=name, actor=call.caller.user)
         else:
@@ -213,8 +274,36 @@ def queue_flags(store: Store, queues: list[dict[str, Any]]) -> list[dict[str, An
     return out
 
 
+def _utf8_cut(data: bytes, most: int) -> int:
+    """Where to cut ``data`` at or before ``most`` bytes without splitting a character."""
+    n = min(most, len(data))
+    while 0 < n < len(data) and data[n] & 0xC0 == 0x80:
+        n -= 1
+    return n
+
+
+def _page_of(logs: Logs, job_id: Any, attempt: Any, piece: Any, *, offset: int,
+             room: int) -> tuple[bytes, bool]:
+    """At most ``room`` bytes of ``piece`` from ``offset`` on, once encoded in the answer
+    (an escaped control character takes six), and whether the stream goes on past them."""
+    shown = bytearray()
+    cut = False
+    for data in logs.read_at(job_id, attempt, piece, offset):
+        take = _utf8_cut(data, room - len(shown))
+        shown += data[:take]
+        if take < len(data):
+            cut = True
+            break
+    while shown and (cost := size(shown.decode("utf-8", errors="replace"))) > room:
+        cut = True  # escapes made it larger than it is: shrink in proportion
+        del shown[_utf8_cut(bytes(shown), max(0, len(shown) * room // cost - 1)):]
+    return bytes(shown), cut
+
+
 def job_logs(server: Server) -> Any:
-    """An attempt's output (``jobfence.joblogs``): each stream's first SHOWN_LOG_BYTES."""
+    """An attempt's output (``jobfence.joblogs``), at most LOG_ANSWER_BYTES an answer, from
+    a place in it (``action``, ``stream``, ``offset``) on; ``next`` says where the rest
+    starts."""
     def handler(store: Store, call: Call) -> Answer:
         from jobfence.console.api import Answer
         from jobfence.wiring import open_object_store
@@ -224,28 +313,56 @@ def job_logs(server: Server) -> Any:
         assert installation is not None
         logs = Logs(store, (lambda: open_object_store(settings)) if settings.s3_bucket
                     else None, settings.s3_bucket, installation)
-        job_id = call.path["job_id"]
-        attempt = logs.attempt(job_id, call.params["attempt"])
-        pieces = []
-        for piece in logs.pieces(job_id, attempt):
-            shown, cut, unavailable = bytearray(), False, None
+        job_id, q = call.path["job_id"], call.params
+        attempt = logs.attempt(job_id, q["attempt"])
+        every = logs.pieces(job_id, attempt)
+        start = 0
+        if q["action"] is not None or q["stream"] is not None:
+            start = next((i for i, p in enumerate(every)
+                          if q["action"] in (None, p.action_index)
+                          and q["stream"] in (None, p.stream)), -1)
+            if start < 0:
+                raise NotFound(f"attempt {attempt.number} of job {job_id} has no such "
+                               "output (action, stream)")
+        chosen = every[start:start + 1] if q["only"] == "true" else every[start:]
+        room = LOG_ANSWER_BYTES - 1024  # the answer's own fields and the next link
+        pieces: list[dict[str, Any]] = []
+        resume: tuple[Any, int] | None = None
+        for k, piece in enumerate(chosen):
+            offset = q["offset"] if k == 0 else 0
+            entry: dict[str, Any] = {
+                "action": piece.action_index, "name": piece.action, "stream": piece.stream,
+                "size": piece.size, "on_s3": piece.on_s3, "offset": offset, "whole": False,
+                "text": "", "cut_at": None, "unavailable": None}
+            room -= size(entry) + 1
+            if pieces and room <= 0:
+                resume = (piece, 0)
+                break
             try:
-                for _, data in logs.read(job_id, attempt, piece):
-                    room = SHOWN_LOG_BYTES - len(shown)
-                    shown += data[:room]
-                    if len(data) > room:
-                        cut = True
-                        break
+                shown, cut = _page_of(logs, job_id, attempt, piece, offset=offset,
+                                      room=max(0, room))
             except (NotFound, ObjectStoreError) as exc:  # no bucket or no S3 access here
-                unavailable = str(exc)
-            pieces.append({"action": piece.action_index, "name": piece.action,
-                           "stream": piece.stream, "size": piece.size, "on_s3": piece.on_s3,
-                           "whole": piece.whole and not cut and unavailable is None,
-                           "text": shown.decode("utf-8", errors="replace"),
-                           "cut_at": len(shown) if cut else None,
-                           "unavailable": unavailable})
+                shown, cut, entry["unavailable"] = b"", False, str(exc)
+            entry["text"] = shown.decode("utf-8", errors="replace")
+            room -= size(entry["text"])
+            entry["whole"] = (piece.whole and offset == 0 and not cut
+                              and entry["unavailable"] is None)
+            if cut:
+                entry["cut_at"] = offset + len(shown)
+                resume = (piece, offset + len(shown))
+            pieces.append(entry)
+            if cut:
+                break
+        following = None
+        if resume is not None:
+            piece, at = resume
+            query = {"attempt": attempt.number, "action": piece.action_index,
+                     "stream": piece.stream, "offset": at,
+                     **({"only": "true"} if q["only"] == "true" else {})}
+            following = f"{V1}/jobs/{job_id}/logs?{urlencode(query)}"
         return Answer({"job_id": str(job_id), "attempt": attempt.number,
-                       "running": attempt.running, "pieces": pieces})
+                       "running": attempt.running, "pieces": pieces, "next": following},
+                      headers={"link": f'<{following}>; rel="next"'} if following else {})
     return handler
 
 
@@ -256,7 +373,8 @@ def routes(server: Server) -> list[Route]:
         r(f"{V1}/jobs/cancel", act(server, "cancel"), method="POST", operate=True),
         r(f"{V1}/jobs/{{job_id}}/env", reveal_env, method="POST", operate=True),
         r(f"{V1}/jobs/{{job_id}}/logs", job_logs(server), query=LOGS_QUERY),
-        r(f"{V1}/schedules", list_schedules),
+        r(f"{V1}/jobs/{{job_id}}/actions", job_actions, query=ACTIONS_QUERY),
+        r(f"{V1}/schedules", list_schedules, query=SCHEDULES_QUERY),
         r(f"{V1}/schedules", add_schedule(server), method="POST", operate=True),
         r(f"{V1}/schedules/{{name}}", get_schedule),
         *[r(f"{V1}/schedules/{{name}}/{verb}", pause_schedule(verb), method="POST",

@@ -59,6 +59,7 @@ TRACEPARENT = {"name": "traceparent", "in": "header", "required": False,
                "description": "the caller's W3C trace context: the jobs' enqueue joins its "
                               "trace (an invalid one is ignored)", "schema": {"type": "string"}}
 JOB_ID = _path("job_id", "a job id (UUID)")
+NEXT = {"type": ["string", "null"], "description": "where the rest is (a URL), or null"}
 QUEUE = _path("queue", "a queue name (a DNS label)")
 
 
@@ -82,7 +83,9 @@ def document() -> dict[str, Any]:
             "/api/v1/me": {"get": _op("who the caller is and what they may do",
                                       {**_ok("the caller", _ref("Caller")), **_errors()})},
             "/api/v1/jobs": {
-                "get": _op("jobs, newest first, a page at a time", {
+                "get": _op("jobs, newest first, a page at a time: at most `limit` jobs and "
+                           "4 MiB, each job at most 64 KiB (its actions past that by name "
+                           "and status, `cut`, the rest at its `actions_next`)", {
                     **_ok("a page of jobs", jobs_page), **_errors("400")}, params=[
                     _query("status", "waiting, pending, running, succeeded, failed or "
                                      "cancelled"),
@@ -100,7 +103,10 @@ def document() -> dict[str, Any]:
                                     {"type": "array", "items": _ref("JobSpec")}]}),
             },
             "/api/v1/jobs/{job_id}": {"get": _op(
-                "one job with its actions' results, attempts and audit trail",
+                "one job with its actions' results, attempts and audit trail, at most 4 MiB: "
+                "its newest events within 1 MiB (`events_omitted` the older), its actions "
+                "whole while they fit, the rest by name and status (`cut`) and whole at "
+                "`actions_next`",
                 {**_ok("the job", _ref("Job")), **_errors("400", "404")}, params=[JOB_ID])},
             "/api/v1/jobs/{job_id}/cancel": {"post": _op(
                 "cancel a job (a parent's unfinished children with it)",
@@ -242,10 +248,18 @@ def more_paths() -> dict[str, Any]:
             body={"type": "object", "required": ["reason"],
                   "properties": {"reason": {"type": "string"}}})},
         "/api/v1/schedules": {
-            "get": _op("every schedule", {**_ok("the schedules", {
-                "type": "object", "properties": {
-                    "schedules": {"type": "array", "items": _ref("Schedule")}}}),
-                **_errors()}),
+            "get": _op("schedules by name, a page at a time: at most `limit` and 4 MiB, each "
+                       "at most 256 KiB (past it its spec's actions by name, `spec_cut`)",
+                       {**_ok("a page of schedules", {
+                           "type": "object", "required": ["schedules", "next"],
+                           "properties": {
+                               "schedules": {"type": "array", "items": _ref("Schedule")},
+                               "next": NEXT}}),
+                        **_errors("400")},
+                       params=[_query("after", "a schedule's name: the page after it (see "
+                                               "next)"),
+                               _query("limit", "schedules per page, 1-500 (100)",
+                                      {"type": "integer"})]),
             "post": _op("add a schedule: name, cron (five fields), timezone (UTC), spec",
                         {**_ok("the schedule", _ref("Schedule"), "201"),
                          **_errors("400", "409")}, operate=True,
@@ -256,7 +270,8 @@ def more_paths() -> dict[str, Any]:
                                              "spec": _ref("JobSpec")}}),
         },
         "/api/v1/schedules/{name}": {"get": _op(
-            "one schedule and its recent ticks", {**schedule, **_errors("400", "404")},
+            "one schedule and its recent ticks, at most 4 MiB (past it, `spec_cut`: `jobfence "
+            "schedule show NAME -o json` shows it whole)", {**schedule, **_errors("400", "404")},
             params=[NAME])},
         **{f"/api/v1/schedules/{{name}}/{verb}": {"post": _op(
             what, {**schedule, **_errors("400", "404")}, operate=True, params=[NAME])}
@@ -269,9 +284,29 @@ def more_paths() -> dict[str, Any]:
             {**_ok("the minutes", {"type": "object"}), **_errors("400")},
             params=[QUEUE, _query("minutes", "1-1440 (60)", {"type": "integer"})])},
         "/api/v1/jobs/{job_id}/logs": {"get": _op(
-            "an attempt's output: each stream of each action (its first MiB; whole on S3 "
-            "where the worker put it there, else the tail kept in its result)",
-            {**_ok("the attempt's streams", {"type": "object"}), **_errors("400", "404")},
+            "an attempt's output, at most 1 MiB an answer: each stream of each action (whole "
+            "on S3 where the worker put it there, else the tail kept in its result), from a "
+            "place on (action, stream, offset in bytes), in order; `next` is where the rest "
+            "starts (null: nothing more); `only=true` answers the one stream",
+            {**_ok("the attempt's streams", {
+                "type": "object", "required": ["job_id", "attempt", "running", "pieces",
+                                               "next"],
+                "properties": {"pieces": {"type": "array", "items": {"type": "object"}},
+                               "next": NEXT}}), **_errors("400", "404")},
             params=[JOB_ID, _query("attempt", "the attempt's number (the latest)",
+                                   {"type": "integer"}),
+                    _query("action", "start at this action's output (from 0)",
+                           {"type": "integer"}),
+                    _query("stream", "start at this stream: stdout or stderr"),
+                    _query("offset", "start this many bytes into it (0)", {"type": "integer"}),
+                    _query("only", "true: that one stream only (false)")])},
+        "/api/v1/jobs/{job_id}/actions": {"get": _op(
+            "a job's actions whole, from `from` on, at most 4 MiB an answer (one alone "
+            "larger comes by name and status, `cut`); `next` the rest",
+            {**_ok("the actions", {
+                "type": "object", "required": ["job_id", "actions", "next"],
+                "properties": {"actions": {"type": "array", "items": {"type": "object"}},
+                               "next": NEXT}}), **_errors("400", "404")},
+            params=[JOB_ID, _query("from", "the first action's index (0)",
                                    {"type": "integer"})])},
     }

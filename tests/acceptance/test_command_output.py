@@ -287,6 +287,19 @@ def test_logs_shows_a_jobs_control_characters_to_a_person_and_pipes_them_as_writ
     assert "\x1b" not in status.stdout and "before\\x1b]52;c;" in status.stdout
 
 
+def test_status_events_show_a_failed_commands_stderr_escaped(dsn: str) -> None:
+    """A failed command's stderr reaches the audit trail's reasons: `status --events` shows
+    it as the rest of `status` does, escaped, never obeyed by the terminal."""
+    hostile = "printf 'boom\\033]52;c;cm0gLXJmIC8K\\007\\033[2J\\n' >&2; exit 3"
+    job_id = enqueue(dsn, _command("sh", "-c", hostile), "--max-attempts", "1")
+    assert run_cli(dsn, "worker", "--max-jobs", "1").returncode == 1
+    shown = run_cli(dsn, "status", job_id, "--events")
+    assert shown.returncode == 0, shown.stderr
+    assert "\x1b" not in shown.stdout and "\x07" not in shown.stdout, shown.stdout
+    events = [line for line in shown.stdout.splitlines() if " -> " in line]
+    assert any("boom\\x1b]52;c;" in line for line in events), shown.stdout
+
+
 def test_the_api_answers_an_attempts_output(dsn: str, s3_env: dict[str, str],
                                            tmp_path: Path) -> None:
     from tests.acceptance.serving import serve

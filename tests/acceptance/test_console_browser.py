@@ -395,18 +395,30 @@ def test_the_second_day_in_the_console(browser: Any, console: Served, dsn: str,
     assert errors == [], errors
 
 
+def _log_reads(browser: Any) -> int:
+    """How many times the page asked for a job's output (the browser's own record)."""
+    return int(browser.execute_script(
+        "return performance.getEntriesByType('resource')"
+        ".filter(e => e.name.includes('/logs')).length"))
+
+
 def test_a_jobs_whole_output_on_its_page(browser: Any, dsn: str, tmp_path: Path,
                                         s3_env: dict[str, str], shots: Path) -> None:
     """3,000 lines: the tail kept in the database has lost the first ones; the page shows
-    the stream whole, from S3 — with the command's argv and its env's names, values masked."""
+    the stream whole, from S3 — with the command's argv and its env's names, values masked.
+    The output is read when its block is opened, once, not at every refresh; a stream larger
+    than an answer comes a page at a time ("Show more")."""
     secret = "s3cr3t-never-on-the-page"
     cmd = json.dumps({"argv": ["sh", "-c", "seq 1 3000; echo 'all done' >&2"],
                       "env": {"WAREHOUSE_TOKEN": secret}})
     ran = enqueue(dsn, f"command:{cmd}", **s3_env)
-    assert run_cli(dsn, "worker", "--max-jobs", "1", **{**FAST, **s3_env}).returncode == 0
+    big = enqueue(dsn, "command:" + json.dumps({"argv": ["seq", "1", "200000"]}), **s3_env)
+    assert run_cli(dsn, "worker", "--max-jobs", "2", **{**FAST, **s3_env}).returncode == 0
     with serve(dsn, JOBFENCE_AUTH="none", TMPDIR=str(tmp_path), **s3_env) as console:
         browser.get(console.url + f"/#/jobs/{ran}")
         until(browser, "#actions code.argv", "sh -c 'seq 1 3000; echo '")
+        _refreshed(browser)
+        assert _log_reads(browser) == 0  # nothing read until asked
         click(browser, "#actions details.whole summary", "stdout (whole output, 13,893 bytes)")
         text = until(browser, "#actions pre.log-stdout").text
         assert text.splitlines() == [str(i) for i in range(1, 3001)]
@@ -414,7 +426,20 @@ def test_a_jobs_whole_output_on_its_page(browser: Any, dsn: str, tmp_path: Path,
         browser.execute_script("document.querySelector('#actions pre.log-stdout')"
                                ".scrollTop = 1e9")
         browser.save_screenshot(str(shots / "job-full-log.png"))
-        _refreshed(browser)  # the open block stays open
+        _refreshed(browser)  # the open block stays open, and is not read again
         assert browser.execute_script("return document.querySelector("
                                       "'#actions details.whole').open") is True
+        assert _log_reads(browser) == 1
+
+        browser.get(console.url + f"/#/jobs/{big}")
+        click(browser, "#actions details.whole summary", "stdout (whole output, 1,288,895 "
+                                                         "bytes)")
+        until(browser, "#actions .note", "are shown")
+        first = until(browser, "#actions pre.log-stdout").text.splitlines()
+        assert first[0] == "1" and len(first) < 200_000
+        click(browser, "#actions button.log-more")
+        wait_for(lambda: browser.execute_script(
+            "return document.querySelector('#actions .log-more') === null"), timeout=20)
+        shown = until(browser, "#actions pre.log-stdout").text.splitlines()
+        assert shown == [str(i) for i in range(1, 200_001)]
         assert not _errors(browser)

@@ -111,3 +111,31 @@ def test_a_worker_holding_no_claim_is_logged_detected_then_deleted(dsn: str) -> 
         assert worker.returncode == -signal.SIGKILL  # frozen: the SIGTERM never landed
     finally:
         kill_quietly(worker)
+
+
+def test_the_console_log_format_is_for_people_and_shows_a_jobs_bytes_harmlessly(
+        dsn: str) -> None:
+    """``JOBFENCE_LOG_FORMAT=console``: one readable line per event on stderr — its time,
+    level, event and key=value pairs, never JSON — and results still JSON on stdout. A job's
+    output and error, which reach the worker's log, hold no terminal escape there: a person
+    reads this format on a terminal."""
+    import json as _json
+    import re
+
+    hostile = "printf 'out\\033]52;c;cm0gLXJmIC8K\\007\\n'; printf 'err\\033[2J\\n' >&2; exit 3"
+    job_id = enqueue(dsn, "command:" + _json.dumps({"argv": ["sh", "-c", hostile]}),
+                     "--max-attempts", "1")
+    ran = run_cli(dsn, "worker", "--max-jobs", "1", JOBFENCE_LOG_FORMAT="console")
+    assert ran.returncode == 1, ran.stderr
+    lines = [line for line in ran.stderr.splitlines() if line.strip()]
+    assert lines and not any(line.lstrip().startswith("{") for line in lines), lines
+    stamp = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z \[(debug|info|warning|"
+                       r"error)\s*\] \S+")
+    assert all(stamp.match(line) for line in lines if not line.startswith(" ")), lines
+    assert any(f"job_id={job_id}" in line for line in lines), lines
+    assert "\x1b" not in ran.stderr and "\x07" not in ran.stderr, ran.stderr
+    assert "\\x1b" in ran.stderr  # shown, escaped
+    swept = run_cli(dsn, "sweeper", JOBFENCE_LOG_FORMAT="console")
+    assert swept.returncode == 0
+    _json.loads(swept.stdout)  # the result stays JSON, on stdout
+    assert "pass_finished" in swept.stderr and "{" not in swept.stderr.splitlines()[0]

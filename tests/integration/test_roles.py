@@ -76,8 +76,14 @@ STATEMENTS: dict[str, LiteralString] = {
     "cancel in bulk (its function)": "SELECT * FROM jobfence.operator_cancel_many("
                                      "ARRAY[%(job)s]::uuid[], 'x')",
     "read env values (its function)": "SELECT jobfence.operator_reveal_env(%(job)s, 'a', 'x')",
-    "add a schedule (its function)": "SELECT * FROM jobfence.operator_schedule_add('s', "
-                                     "'* * * * *', 'UTC', '{}', '{}', now(), 'someone')",
+    "add a schedule (its function)": (
+        "SELECT * FROM jobfence.operator_schedule_add('s', '* * * * *', 'UTC', "
+        "'{\"actions\": [{\"name\": \"sleep\"}]}', '{\"actions\": [{\"name\": \"sleep\", "
+        "\"params\": {}}], \"resource\": null, \"priority\": 0, \"max_attempts\": 3, "
+        "\"labels\": {\"jobfence.io/schedule\": \"s\"}, \"ttl_seconds\": null, "
+        "\"timeout_seconds\": null, \"expires_in_seconds\": null, \"queue\": \"default\", "
+        "\"spec_hash\": \"" "00000000000000000000000000000000"
+        "00000000000000000000000000000000\", \"delay_seconds\": null}', now(), 'someone')"),
     "add a schedule": "INSERT INTO jobfence.schedules (name, cron, timezone, spec, job, "
                       "next_tick_at) VALUES ('s', '* * * * *', 'UTC', '{}', '{}', now())",
     "fire a schedule's tick (its function)": "SELECT * FROM jobfence.scheduler_fire("

@@ -217,3 +217,140 @@ def test_recorded_ticks_go_with_the_function_runs_retention(store: Store, dsn: s
     assert report.schedule_ticks_deleted == 1
     assert [t for t, _ in ticks(store, "old")] == [utc(2025, 1, 1, 1, 0)]
     assert run(store, dsn, utc(2025, 1, 1, 1, 30)).enqueued == 0
+
+
+def test_add_and_resume_date_the_first_tick_by_the_databases_clock(
+        store: Store, dsn: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`schedule add` and `resume` run on an operator's machine, whose clock may be a year
+    off: the first tick is the one after the database's now, as every tick after it."""
+    import json
+
+    import jobfence.functions.schedule as command
+
+    class Skewed(datetime):
+        @classmethod
+        def now(cls, tz: Any = None) -> Skewed:  # type: ignore[override]
+            return cls(2031, 6, 1, tzinfo=UTC)
+
+    monkeypatch.setattr(command, "datetime", Skewed, raising=False)
+    monkeypatch.setattr("jobfence.schedules.datetime", Skewed)
+    monkeypatch.setenv("JOBFENCE_DATABASE_URL", dsn)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(SPEC))
+    assert command.main(["add", "skew", "--cron", "0 * * * *", "--spec", str(spec)]) == 0
+    now = store.schedules.clock()
+    first = store.schedules.get("skew").next_tick_at
+    assert now < first <= now + timedelta(hours=1), (now, first)
+    assert command.main(["pause", "skew"]) == 0
+    assert command.main(["resume", "skew"]) == 0
+    resumed = store.schedules.get("skew").next_tick_at
+    assert now < resumed <= store.schedules.clock() + timedelta(hours=1), (now, resumed)
+
+
+# What `schedule add` stores, and what the database refuses to store or run -------------
+
+FULL_SPEC = {"actions": [{"name": "command", "params": {"argv": ["true"]},
+                          "inactivity_timeout": "PT5M"},
+                         {"name": "sleep", "params": {"seconds": 1}}],
+             "resource": "db.events", "max_attempts": 7, "priority": -3, "ttl": "P7D",
+             "timeout": "PT1H30M", "inactivity_timeout": "PT10M", "expires_in": "PT2H",
+             "delay": "PT0.5S", "labels": {"team": "data"}, "queue": "reports"}
+
+
+def _made(name: str, spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    parsed, shown = schedule_spec(spec)
+    return shown, job_template(parsed, name, 3)
+
+
+def _add_as(url: str, name: str, shown: Any, job: Any, cron: str = "0 * * * *",
+            tz: str = "UTC") -> None:
+    import json
+
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as c:
+        c.execute("SELECT * FROM jobfence.operator_schedule_add(%s, %s, %s, %s::jsonb, "
+                  "%s::jsonb, now(), 'someone')",
+                  (name, cron, tz, json.dumps(shown), json.dumps(job)))
+
+
+def test_the_database_keeps_a_schedule_exactly_as_schedule_add_makes_it(dsn: Dsn) -> None:
+    """The operator's own login, calling operator_schedule_add itself: what the CLI makes of
+    a spec is stored; a job that runs another command than the spec shows, or a template
+    the pass could not read, is refused (check_violation) and nothing is written."""
+    import psycopg
+
+    from devtools.roles import ensure_logins
+
+    operator = ensure_logins(dsn.direct)["operator"]
+    for name, spec in (("plain", SPEC), ("full", FULL_SPEC)):
+        _add_as(operator, name, *_made(name, spec))
+    shown, job = _made("forged", SPEC)
+    hidden = {**job, "actions": [{"name": "command", "params": {"argv": ["rm", "-rf", "/"]}}]}
+    forged = {
+        "another command": (shown, hidden),
+        "another action's params": (shown, {**job, "actions": [{**job["actions"][0],
+                                                                "params": {"argv": ["id"]}}]}),
+        "an extra action": (shown, {**job, "actions": job["actions"] * 2}),
+        "a priority not a number": (shown, {**job, "priority": "x"}),
+        "a fractional priority": (shown, {**job, "priority": 1.5}),
+        "attempts out of bounds": (shown, {**job, "max_attempts": 0}),
+        "a queue not a name": (shown, {**job, "queue": "No Queue"}),
+        "another queue": (shown, {**job, "queue": "other"}),
+        "another resource": (shown, {**job, "resource": "db.other"}),
+        "labels without the schedule's": (shown, {**job, "labels": {}}),
+        "a timeout the spec has not": (shown, {**job, "timeout_seconds": 60}),
+        "a field the template has not": (shown, {**job, "status": "running"}),
+        "a field missing": (shown, {k: v for k, v in job.items() if k != "spec_hash"}),
+        "not an object": (shown, ["x"]),
+        "a spec field schedules refuse": ({**shown, "after": ["x"]}, job),
+        "a spec not an object": ("x", job),
+    }
+    for what, (s, j) in forged.items():
+        with pytest.raises(psycopg.errors.CheckViolation) as refused:
+            _add_as(operator, "forged", s, j)
+        assert refused.value.diag.constraint_name == "schedules_as_the_cli_stores", what
+    full_shown, full_job = _made("full", FULL_SPEC)
+    for what, j in (("another ttl", {**full_job, "ttl_seconds": 60.0}),
+                    ("another inactivity timeout", {**full_job, "actions": [
+                        {**full_job["actions"][0], "inactivity_timeout": "PT1S"},
+                        full_job["actions"][1]]}),
+                    ("expiry before its delay", {**full_job, "expires_in_seconds": 0.25})):
+        with pytest.raises(psycopg.errors.CheckViolation):
+            _add_as(operator, "forged", full_shown, j)
+    for cron, tz in (("* * * *", "UTC"), ("0 * * * * *", "UTC"), ("0 * * * *", "Mars/Base")):
+        with pytest.raises(psycopg.errors.CheckViolation):
+            _add_as(operator, "forged", shown, {**job, "labels": {
+                "jobfence.io/schedule": "forged"}}, cron, tz)
+    with psycopg.connect(dsn.direct) as c:
+        names = [r[0] for r in c.execute("SELECT name FROM jobfence.schedules ORDER BY 1")]
+        added = c.execute("SELECT count(*) FROM jobfence.control_events "
+                          "WHERE action = 'schedule_add'").fetchone()
+    assert names == ["full", "plain"] and added == (2,)
+
+
+def test_a_schedule_stored_malformed_is_skipped_and_the_others_fire(store: Store, dsn: str,
+                                                                     conn: Any) -> None:
+    """Rows stored before the database judged them (or by its owner): each is counted,
+    logged and its tick recorded invalid, moved on to its next tick — and every other
+    schedule of the pass fires."""
+    import json
+
+    add(store, "good", "0 * * * *", utc(2025, 1, 1, 0, 0))
+    shown, job = _made("bad", SPEC)
+    for name, stored in (("bad-type", {**job, "priority": "high"}),
+                         ("bad-shape", "not a template"),
+                         ("bad-hidden", {**job, "actions": [
+                             {"name": "command", "params": {"argv": ["rm", "-rf", "/"]}}]})):
+        conn.execute("INSERT INTO jobfence.schedules (name, cron, timezone, spec, job, "
+                     "next_tick_at) VALUES (%s, '0 * * * *', 'UTC', %s, %s, %s)",
+                     (name, json.dumps(shown), json.dumps(stored), utc(2025, 1, 1, 0, 0)))
+    out = run(store, dsn, utc(2025, 1, 1, 0, 1))
+    assert (out.due, out.enqueued, out.invalid) == (4, 1, 3)
+    assert jobs_of(store, "good") == ["schedule:good:2025-01-01T00:00:00Z"]
+    for name in ("bad-type", "bad-shape", "bad-hidden"):
+        assert ticks(store, name) == [(utc(2025, 1, 1, 0, 0), "invalid")]
+        assert store.schedules.get(name).next_tick_at == utc(2025, 1, 1, 1, 0)
+    assert conn.execute("SELECT count(*) AS n FROM jobfence.jobs").fetchone()["n"] == 1
+    out = run(store, dsn, utc(2025, 1, 1, 1, 1))
+    assert (out.enqueued, out.invalid) == (1, 3)

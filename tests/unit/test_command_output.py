@@ -91,7 +91,7 @@ def test_a_reported_usage_is_a_usage_or_nothing(said: object) -> None:
 
 @given(st.text())
 def test_what_a_person_is_shown_holds_no_control_character(text: str) -> None:
-    from jobfence.views import harmless
+    from jobfence.terminal import harmless
 
     shown = harmless(text)
     assert not any((ord(c) < 0x20 and c not in "\t\n") or 0x7F <= ord(c) < 0xA0 for c in shown)

@@ -8,7 +8,8 @@
 const API = "/api/v1";
 const REFRESH_MS = 2000;
 const state = { me: null, token: sessionStorage.getItem("jobfence-token"), timer: null,
-                cursors: [], lastKey: null, selected: new Set(), revealed: {}, after: [] };
+                cursors: [], lastKey: null, selected: new Set(), revealed: {}, after: [],
+                logs: {} };
 
 // -- talking to the API ------------------------------------------------------------------
 
@@ -315,6 +316,7 @@ async function start() {
 window.addEventListener("hashchange", () => {
   state.selected.clear();
   state.revealed = {};
+  state.logs = {};
   refresh(true);
 });
 start();

@@ -2,7 +2,7 @@
 // parsed as HTML), updating a page in place, and the confirmation dialog.
 "use strict";
 
-const HANDLERS = ["onclick", "onsubmit", "onchange", "oninput"];
+const HANDLERS = ["onclick", "onsubmit", "onchange", "oninput", "ontoggle"];
 
 // el("tr", { key: id, class: "x", onclick: fn }, children...): `key` becomes data-key, which
 // lets an update find the same row again however the rows moved.

@@ -13,15 +13,48 @@ function tail(label, text, key, open = false) {
             el("pre", { class: "tail-" + label }, text));
 }
 
-// A stream kept whole on S3 (GET /jobs/ID/logs): its first MiB, and how to read the rest.
-function whole(label, piece, key, jobId) {
-  if (!piece) return null;
-  const size = piece.size === null ? "still running" : plural(piece.size, "byte");
-  return el("details", { class: "tail whole", key },
+// A stream kept whole on S3 (GET /jobs/ID/logs): read only when its block is opened, a
+// page (at most 1 MiB) at a time, never on a refresh; "Show more" reads the next page.
+function whole(label, a, i, jobId) {
+  const r = a.result || {};
+  if (!r.output_on_s3 && a.status !== "running") return null;
+  const key = `${jobId}/${i}/${label}`;
+  const log = state.logs[key];
+  const bytes = r[label + "_bytes"];
+  const size = typeof bytes === "number" ? plural(bytes, "byte") : "still running";
+  const shown = log && log.text !== undefined ? new TextEncoder().encode(log.text).length : 0;
+  return el("details", { class: "tail whole", key: `whole-${label}-${i}`,
+                         ontoggle: ev => { if (ev.target.open && !log) readLog(key, jobId, i, label); } },
             el("summary", {}, `${label} (whole output, ${size})`),
-            el("pre", { class: "log-" + label }, piece.text),
-            piece.cut_at !== null ? el("p", { class: "note" }, `The first ${plural(piece.cut_at,
-              "byte")} are shown: jobfence logs ${jobId} --stream ${label}`) : null);
+            !log ? null : log.error ? el("p", { class: "error" }, log.error)
+              : log.text === undefined ? el("p", { class: "note" }, "Reading…")
+              : el("pre", { class: "log-" + label }, log.text),
+            log && log.next ? el("p", { class: "note" }, `The first ${plural(shown, "byte")} are `
+              + "shown ", el("button", { type: "button", class: "log-more",
+                                    onclick: () => readLog(key, jobId, i, label, log.next) },
+                                "Show more"),
+              ` or: jobfence logs ${jobId} --stream ${label}`) : null,
+            log && !log.next && a.status === "running" ? el("button", { type: "button",
+              class: "log-again", onclick: () => readLog(key, jobId, i, label) }, "Read again")
+              : null);
+}
+
+// One page of one stream (`only`): its text appended to what the block shows.
+async function readLog(key, jobId, i, label, next) {
+  const had = next ? state.logs[key] : null;
+  state.logs[key] = { ...(had || {}), text: had ? had.text : undefined, next: null };
+  if (!had) refresh(true);
+  try {
+    const path = next ? next.replace(/^\/api\/v1/, "")
+      : `/jobs/${encodeURIComponent(jobId)}/logs?action=${i}&stream=${label}&only=true`;
+    const out = await api(path);
+    const piece = out.pieces[0] || { text: "" };
+    state.logs[key] = piece.unavailable ? { error: piece.unavailable }
+      : { text: (had ? had.text : "") + piece.text, next: out.next };
+  } catch (e) {
+    state.logs[key] = { error: e.message };
+  }
+  await refresh(true);
 }
 
 function usage(r) {
@@ -84,10 +117,6 @@ async function jobPage(id) {
     ["labels", Object.keys(j.labels || {}).length ? JSON.stringify(j.labels) : null],
     ["idempotency key", j.idempotency_key],
     ["manifest", j.manifest]].filter(([, v]) => v !== null && v !== undefined && v !== "");
-  const onS3 = j.actions.some(a => (a.result || {}).output_on_s3) || j.status === "running";
-  const logs = onS3 ? await api(`/jobs/${encodeURIComponent(id)}/logs`).catch(() => null) : null;
-  const piece = (i, stream) => ((logs && logs.pieces) || []).find(
-    p => p.action === i && p.stream === stream && p.on_s3 && !p.unavailable);
   const actions = j.actions.map((a, i) => {
     const r = a.result || {};
     return el("li", { class: "action", "data-action-index": i, key: "action-" + i },
@@ -99,9 +128,8 @@ async function jobPage(id) {
                                        : null),
       runs(j.job_id, a, i),
       a.error ? el("p", { class: "error" }, a.error) : null,
-      whole("stdout", piece(i, "stdout"), `whole-stdout-${i}`, j.job_id)
-        || tail("stdout", r.stdout_tail, `stdout-${i}`),
-      whole("stderr", piece(i, "stderr"), `whole-stderr-${i}`, j.job_id)
+      whole("stdout", a, i, j.job_id) || tail("stdout", r.stdout_tail, `stdout-${i}`),
+      whole("stderr", a, i, j.job_id)
         || tail("stderr", r.stderr_tail || a.error_detail, `stderr-${i}`, a.status === "failed"),
       (r.outputs || []).length ? el("ul", { class: "outputs" },
                                     r.outputs.map(u => el("li", {}, outputLink(u)))) : null);

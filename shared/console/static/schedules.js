@@ -37,7 +37,7 @@ function addScheduleForm() {
 }
 
 async function schedulesPage() {
-  const { schedules } = await api("/schedules");
+  const { schedules, next } = await api("/schedules");
   const path = (s, verb) => `/schedules/${encodeURIComponent(s.name)}/${verb}`;
   const rows = schedules.map(s => el("tr", { key: s.name, "data-schedule": s.name },
     el("td", {}, el("strong", {}, s.name)),
@@ -66,7 +66,10 @@ async function schedulesPage() {
           schedules.length ? table(["schedule", "state", "cron", "time zone", "next tick",
                                     "last tick", "last job", "runs", ""], rows,
                                    { id: "schedules" })
-                           : el("p", { class: "empty" }, "No schedule yet.")];
+                           : el("p", { class: "empty" }, "No schedule yet."),
+          next ? el("p", { class: "note", id: "schedules-more" }, `The first ${schedules.length} `
+                    + "schedules by name are shown: jobfence schedule list shows every one.")
+               : null];
 }
 
 function summaryOf(spec) {
