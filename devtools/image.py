@@ -183,18 +183,25 @@ def find_builder(*, install: bool = True, allow_docker: bool = True) -> Builder:
         docker = docker_answers()
         if docker is not None:
             return Builder("docker", docker)
-    missing = [p for p in ("buildah", "runc") if not _which(p)]
-    if missing and install and os.geteuid() == 0 and shutil.which("apt-get"):
+    def programs() -> dict[str, str | None]:
+        return {p: _which(os.environ.get(p.upper()) or p) for p in ("buildah", "runc")}
+
+    found = programs()
+    if None in found.values() and install and os.geteuid() == 0 and shutil.which("apt-get"):
         subprocess.run([str(SYSTEM_PACKAGES), "image"], check=False, stdout=sys.stderr)
-        missing = [p for p in ("buildah", "runc") if not _which(p)]
-    if missing:
+        found = programs()
+    if None in found.values():
         raise ImageError("no container builder here: install buildah and runc (as root: "
                          "apt-get install -y buildah runc debootstrap catatonit) or start a "
                          "Docker engine, then run make image again")
-    return Builder("buildah", str(_which("buildah")), str(_which("runc")))
+    return Builder("buildah", str(found["buildah"]), str(found["runc"]))
 
 
 def _which(name: str) -> str | None:
+    """``name`` on PATH or in the system's sbin (root's PATH may lack it); an absolute
+    ``name`` if it is executable."""
+    if os.path.isabs(name):
+        return name if os.access(name, os.X_OK) else None
     found = shutil.which(name)
     if found:
         return found
@@ -212,6 +219,9 @@ def buildah(builder: Builder, *args: str | Path, what: str, capture: bool = True
 def image_labels(builder: Builder, name: str) -> dict[str, str] | None:
     """The labels of the local image ``name``; None if there is none."""
     try:
+        if builder.kind == "docker":
+            out = run([builder.program, "image", "inspect", name], what=f"inspect {name}")
+            return dict(json.loads(out)[0].get("Config", {}).get("Labels") or {})
         out = buildah(builder, "inspect", "--type", "image", name, what=f"inspect {name}")
     except ImageError:
         return None
@@ -464,7 +474,9 @@ def choose_base(builder: Builder, python_image: str | None) -> str:
                 timeout=300)
         return OFFICIAL_BASE
     except ImageError as exc:
-        say(f"{exc}; building on the local base {LOCAL_BASE} instead (make base-image)")
+        why = str(exc).rsplit(": ", 1)[-1]
+        say(f"python:3.11-slim cannot be pulled here ({why}): building on the local base "
+            f"{LOCAL_BASE} instead (make base-image)")
     return ensure_base(builder)
 
 
@@ -516,9 +528,16 @@ def build(image: str = DEFAULT_IMAGE, *, python_image: str | None = None,
     builder = find_builder()
     started = time.monotonic()
     if builder.kind == "docker":
-        argv = [builder.program, "build", "--tag", image]
+        # The daemon pulls the base itself: its name stands for it in the inputs.
+        inputs = inputs_hash(python_image or "python:3.11-slim")
+        labels = image_labels(builder, image)
+        if not force and labels is not None and labels.get(INPUTS_LABEL) == inputs:
+            return describe(builder, image)
+        argv = [builder.program, "build", "--tag", image, "--label", f"{INPUTS_LABEL}={inputs}"]
         if python_image:
             argv += ["--build-arg", f"PYTHON_IMAGE={python_image}"]
+        if quiet:
+            argv.append("--quiet")
         run([*argv, REPO], what="docker build", capture=quiet, timeout=3600)
         return describe(builder, image, built=True, seconds=time.monotonic() - started)
     base = choose_base(builder, python_image)
@@ -542,6 +561,26 @@ def build(image: str = DEFAULT_IMAGE, *, python_image: str | None = None,
             bud.append("--quiet")
         buildah(builder, *bud, REPO, what="buildah bud", capture=quiet, timeout=3600)
     return describe(builder, image, built=True, seconds=time.monotonic() - started)
+
+
+def run_in(builder: Builder, image: str, argv: Sequence[str], *, user: str | None = None,
+           timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` (not the entrypoint) in a fresh container of ``image``, with no network,
+    as the image's user unless ``user`` is given; what it printed and its exit code."""
+    if builder.kind == "docker":
+        return subprocess.run(
+            [builder.program, "run", "--rm", "--network", "none", "--entrypoint", argv[0],
+             *(["--user", user] if user else []), image, *argv[1:]],
+            capture_output=True, text=True, timeout=timeout, check=False)
+    container = buildah(builder, "from", "--pull=never", "--quiet", image,
+                        what=f"buildah from {image}").strip()
+    try:
+        return subprocess.run(
+            [builder.program, "run", "--runtime", builder.runtime, "--network", "none",
+             *(["--user", user] if user else []), container, "--", *argv],
+            capture_output=True, text=True, timeout=timeout, check=False)
+    finally:
+        buildah(builder, "rm", container, what="buildah rm")
 
 
 # -- the pause image and the archives ------------------------------------------------------------
