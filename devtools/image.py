@@ -340,7 +340,8 @@ def ensure_base(builder: Builder, *, force: bool = False) -> str:
         if not _which("debootstrap"):
             subprocess.run([str(SYSTEM_PACKAGES), "image"], check=False, stdout=sys.stderr)
         say(f"building the local Python base {LOCAL_BASE}: Debian {SUITE} (minbase) with "
-            f"{', '.join(BASE_PACKAGES)} from {mirror.debian} (about 1-2 minutes, once)")
+            f"{', '.join(BASE_PACKAGES)} from {mirror.debian} (once: 1-2 minutes on an idle "
+            "machine, several on a busy one)")
         started = time.monotonic()
         work = cache_root() / "work"
         work.mkdir(parents=True, exist_ok=True)
@@ -382,6 +383,12 @@ def requirements() -> list[str]:
             *project["project"]["optional-dependencies"]["otel"]]
 
 
+def wheelhouse_digest() -> str:
+    """The wheels' cache key: the requirements and the interpreter they are for."""
+    key = [requirements(), WHEEL_TARGET, platform.machine()]
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
+
+
 def ensure_wheelhouse() -> Path:
     """The dependencies' wheels for the image's Python, downloaded on this machine once per
     set of requirements (``pip download`` for CPython 3.11 on manylinux, binary wheels only:
@@ -389,8 +396,7 @@ def ensure_wheelhouse() -> Path:
     python, impl, abi, glibc = WHEEL_TARGET
     reqs = requirements()
     machine = platform.machine()
-    digest = hashlib.sha256(json.dumps([reqs, WHEEL_TARGET, machine]).encode()).hexdigest()[:16]
-    target = cache_root() / "wheelhouse" / digest
+    target = cache_root() / "wheelhouse" / wheelhouse_digest()
     if (target / ".complete").exists():
         return target
     with _locked("wheelhouse"):
@@ -415,11 +421,16 @@ def ensure_wheelhouse() -> Path:
     return target
 
 
+def build_base_name(builder: Builder, base: str, wheels: str) -> str:
+    """The build base of ``base`` and the wheels of digest ``wheels``."""
+    both = f"{image_id(builder, base)} {wheels}"
+    return f"{BUILD_BASE}:{hashlib.sha256(both.encode()).hexdigest()[:16]}"
+
+
 def ensure_build_base(builder: Builder, base: str, wheelhouse: Path) -> str:
     """``base`` with the wheelhouse at /wheelhouse and pip told to use only it: the
     Dockerfile's ``BUILD_IMAGE``, named by the hash of both."""
-    both = f"{image_id(builder, base)} {wheelhouse.name}"
-    name = f"{BUILD_BASE}:{hashlib.sha256(both.encode()).hexdigest()[:16]}"
+    name = build_base_name(builder, base, wheelhouse.name)
     with _locked("build-base"):
         if image_labels(builder, name) is not None:
             return name
@@ -543,7 +554,9 @@ def build(image: str = DEFAULT_IMAGE, *, python_image: str | None = None,
     base = choose_base(builder, python_image)
     wheelhouse = ensure_wheelhouse()
     build_base = ensure_build_base(builder, base, wheelhouse)
-    inputs = inputs_hash(image_id(builder, base), image_id(builder, build_base))
+    # The build base's name stands for it: it is made of the base's id and the wheels'
+    # digest, and the same build base made again (another id) changes nothing.
+    inputs = inputs_hash(image_id(builder, base), build_base)
     with _locked("build"):
         labels = image_labels(builder, image)
         if not force and labels is not None and labels.get(INPUTS_LABEL) == inputs:
