@@ -15,7 +15,10 @@ CHAOS_ARGS ?=
 
 # Deploying: one image for every function, the kustomize base in manifests/.
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-IMAGE ?= jobfence:$(VERSION)
+# A registry host in the name: a bare jobfence:VERSION means Docker Hub to Kubernetes.
+IMAGE ?= localhost/jobfence:$(VERSION)
+# The image's base; empty: python:3.11-slim, or the local base where that cannot be pulled.
+PYTHON_IMAGE ?=
 NAMESPACE ?= jobfence
 INSTALLATION ?=
 # Optional components of manifests/components to deploy with the base (e.g. "alerts
@@ -88,7 +91,7 @@ lint: $(STAMP) ## ruff, mypy and the import-linter contracts (the layers in docs
 	$(VENV)/bin/mypy
 	PYTHONPATH=build/src $(VENV)/bin/lint-imports
 
-test: lint postgres-check controlplane otelcol keda ## lint, type-check, and run every test on a real PostgreSQL and a real Kubernetes control plane
+test: lint postgres-check controlplane otelcol keda image ## lint, type-check, and run every test on a real PostgreSQL and a real Kubernetes control plane
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 demo: $(STAMP) system-demo ## run the main story end to end on embedded defaults
@@ -136,8 +139,17 @@ verify: $(STAMP) controlplane ## render the manifests and validate them (also on
 	$(KUBECTL_BIN) kustomize manifests/ >/dev/null
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS) tests/manifests tests/integration/test_migrations.py
 
-image: ## build the one image of every function (IMAGE=jobfence:VERSION)
-	$(DOCKER) build -t $(IMAGE) .
+# The one image: `docker build` where a Docker daemon answers, else buildah with runc (as
+# root, installed from Debian's packages), on the local base where python:3.11-slim cannot be
+# pulled; skipped when an image of the same inputs is there (devtools/image.py).
+image: ## build the one image of every function and print its name, size and digest (IMAGE=localhost/jobfence:VERSION PYTHON_IMAGE=...)
+	@DOCKER='$(DOCKER)' $(PYTHON) -m devtools.image build --image '$(IMAGE)' $(if $(PYTHON_IMAGE),--python-image '$(PYTHON_IMAGE)')
+
+base-image: ## build the local Python base localhost/jobfence-python:3.11 (Debian bookworm, root; once, cached by its recipe)
+	@$(PYTHON) -m devtools.image base
+
+image-archive: ## the image and the local node's pause image as docker-archive files in build/image (for `ctr images import`)
+	@DOCKER='$(DOCKER)' $(PYTHON) -m devtools.image archive --image '$(IMAGE)' $(if $(PYTHON_IMAGE),--python-image '$(PYTHON_IMAGE)')
 
 # The base under a generated overlay (build/deploy: kustomize needs it inside the
 # repository, and build/ is ignored by git) that sets NAMESPACE, IMAGE, INSTALLATION and
@@ -147,7 +159,7 @@ overlay: $(STAMP)
 	  --image '$(IMAGE)' --installation '$(INSTALLATION)' --component '$(COMPONENTS)' \
 	  --runbook-url '$(RUNBOOK_URL)'
 
-render: overlay $(KUBECTL_DEP) ## print what `make deploy` applies (NAMESPACE=jobfence IMAGE=jobfence:VERSION INSTALLATION=... COMPONENTS=...)
+render: overlay $(KUBECTL_DEP) ## print what `make deploy` applies (NAMESPACE=jobfence IMAGE=localhost/jobfence:VERSION INSTALLATION=... COMPONENTS=...)
 	@$(KUBECTL_BIN) kustomize $(OVERLAY)
 
 deploy: overlay $(KUBECTL_DEP) ## check the Secrets and CRDs it needs, apply the base server-side into NAMESPACE with IMAGE, wait for the migration Job (KUBECONFIG=build/cluster/kubeconfig for the local cluster)

@@ -141,7 +141,7 @@ def run(bench: Bench) -> Section:
         try:
             kubectl = Kubectl(kubectl_path, kubeconfig=str(plane.kubeconfig))
             where = REPO / "build" / "bench-deploy"
-            overlay(namespace=NAMESPACE, image="jobfence:0.1.0", where=where)
+            overlay(namespace=NAMESPACE, image="localhost/jobfence:0.1.0", where=where)
             started = time.monotonic()
             apply(kubectl, timeout=300, where=where)
             deployed = time.monotonic() - started

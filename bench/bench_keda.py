@@ -121,7 +121,7 @@ def real_run(pool: Pool, jobs: int) -> dict[str, Any]:
         where = REPO / "build" / "bench-keda-deploy"
         try:
             kubectl = Kubectl(kubectl_path, kubeconfig=str(plane.kubeconfig))
-            overlay(namespace=NAMESPACE, image="jobfence:0.1.0", where=where,
+            overlay(namespace=NAMESPACE, image="localhost/jobfence:0.1.0", where=where,
                     config={"JOBFENCE_S3_BUCKET": ""}, extra_patches=(SUSPENDED,))
             apply(kubectl, timeout=300, where=where)
             state = plane.state() or {}

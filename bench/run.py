@@ -48,6 +48,7 @@ BENCHMARKS = {
     "controlplane": "bench.bench_controlplane",
     "keda": "bench.bench_keda",
     "keda_build": "bench.bench_keda_build",
+    "image": "bench.bench_image",
 }
 
 OUT = REPO / "docs" / "BENCHMARKS.md"

@@ -325,7 +325,7 @@ def main(argv: list[str]) -> int:
             [{"op": "add", "path": "/spec/suspend", "value": True}])},
             {"target": {"kind": "ScaledJob"}, "patch": json.dumps(
                 [{"op": "replace", "path": "/spec/pollingInterval", "value": POLLING}])}]
-        overlay(namespace=NAMESPACE, image=f"jobfence:{version}", components=("console",),
+        overlay(namespace=NAMESPACE, image=f"localhost/jobfence:{version}", components=("console",),
                 where=OVERLAY, config={"JOBFENCE_S3_BUCKET": "",
                                        "JOBFENCE_RECONCILE_GRACE_SECONDS": "0"},
                 extra_patches=patches)

@@ -4,11 +4,11 @@
 # is missing, otherwise it names each missing program and the package that provides it and
 # exits 2 (nothing is installed behind a user's back).
 #
-#   devtools/system-packages.sh test|demo|bench
+#   devtools/system-packages.sh test|demo|bench|image
 #
 # The PostgreSQL server binaries, PgBouncer, Prometheus (for promtool), the Pushgateway and
-# Chromium with its driver: each row is "check  package  what needs it". A check is a
-# command name or an absolute path glob.
+# Chromium with its driver; for the image, a builder without a Docker engine: each row is
+# "check  package  what needs it". A check is a command name or an absolute path glob.
 set -euo pipefail
 
 want=${1:-test}
@@ -24,6 +24,12 @@ rows_test=(
   "chromium                         chromium               the console's browser tests"
   "chromedriver                     chromium-driver        the console's browser tests"
 )
+rows_image=(
+  "buildah                          buildah                builds the image where no Docker engine answers"
+  "runc                             runc                   the builder's runtime (Debian's crun refuses hybrid cgroups)"
+  "debootstrap                      debootstrap            the local Python base where python:3.11-slim cannot be pulled"
+  "catatonit                        catatonit              the local cluster's pause image"
+)
 rows_bench=(
   "${rows_test[@]}"
   "pgbench                          postgresql-contrib     the reference every throughput is measured against"
@@ -33,7 +39,8 @@ case "$want" in
   demo) rows=("${rows_demo[@]}") ;;
   test) rows=("${rows_test[@]}") ;;
   bench) rows=("${rows_bench[@]}") ;;
-  *) echo "usage: $0 demo|test|bench" >&2; exit 2 ;;
+  image) rows=("${rows_image[@]}") ;;
+  *) echo "usage: $0 demo|test|bench|image" >&2; exit 2 ;;
 esac
 
 present() {
@@ -67,8 +74,10 @@ fi
 echo "system-packages: installing ${packages[*]} (first run on this machine)"
 start=$SECONDS
 export DEBIAN_FRONTEND=noninteractive
-apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null 2>&1 \
-  || { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${packages[@]}" >/dev/null; }
+# Another apt run (a second make, an administrator) holds the lock for a while: wait for it.
+apt=(apt-get -o DPkg::Lock::Timeout=600)
+"${apt[@]}" install -y -qq --no-install-recommends "${packages[@]}" >/dev/null 2>&1 \
+  || { "${apt[@]}" update -qq && "${apt[@]}" install -y -qq --no-install-recommends "${packages[@]}" >/dev/null; }
 # Debian starts the services it installs; jobfence's tests and demo start their own.
 if command -v systemctl >/dev/null 2>&1; then
   for service in prometheus prometheus-pushgateway pgbouncer postgresql; do

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from devtools import image
 from devtools.pgbouncer import PgBouncer
 from devtools.roles import login_name
 from devtools.s3 import moto_server
@@ -159,6 +160,15 @@ def kube() -> ControlPlane:
     from tests.kube import session_cluster
 
     return session_cluster()
+
+
+@pytest.fixture(scope="session")
+def built_image() -> image.Built:
+    """The one image, built by `make image` or here (once per inputs; see
+    tests.support.built_image): what the image tests run and a real kubelet pulls."""
+    from tests.support import built_image
+
+    return built_image()
 
 
 @pytest.fixture

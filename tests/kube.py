@@ -44,7 +44,8 @@ from tests.support import REPO
 T = TypeVar("T")
 DIR_ENV, OWNER_ENV = "JOBFENCE_TEST_CLUSTER_DIR", "JOBFENCE_TEST_CLUSTER_OWNER"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "node-agent", "crds")
-IMAGE = "jobfence:0.1.0"
+IMAGE = "localhost/jobfence:0.1.0"
+"""The image the manifests name (`make image` builds it under this name)."""
 Obj = dict[str, Any]
 
 

@@ -9,15 +9,17 @@ import subprocess
 import sys
 
 import psycopg
+import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from devtools import REPO
+from devtools import REPO, image
 from devtools.pgbouncer import PgBouncer
 from devtools.roles import BOOTSTRAP, as_login, ensure_logins, login_name
 from jobfence.store.roles import ROLE_OF_COMMAND, role_names
 from tests.pg import with_db
 
-__all__ = ["JOBFENCE", "REPO", "Dsn", "cli_env", "role_dsn", "run_cli", "through"]
+__all__ = ["JOBFENCE", "REPO", "Dsn", "built_image", "cli_env", "role_dsn", "run_cli",
+           "through"]
 
 JOBFENCE = [sys.executable, "-m", "jobfence.functions.cli"]
 
@@ -90,3 +92,14 @@ def run_cli(dsn: str, *args: str, input: str | None = None, timeout: float = 60,
     return subprocess.run([*JOBFENCE, *args], env=cli_env(dsn, args[0] if args else None, **env),
                           cwd=REPO, input=input, capture_output=True, text=True,
                           timeout=timeout, check=False)
+
+
+def built_image(name: str = image.DEFAULT_IMAGE) -> image.Built:
+    """The one image, as `make image` builds it: built once (minutes the first time: the
+    local base, the wheels, the build), then found by the hash of its inputs by every later
+    session and test process (the build is locked). A machine with no builder fails the
+    test with the line that says what to install."""
+    try:
+        return image.build(name, quiet=True)
+    except image.ImageError as exc:
+        pytest.fail(f"make image: {exc}", pytrace=False)

@@ -109,7 +109,8 @@ def render_with(*components: str, **settings: Any) -> list[Obj]:
     with tempfile.TemporaryDirectory(dir=REPO / "build", prefix="render-") as tmp:
         settings.setdefault("runbook_url", RUNBOOK_URL)
         settings.setdefault("namespace", "jobfence")
-        overlay(image="jobfence:0.1.0", components=components, where=Path(tmp), **settings)
+        overlay(image="localhost/jobfence:0.1.0", components=components, where=Path(tmp),
+                **settings)
         return render(Path(tmp))
 
 

@@ -56,7 +56,7 @@ def stages(text: str) -> list[Stage]:
     for keyword, rest in instructions(text):
         if keyword == "ARG" and not found:
             name, _, default = rest.partition("=")
-            args[name] = default
+            args[name] = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], default)
         elif keyword == "FROM":
             words = rest.split()
             base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], words[0])
