@@ -166,6 +166,9 @@ class JobLife(RuleBasedStateMachine):
 
     url: str
     """The test's own database (fresh from the template); emptied before each sequence."""
+    found: list[str]
+    """Every violation raised in the run, shrunk or not (a run's own record of what it
+    found, whatever hypothesis makes of it when it replays the failing sequence)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -198,7 +201,9 @@ class JobLife(RuleBasedStateMachine):
         return self.keys.get(job_id, str(job_id))
 
     def _fail(self, what: str, **detail: Any) -> None:
-        raise violation(what)(f"{what}: " + ", ".join(f"{k}={v!r}" for k, v in detail.items()))
+        message = f"{what}: " + ", ".join(f"{k}={v!r}" for k, v in detail.items())
+        self.found.append(message)
+        raise violation(what)(message)
 
     def _sql(self, sql: str, *args: Any) -> list[dict[str, Any]]:
         return _sql_of(self.conn, sql, *args)
@@ -245,7 +250,7 @@ class JobLife(RuleBasedStateMachine):
         key = self._key("j")
         job = NewJob(job_id=uuid7(), actions=[{"name": "sleep", "params": {"seconds": 0}}
                                               for _ in outputs],
-                     max_attempts=max_attempts, resource=resource, priority=-self.count,
+                     max_attempts=max_attempts, resource=resource, priority=-10 * self.count,
                      after=tuple(self.ids[a] for a in after), queue=queue,
                      delay_seconds=delay * TICK or None,
                      expires_in_seconds=None if expires is None else (delay + expires) * TICK)
@@ -279,7 +284,7 @@ class JobLife(RuleBasedStateMachine):
         parent = NewJob(job_id=uuid7(), actions=[{"name": "sleep", "params": {"seconds": 0}}
                                                  for _ in outputs],
                         max_attempts=max_attempts, is_parent=True, queue=queue,
-                        priority=-self.count,
+                        priority=-10 * self.count,
                         inputs={"url": url, "per_datum": 1})
         [made] = self.store.jobs.enqueue([parent], children=child_batches(
             url, 1, self.objects, batch_size=2))
@@ -287,6 +292,12 @@ class JobLife(RuleBasedStateMachine):
             parent_id=made.job_id, after=UUID(int=0), limit=children)]
         if len(kids) != children:
             self._fail("a parent's children were not all made", made=len(kids))
+        # Every job of a sequence has a priority of its own, so that which ready job a
+        # claim takes is the same in every run of the sequence (hypothesis replays it).
+        # Children inherit their parent's: theirs are set apart here, as specs could.
+        for i, kid in enumerate(kids):
+            self.conn.execute("UPDATE jobs SET priority = %s WHERE job_id = %s",
+                              (-10 * self.count - 1 - i, kid))
         names = [f"{key}.{i}" for i in range(children)]
         self.ids[key], self.keys[made.job_id] = made.job_id, key
         for n, k in zip(names, kids, strict=True):
@@ -676,15 +687,15 @@ KEPT = ("jobfence_control", "jobfence_schema_migrations")
 
 
 def empty(conn: Any) -> None:
-    """The installation as a new one: no job, no queue setting, no history, no run."""
+    """The installation as a new one: no job, no queue setting, no history, no run. A
+    TRUNCATE, not a DELETE: each sequence starts from empty heaps, so that rows the store
+    cannot tell apart (a parent's children, same priority, same time) lie in the same order
+    in every run of the sequence, and hypothesis replays it exactly."""
     tables = [r["table_name"] for r in _sql_of(conn, """
         SELECT table_name::text FROM information_schema.tables
         WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'""")
         if r["table_name"] not in KEPT]
-    with conn.transaction():
-        conn.execute("SET LOCAL session_replication_role = replica")  # no trigger, no FK
-        for t in tables:
-            conn.execute(f'DELETE FROM "{t}"')
+    conn.execute("TRUNCATE " + ", ".join(f'"{t}"' for t in tables))
 
 
 _SHIFT: dict[str, str] = {}
