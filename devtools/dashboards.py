@@ -92,6 +92,12 @@ def overview() -> dict[str, Any]:
                  "{{outcome}}")], unit="ops",
                 description="retried: given back after a failure; interrupted: SIGTERM; "
                             "lost: the fence was taken (lease expired, pod gone)."),
+            panel("Actions stopped per second, by queue and why", [
+                (f"sum by (queue, why) (rate(jobfence_job_stops_total{{{q}}}[{RATE}]))",
+                 "{{queue}} {{why}}")], unit="ops",
+                description="inactive: no output or progress for the action's inactivity "
+                            "timeout (a command that hangs quietly); timed_out: past the "
+                            "job's timeout. Each is also an attempt retried or failed."),
             panel("Wait time (ready → claimed), p50 / p95 / p99",
                   quantiles("jobfence_job_wait_seconds", q), unit="s"),
             panel("Run time (claimed → terminal), p50 / p95 / p99",

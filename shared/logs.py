@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import structlog
@@ -43,7 +44,7 @@ def configure(fmt: str = "json", level: str = "info", **context: Any) -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            *([_for_a_terminal] if console else []),
+            *((_for_a_terminal,) if console else ()),
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),
@@ -55,7 +56,8 @@ def configure(fmt: str = "json", level: str = "info", **context: Any) -> None:
         structlog.contextvars.bind_contextvars(**context)
 
 
-def _for_a_terminal(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
+def _for_a_terminal(_logger: Any, _method: str,
+                    event: MutableMapping[str, Any]) -> Mapping[str, Any]:
     """The console format is read on a terminal, and a line may carry a job's bytes (its
     output, line by line; an error quoting its stderr): every text shown harmless
     (``jobfence.terminal``), as ``status`` shows it. JSON escapes them by itself."""

@@ -244,6 +244,10 @@ class StoreCollector:
             "jobfence_job_attempts", "Attempts that ended, by queue and outcome: succeeded, "
             "failed, cancelled, retried, interrupted (SIGTERM) or lost (fence taken).",
             labels=["queue", "outcome"])
+        stops = CounterMetricFamily(
+            "jobfence_job_stops", "Actions a worker stopped, by queue and why: inactive (no "
+            "output or progress for its inactivity timeout) or timed_out (past the job's "
+            "timeout).", labels=["queue", "why"])
         names = {h[0] for h in JOB_HISTOGRAMS}
         counts: dict[tuple[str, str, str], dict[float, float]] = {}
         sums: dict[tuple[str, str, str], float] = {}
@@ -252,11 +256,13 @@ class StoreCollector:
                 finished.add_metric([t.queue, t.label], t.value)
             elif t.name == "attempts":
                 attempts.add_metric([t.queue, t.label], t.value)
+            elif t.name == "stops":
+                stops.add_metric([t.queue, t.label], t.value)
             elif t.name in names:
                 counts.setdefault((t.name, t.queue, t.label), {})[t.le] = t.value
             elif t.name.endswith("_sum") and t.name[:-4] in names:
                 sums[(t.name[:-4], t.queue, t.label)] = t.value
-        yield from (finished, attempts)
+        yield from (finished, attempts, stops)
         for name, metric, kind, label, help_text in JOB_HISTOGRAMS:
             family = HistogramMetricFamily(metric, help_text,
                                            labels=["queue", *([label] if label else [])])

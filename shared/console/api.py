@@ -34,13 +34,7 @@ from jobfence import db, logs
 from jobfence.cluster import PERIODIC_FUNCTIONS, Cluster
 from jobfence.console import more_routes, params
 from jobfence.console.auth import Authenticator, Caller, check_write
-from jobfence.console.bounds import (
-    ANSWER_BYTES,
-    LISTED_JOB_BYTES,
-    fit_events,
-    fit_job,
-    size,
-)
+from jobfence.console.bounds import LISTED_JOB_BYTES, fit_job, page
 from jobfence.console.openapi import document
 from jobfence.errors import (
     ClusterError,
@@ -48,7 +42,6 @@ from jobfence.errors import (
     Forbidden,
     InvalidSpec,
     JobfenceError,
-    JobNotFound,
     NotFound,
     RateLimited,
     TooLarge,
@@ -60,15 +53,13 @@ from jobfence.settings import Settings
 from jobfence.spec import parse_specs
 from jobfence.store import ACTIVE, TERMINAL, Store
 from jobfence.submit import cancelled_object, enqueued_object, submit
-from jobfence.views import attempts_of, empty_queue_view, job_views, queue_view
+from jobfence.views import empty_queue_view, job_views, queue_view
 from jobfence.wire import to_jsonable
 
 PAGE_MAX = 500
 """The most jobs one page holds; page on with ``after`` (the ``next`` link)."""
 VIEWS_AT_ONCE = 20
 """Jobs of a page whose results are read at once (a page stops at its byte bound)."""
-EVENTS_BYTES = ANSWER_BYTES // 4
-"""What a job's audit trail may take of its answer (the newest events)."""
 
 JOBS_QUERY = {
     "status": params.Param(params.one_of("status", (*ACTIVE, *TERMINAL))),
@@ -215,20 +206,10 @@ class Server:
         rows = store.jobs.page(
             status=q["status"], resource=q["resource"], parent_id=q["parent"],
             queue=q["queue"], labels=q["label"], limit=limit, after=q["after"])
-        jobs: list[dict[str, Any]] = []
-        used = 1024  # the answer's own fields and the next link
-        full = False
-        for start in range(0, len(rows), VIEWS_AT_ONCE):
-            for whole in job_views(store, rows[start:start + VIEWS_AT_ONCE]):
-                view = fit_job(whole, LISTED_JOB_BYTES)
-                cost = size(view) + 1
-                if jobs and used + cost > ANSWER_BYTES:
-                    full = True
-                    break
-                jobs.append(view)
-                used += cost
-            if full:
-                break
+        chunks = (job_views(store, rows[i:i + VIEWS_AT_ONCE])
+                  for i in range(0, len(rows), VIEWS_AT_ONCE))
+        jobs, full = page((v for chunk in chunks for v in chunk),
+                          lambda v: fit_job(v, LISTED_JOB_BYTES))
         headers: dict[str, str] = {}
         following = None
         if jobs and (full or len(rows) == limit):
@@ -236,22 +217,6 @@ class Server:
             following = f"/api/v1/jobs?{urlencode({**query, 'after': str(jobs[-1]['job_id'])})}"
             headers["link"] = f'<{following}>; rel="next"'
         return Answer({"jobs": jobs, "next": following}, headers=headers)
-
-    def get_job(self, store: Store, call: Call) -> Answer:
-        """One job within ANSWER_BYTES: its newest events within EVENTS_BYTES
-        (``events_omitted`` the older ones), its actions whole while they fit (the rest at
-        ``actions_next``)."""
-        job_id = call.path["job_id"]
-        row = store.jobs.get(job_id)
-        if row is None:
-            raise JobNotFound(job_id)
-        view = job_views(store, [row])[0]
-        events = store.jobs.events(job_id)
-        view["attempts"] = [] if row.is_parent else attempts_of(events)  # children run it
-        view["events"], omitted = fit_events(events, EVENTS_BYTES)
-        if omitted:
-            view["events_omitted"] = omitted
-        return Answer(fit_job(view, ANSWER_BYTES))
 
     def submit_jobs(self, store: Store, call: Call) -> Answer:
         jobs = submit(self.settings, store, parse_specs(call.body), traceparent=call.traceparent)
@@ -390,7 +355,7 @@ class Server:
             self.route(f"{v1}/me", self.me),
             self.route(f"{v1}/jobs", self.list_jobs, query=JOBS_QUERY),
             self.route(f"{v1}/jobs", self.submit_jobs, method="POST", operate=True),
-            self.route(f"{v1}/jobs/{{job_id}}", self.get_job),
+            self.route(f"{v1}/jobs/{{job_id}}", more_routes.get_job),
             self.route(f"{v1}/jobs/{{job_id}}/cancel", self.cancel_job, method="POST",
                        operate=True),
             self.route(f"{v1}/jobs/{{job_id}}/retry", self.retry_job, method="POST",

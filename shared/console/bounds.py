@@ -14,6 +14,7 @@ lists each bound.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from jobfence.wire import to_jsonable
@@ -92,3 +93,21 @@ def fit_schedule(view: dict[str, Any], budget: int) -> dict[str, Any]:
     spec = dict(view["spec"])
     spec["actions"] = [{"name": a.get("name"), "cut": True} for a in spec.get("actions", [])]
     return {**view, "spec": spec, "spec_cut": True}
+
+
+def page(items: Iterable[dict[str, Any]], fit: Callable[[dict[str, Any]], dict[str, Any]],
+         budget: int = ANSWER_BYTES) -> tuple[list[dict[str, Any]], bool]:
+    """``items`` each fitted (``fit``), taken in order while the answer stays within
+    ``budget`` (1 KiB of it kept for the answer's own fields and its link; the first item
+    always taken); and whether it stopped before the end. ``items`` is read lazily: what
+    is not answered is never built."""
+    out: list[dict[str, Any]] = []
+    used = 1024
+    for item in items:
+        fitted = fit(item)
+        cost = size(fitted) + 1
+        if out and used + cost > budget:
+            return out, True
+        out.append(fitted)
+        used += cost
+    return out, False

@@ -18,7 +18,10 @@ from jobfence.console.bounds import (
     ANSWER_BYTES,
     LISTED_SCHEDULE_BYTES,
     LOG_ANSWER_BYTES,
+    fit_events,
+    fit_job,
     fit_schedule,
+    page,
     size,
     slim,
 )
@@ -150,17 +153,8 @@ def list_schedules(store: Store, call: Call) -> Answer:
 
     limit = call.params["limit"]
     rows = store.schedules.page(after=call.params["after"], limit=limit)
-    shown: list[dict[str, Any]] = []
-    used = 1024  # the answer's own fields and the next link
-    full = False
-    for r in rows:
-        view = fit_schedule(schedule_view(r), LISTED_SCHEDULE_BYTES)
-        cost = size(view) + 1
-        if shown and used + cost > ANSWER_BYTES:
-            full = True
-            break
-        shown.append(view)
-        used += cost
+    shown, full = page((schedule_view(r) for r in rows),
+                       lambda v: fit_schedule(v, LISTED_SCHEDULE_BYTES))
     following = None
     if shown and (full or len(rows) == limit):
         following = f"{V1}/schedules?{urlencode({'limit': limit, 'after': shown[-1]['name']})}"
@@ -175,6 +169,30 @@ def get_schedule(store: Store, call: Call) -> Answer:
     out = schedule_view(store.schedules.get(name))
     out["ticks"] = [t._asdict() for t in store.schedules.ticks(name)]
     return Answer(fit_schedule(out, ANSWER_BYTES))
+
+
+EVENTS_BYTES = ANSWER_BYTES // 4
+"""What a job's audit trail may take of its answer (the newest events)."""
+
+
+def get_job(store: Store, call: Call) -> Answer:
+    """One job within ANSWER_BYTES: its newest events within EVENTS_BYTES
+    (``events_omitted`` the older ones), its actions whole while they fit (the rest at
+    ``actions_next``)."""
+    from jobfence.console.api import Answer
+    from jobfence.views import attempts_of, job_views
+
+    job_id = call.path["job_id"]
+    row = store.jobs.get(job_id)
+    if row is None:
+        raise JobNotFound(job_id)
+    view = job_views(store, [row])[0]
+    events = store.jobs.events(job_id)
+    view["attempts"] = [] if row.is_parent else attempts_of(events)  # children run it
+    view["events"], omitted = fit_events(events, EVENTS_BYTES)
+    if omitted:
+        view["events_omitted"] = omitted
+    return Answer(fit_job(view, ANSWER_BYTES))
 
 
 def job_actions(store: Store, call: Call) -> Answer:

@@ -213,6 +213,10 @@ def test_the_inactivity_timeout_stops_a_silent_command_and_leaves_a_chatty_one(
             JOBFENCE_RETRY_BASE_SECONDS="60")
     row = job(dsn, again)
     assert (row["status"], row["attempt_count"]) == ("pending", 1)
+    # Each stop counted, by queue and why, once a pass has folded the metrics.
+    assert run_cli(dsn, "sweeper").returncode == 0
+    exported = run_cli(dsn, "metrics").stdout
+    assert 'jobfence_job_stops_total{queue="default",why="inactive"} 2.0' in exported
     assert row["error"] == "inactive: no output or progress for PT1S"
 
 

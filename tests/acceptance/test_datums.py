@@ -295,3 +295,40 @@ def test_a_resumed_jobs_earlier_outputs_survive_orphan_cleanup(
     left = {f"s3://{bucket}/{o.key}" for o in store.iter_objects(bucket, "jobfence/")}
     assert set(listed) <= left
     assert store.get_bytes(*parse_s3_url(listed[0])) == b"DATUM 0\n"
+
+
+def test_an_http_submission_with_s3_inputs_splits_runs_and_finalizes(
+        dsn: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    """POST /api/v1/jobs with `inputs`, as an application submits over HTTP: the answer is
+    the parent with its children counted (as `enqueue` prints it), a bad inputs URL is a
+    400 with nothing written, and the datums run and the parent is finalized with its
+    manifest, as for the CLI."""
+    from tests.acceptance.serving import serve
+
+    url = put_inputs(s3_env, 5, prefix="http-in/")
+    spec = {"actions": [{"name": "command", "params": {"argv": ["sh", "-c", UPPER]}}],
+            "inputs": {"url": url, "per_datum": 2}}
+    with serve(dsn, JOBFENCE_AUTH="none", TMPDIR=str(tmp_path), **s3_env) as server:
+        bad = server.post("/api/v1/jobs", {**spec, "inputs": "http://elsewhere/x"})
+        assert bad.status == 400 and "s3://" in bad.body["error"], bad.body
+        assert server.get("/api/v1/jobs").body["jobs"] == []
+        r = server.post("/api/v1/jobs", spec)
+        assert r.status == 202, r.body
+        assert (r.body["status"], r.body["children"]) == ("running", 3)  # 5 inputs, 2 a child
+        parent = str(r.body["job_id"])
+        assert r.headers["location"] == f"/api/v1/jobs/{parent}"
+        children = server.get(f"/api/v1/jobs?parent={parent}").body["jobs"]
+        assert len(children) == 3 and {c["status"] for c in children} == {"pending"}
+    ran = run_cli(dsn, "worker", "--max-jobs", "3", **{**FAST, **s3_env})
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert run_cli(dsn, "export-finalize", **s3_env).returncode == 0
+    done = job(dsn, parent)
+    assert done["status"] == "succeeded", done
+    m = manifest(s3_env, done["manifest"])
+    assert m["children"] == {"total": 3, "succeeded": 3}
+    items = m["items"]
+    assert isinstance(items, list)
+    assert sorted(len(item["inputs"]) for item in items) == [1, 2, 2]
+    outputs = [o for item in items for o in item["outputs"]]
+    got = sorted(s3(s3_env).get_bytes(*parse_s3_url(o)).decode() for o in outputs)
+    assert got == [f"DATUM {i}\n" for i in range(5)]

@@ -250,6 +250,10 @@ def test_metrics_exports_exactly_the_names_alerts_and_dashboards_may_use(
         dsn: str, s3_env: dict[str, str]) -> None:
     enqueue(dsn, 'command:{"argv": ["true"]}')
     assert run_cli(dsn, "worker").returncode == 0
+    # An action stopped for going quiet (jobfence_job_stops_total).
+    enqueue(dsn, 'command:{"argv": ["sleep", "30"]}', "--inactivity-timeout", "PT1S",
+            "--max-attempts", "1")
+    assert run_cli(dsn, "worker").returncode == 1
     # An action whose result reports its usage (a plugin's, as a command's may).
     plugin = {"PYTHONPATH": str(REPO / "tests" / "fixtures" / "plugin")}
     enqueue(dsn, 'report:{"result": {"usage": {"cpu_seconds": 0.2, '

@@ -165,3 +165,29 @@ def test_concurrent_folds_count_every_delta_once(store: Store, conn: Any, dsn: s
     assert sum(folds) > 0
     assert folded(store)["finished"] == Counter({("default", "succeeded"): 40})
     assert folded(store)["wait"] == Counter({("default", ""): 40})
+
+
+def test_actions_stopped_for_inactivity_or_timeout_are_counted_and_exported(
+        store: Store) -> None:
+    """A worker gives a job back with the reason ``inactive`` (an action quiet past its
+    inactivity timeout) or ``timed out``: counted by queue and why, whether the job is
+    retried or failed; a cancel that happens to say "inactive" is not a stop."""
+    quiet = enqueue_one(store, max_attempts=2)
+    for _ in range(2):  # retried, then failed: two stops
+        c = claim(store, "default")
+        store.attempts.release(job_id=quiet, attempt_id=c.attempt_id, reason="inactive",
+                               retry=IMMEDIATE, error="inactive: no output or progress")
+    slow = enqueue_one(store, queue="datums", max_attempts=1)
+    c = claim(store, "datums")
+    store.attempts.release(job_id=slow, attempt_id=c.attempt_id, reason="timed out",
+                           retry=IMMEDIATE, error="timed out")
+    said = enqueue_one(store)
+    claim(store, "default")
+    store.jobs.cancel(job_id=said, reason="inactive")
+    store.job_metrics.fold()
+    stops = {(t.queue, t.label): t.value for t in store.job_metrics.totals()
+             if t.name == "stops"}
+    assert stops == {("default", "inactive"): 2, ("datums", "timed_out"): 1}
+    text = metrics.exposition(store)
+    assert 'jobfence_job_stops_total{queue="default",why="inactive"} 2.0' in text
+    assert 'jobfence_job_stops_total{queue="datums",why="timed_out"} 1.0' in text

@@ -44,6 +44,7 @@ METRICS = {
     "jobfence_metrics_collected_timestamp_seconds",
     "jobfence_jobs_finished_total",
     "jobfence_job_attempts_total",
+    "jobfence_job_stops_total",
     "jobfence_job_wait_seconds_bucket",
     "jobfence_job_wait_seconds_count",
     "jobfence_job_wait_seconds_sum",
