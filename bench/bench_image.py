@@ -10,8 +10,8 @@
   build): what a ``make image`` after an edit pays;
 * **up to date**: the same inputs again: the hash of the inputs finds the image.
 
-The builds go to a tag of their own (``localhost/jobfence:bench``), the wheels to a cache of
-their own, so the images and caches of ``make image`` are left as they were.
+The builds go to a name of their own (``localhost/jobfence:bench``, untagged at the end), the
+wheels to a cache of their own, so what ``make image`` built stays.
 """
 
 from __future__ import annotations
@@ -81,6 +81,10 @@ def run(bench: Bench) -> Section:
             s.rows.append(["up to date (same inputs: nothing built)",
                            f"{time.monotonic() - started:.1f} s", "", ""])
         finally:
+            # The builds stay under their cache tag (make image finds the last one); the
+            # bench's own name goes.
+            if image.image_labels(builder, TAG) is not None:
+                image.buildah(builder, "rmi", TAG, what=f"untagging {TAG}")
             if saved is None:
                 os.environ.pop("JOBFENCE_IMAGE_CACHE", None)
             else:

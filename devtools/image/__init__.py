@@ -17,8 +17,9 @@ images a local cluster's node imports.
   ``localhost/jobfence-build:HASH`` that sets ``PIP_NO_INDEX``/``PIP_FIND_LINKS``, passed as
   the Dockerfile's ``BUILD_IMAGE``: its ``pip wheel`` then needs no network, and on the local
   base (tini already there) no builder step has any (``--network none``).
-* **cache**: the image carries the hash of its inputs (Dockerfile, the files its build copies,
-  the bases) as a label; a build with the same inputs finds it and builds nothing.
+* **cache**: every build is also tagged ``localhost/jobfence-cache:<hash of its inputs>``
+  (Dockerfile, the files its build copies, the bases); a build with the same inputs finds it,
+  names it again and builds nothing, whatever another checkout on the machine built since.
 * **archives** (``make image-archive``): the image and a pause image (Debian's
   ``catatonit -P`` in a scratch image as uid 65535, named as the pause image Kubernetes 1.35
   installs by default) as ``docker-archive`` files under ``build/image``, for
@@ -38,7 +39,9 @@ module the image, the pause image, the archives and the command line.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -125,24 +128,37 @@ def choose_base(builder: Builder, python_image: str | None) -> str:
     return ensure_base(builder)
 
 
+CACHE_REPO = "localhost/jobfence-cache"
+"""Every build is also tagged ``CACHE_REPO:<inputs' hash>``: the image store is the
+machine's, shared by every checkout on it, and a name such as ``localhost/jobfence:0.1.0``
+moves to whichever checkout built last. Found by its inputs, an image is only tagged again,
+never rebuilt."""
+KEEP_CACHED = 4
+"""How many cache tags stay (the newest): each holds a layer of jobfence (~135 MB)."""
+
+
 def build(image: str = DEFAULT_IMAGE, *, python_image: str | None = None,
           force: bool = False, quiet: bool = False) -> Built:
-    """Build the Dockerfile as ``image`` unless an image of the same inputs is there."""
+    """Build the Dockerfile as ``image`` unless an image of the same inputs is there (then
+    ``image`` names it again)."""
     builder = find_builder()
     started = time.monotonic()
     if builder.kind == "docker":
         # The daemon pulls the base itself: its name stands for it in the inputs.
         inputs = inputs_hash(python_image or "python:3.11-slim")
-        labels = image_labels(builder, image)
-        if not force and labels is not None and labels.get(INPUTS_LABEL) == inputs:
-            return describe(builder, image)
-        argv = [builder.program, "build", "--tag", image, "--label", f"{INPUTS_LABEL}={inputs}"]
-        if python_image:
-            argv += ["--build-arg", f"PYTHON_IMAGE={python_image}"]
-        if quiet:
-            argv.append("--quiet")
-        run([*argv, REPO], what="docker build", capture=quiet, timeout=3600)
-        return describe(builder, image, built=True, seconds=time.monotonic() - started)
+        with locked("build"):
+            found = _cached(builder, image, inputs, force)
+            if found is not None:
+                return found
+            argv = [builder.program, "build", "--tag", image, "--tag",
+                    f"{CACHE_REPO}:{inputs}", "--label", f"{INPUTS_LABEL}={inputs}"]
+            if python_image:
+                argv += ["--build-arg", f"PYTHON_IMAGE={python_image}"]
+            if quiet:
+                argv.append("--quiet")
+            run([*argv, REPO], what="docker build", capture=quiet, timeout=3600)
+            _prune(builder)
+        return _built(builder, image, inputs, time.monotonic() - started)
     base = choose_base(builder, python_image)
     wheelhouse = ensure_wheelhouse()
     build_base = ensure_build_base(builder, base, wheelhouse)
@@ -150,9 +166,9 @@ def build(image: str = DEFAULT_IMAGE, *, python_image: str | None = None,
     # digest, and the same build base made again (another id) changes nothing.
     inputs = inputs_hash(image_id(builder, base), build_base)
     with locked("build"):
-        labels = image_labels(builder, image)
-        if not force and labels is not None and labels.get(INPUTS_LABEL) == inputs:
-            return describe(builder, image)
+        found = _cached(builder, image, inputs, force)
+        if found is not None:
+            return found
         # The local base brings tini, and the wheels are in the build base: no step needs a
         # network. Another base may need apt for tini, through this machine's network (not
         # a bridge buildah would make on the host).
@@ -161,12 +177,52 @@ def build(image: str = DEFAULT_IMAGE, *, python_image: str | None = None,
         bud = ["bud", "--runtime", builder.runtime, "--network", network, "--pull=never",
                "--layers=false", "--label", f"{INPUTS_LABEL}={inputs}",
                "--build-arg", f"PYTHON_IMAGE={base}", "--build-arg", f"BUILD_IMAGE={build_base}",
-               "--tag", image, "--file", str(REPO / "Dockerfile")]
+               "--tag", image, "--tag", f"{CACHE_REPO}:{inputs}",
+               "--file", str(REPO / "Dockerfile")]
         if quiet:
             bud.append("--quiet")
         buildah(builder, *bud, REPO, what="buildah bud", capture=quiet, timeout=3600)
-    return describe(builder, image, built=True, seconds=time.monotonic() - started)
+        _prune(builder)
+    return _built(builder, image, inputs, time.monotonic() - started)
 
+
+def _cached(builder: Builder, image: str, inputs: str, force: bool) -> Built | None:
+    """The image of these inputs, named ``image`` again, if it is there."""
+    cached = f"{CACHE_REPO}:{inputs}"
+    if force or image_labels(builder, cached) is None:
+        return None
+    if image_labels(builder, image) is None or image_id(builder, image) != \
+            image_id(builder, cached):
+        run([builder.program, "tag", cached, image], what=f"tagging {cached} as {image}")
+    return _named(describe(builder, cached), image)
+
+
+def _built(builder: Builder, image: str, inputs: str, seconds: float) -> Built:
+    return _named(describe(builder, f"{CACHE_REPO}:{inputs}", built=True, seconds=seconds),
+                  image)
+
+
+def _named(built: Built, image: str) -> Built:
+    """``built`` (described by its cache tag: another checkout may take the name meanwhile)
+    under the name asked for."""
+    return dataclasses.replace(built, name=image)
+
+
+def _prune(builder: Builder) -> None:
+    """Untag all but the newest ``KEEP_CACHED`` cache tags (an image another name still
+    holds stays)."""
+    if builder.kind == "docker":
+        rows = run([builder.program, "image", "ls", "--format", "{{.CreatedAt}}\t{{.Tag}}",
+                    CACHE_REPO], what="docker image ls").splitlines()
+        tags = [row.split("\t")[1] for row in sorted(rows, reverse=True)]
+    else:
+        images = json.loads(buildah(builder, "images", "--json", what="buildah images") or "[]")
+        named = sorted(((i.get("created", 0), n) for i in images for n in i.get("names") or []
+                        if n.startswith(f"{CACHE_REPO}:")), reverse=True)
+        tags = [n.split(":", 1)[1] for _, n in named]
+    for tag in tags[KEEP_CACHED:]:
+        with contextlib.suppress(ImageError):
+            run([builder.program, "rmi", f"{CACHE_REPO}:{tag}"], what="untagging an old build")
 
 
 # -- the pause image and the archives ------------------------------------------------------------

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from devtools import image
-from jobfence.functions.cli import COMMANDS
+from jobfence.commands import COMMANDS
 from tests.support import REPO
 
 # A first build makes the local base (minutes on two busy cores) before the image.
