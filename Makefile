@@ -84,8 +84,12 @@ keda: ## build the KEDA operator (once; cached)
 kubectl: ## build only kubectl (what make deploy and make render use)
 	@$(PYTHON) -m devtools.controlplane build kubectl
 
-cluster-up: $(STAMP) controlplane keda system-cluster ## start a local control plane, the KEDA operator, a node (CLUSTER_NODE=kubelet: kubelet and containerd) and a PostgreSQL (build/cluster)
-	@$(PY) -m devtools.cluster up --dir '$(CLUSTER_DIR)'
+# With a real node, the image (IMAGE) and the pause image are imported into its containerd.
+NODE_IMAGES := $(if $(filter kubelet,$(CLUSTER_NODE)),image-archive)
+NODE_IMAGE_ARGS := $(if $(NODE_IMAGES),--image-archive build/image/jobfence.tar --image-archive build/image/pause.tar)
+
+cluster-up: $(STAMP) controlplane keda system-cluster $(NODE_IMAGES) ## start a local control plane, the KEDA operator, a node (CLUSTER_NODE=kubelet: kubelet and containerd running IMAGE) and a PostgreSQL (build/cluster)
+	@$(PY) -m devtools.cluster up --dir '$(CLUSTER_DIR)' $(NODE_IMAGE_ARGS)
 
 cluster-shell: ## a shell inside the local cluster's network namespace (kubectl, jobfence and psql reach it)
 	@nsenter --net=/var/run/netns/$(CLUSTER_NETNS) -- $${SHELL:-bash}

@@ -233,6 +233,8 @@ class Plane:
                 find_bindir()
             except EmbeddedPostgresError as exc:
                 raise ClusterError(str(exc)) from exc
+        if self.real_node and "crds" in self.components:
+            crds.prefetch()  # no download is possible from inside the namespace
         if not self.real_node:  # a real node's ports are in its own namespace
             self.check_ports()
         return binaries
