@@ -36,6 +36,11 @@ OVERLAY ?= build/deploy
 CLUSTER_DIR ?= build/cluster
 # The local cluster's ports on 127.0.0.1 (make cluster-up CLUSTER_API_PORT=...).
 export CLUSTER_API_PORT CLUSTER_ETCD_PORT CLUSTER_ETCD_PEER_PORT CLUSTER_PG_PORT
+# The local cluster's node: kubelet (containerd and a kubelet, in network namespace
+# CLUSTER_NETNS) or agent (the node agent stand-in).
+CLUSTER_NODE ?= agent
+CLUSTER_NETNS ?= jobfence
+export CLUSTER_NODE CLUSTER_NETNS
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -51,7 +56,7 @@ venv: $(STAMP) ## create the virtualenv and install jobfence with its test extra
 
 # The system programs each command uses (PostgreSQL, PgBouncer, promtool, the Pushgateway,
 # Chromium): installed from Debian's packages when missing and run as root, else named.
-system-test system-demo system-bench: system-%:
+system-test system-demo system-cluster system-bench: system-%:
 	@devtools/system-packages.sh $*
 
 postgres-check: $(STAMP) system-test ## make sure a PostgreSQL server (and PgBouncer) can be had for the tests
@@ -63,7 +68,7 @@ postgres-check: $(STAMP) system-test ## make sure a PostgreSQL server (and PgBou
 # The control plane from pinned sources (devtools/controlplane/go.mod): built once into
 # ~/.cache/jobfence/controlplane (tens of minutes on two cores the first time), linked into
 # build/bin. Needs Go only when something is missing from the cache.
-controlplane: ## build etcd, kube-apiserver, kube-controller-manager and kubectl (once; cached)
+controlplane: ## build etcd, kube-apiserver, kube-controller-manager, kubectl, kube-scheduler and the kubelet (once; cached)
 	@$(PYTHON) -m devtools.controlplane build
 
 # The OpenTelemetry Collector the traces' tests export to (devtools/otelcol): built once into
@@ -79,8 +84,15 @@ keda: ## build the KEDA operator (once; cached)
 kubectl: ## build only kubectl (what make deploy and make render use)
 	@$(PYTHON) -m devtools.controlplane build kubectl
 
-cluster-up: $(STAMP) controlplane keda system-demo ## start a local control plane, the KEDA operator, a node agent and a PostgreSQL on 127.0.0.1 (build/cluster)
-	@$(PY) -m devtools.cluster up --dir '$(CLUSTER_DIR)'
+# With a real node, the image (IMAGE) and the pause image are imported into its containerd.
+NODE_IMAGES := $(if $(filter kubelet,$(CLUSTER_NODE)),image-archive)
+NODE_IMAGE_ARGS := $(if $(NODE_IMAGES),--image-archive build/image/jobfence.tar --image-archive build/image/pause.tar)
+
+cluster-up: $(STAMP) controlplane keda system-cluster $(NODE_IMAGES) ## start a local control plane, the KEDA operator, a node (CLUSTER_NODE=kubelet: kubelet and containerd running IMAGE) and a PostgreSQL (build/cluster)
+	@$(PY) -m devtools.cluster up --dir '$(CLUSTER_DIR)' $(NODE_IMAGE_ARGS)
+
+cluster-shell: ## a shell inside the local cluster's network namespace (kubectl, jobfence and psql reach it)
+	@nsenter --net=/var/run/netns/$(CLUSTER_NETNS) -- $${SHELL:-bash}
 
 cluster-down: ## stop the local control plane and remove build/cluster (CLUSTER_DIR)
 	@if [ -x $(PY) ]; then $(PY) -m devtools.cluster down --dir '$(CLUSTER_DIR)'; else echo "cluster: nothing to take down"; fi
@@ -171,7 +183,7 @@ schema-snapshot: $(STAMP) ## regenerate tests/integration/expected_schema.txt af
 clean: cluster-down ## stop the local cluster, remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache build *.egg-info
 
-.PHONY: help venv system-test system-demo system-bench postgres-check controlplane otelcol keda kubectl model-check \
+.PHONY: help venv system-test system-demo system-cluster system-bench cluster-shell postgres-check controlplane otelcol keda kubectl model-check \
 	cluster-up cluster-down lint test demo demo-cluster bench chaos pools dashboards verify image overlay \
 	render deploy \
 	schema-snapshot clean

@@ -113,8 +113,13 @@ class EmbeddedPostgres(ThrowawayServer):
     demos, never for data anyone wants to keep."""
 
     def __init__(self, *, durable: bool = False, port: int | None = None,
-                 max_connections: int = 300, settings: dict[str, str] | None = None) -> None:
+                 max_connections: int = 300, settings: dict[str, str] | None = None,
+                 listen: tuple[str, ...] = ("127.0.0.1",), trust: tuple[str, ...] = ()
+                 ) -> None:
+        """``listen``: the addresses it listens on; ``trust``: networks (CIDR) besides
+        loopback whose clients it lets in without a password (a local cluster's pods)."""
         self.bindir = find_bindir()
+        self.listen, self.trust = listen, trust
         self.durable = durable
         self.port = port or free_port()
         self.max_connections = max_connections
@@ -137,7 +142,7 @@ class EmbeddedPostgres(ThrowawayServer):
 
     def _options(self) -> str:
         opts = {
-            "listen_addresses": "127.0.0.1",
+            "listen_addresses": ",".join(self.listen),
             "unix_socket_directories": str(self.root),
             "max_connections": str(self.max_connections),
             **({} if self.durable else {
@@ -153,6 +158,9 @@ class EmbeddedPostgres(ThrowawayServer):
                           "-E", "UTF8", "--locale=C", "-N")
             except subprocess.CalledProcessError as exc:
                 raise EmbeddedPostgresError(f"initdb failed: {exc.stderr.strip()}") from exc
+            if self.trust:
+                with open(self.data / "pg_hba.conf", "a") as hba:
+                    hba.writelines(f"host all all {net} trust\n" for net in self.trust)
         try:
             self._run("pg_ctl", "-D", str(self.data), "-l", str(self.logfile), "-w",
                       "-t", "30", "-o", self._options(), "start")

@@ -4,7 +4,7 @@
 # is missing, otherwise it names each missing program and the package that provides it and
 # exits 2 (nothing is installed behind a user's back).
 #
-#   devtools/system-packages.sh test|demo|bench|image
+#   devtools/system-packages.sh test|demo|cluster|bench|image
 #
 # The PostgreSQL server binaries, PgBouncer, Prometheus (for promtool), the Pushgateway and
 # Chromium with its driver; for the image, a builder without a Docker engine: each row is
@@ -16,19 +16,27 @@ want=${1:-test}
 rows_demo=(
   "/usr/lib/postgresql/*/bin/initdb  postgresql  the throwaway PostgreSQL server"
 )
-rows_test=(
-  "${rows_demo[@]}"
-  "pgbouncer                        pgbouncer              the tests run through PgBouncer in transaction mode"
-  "promtool                         prometheus             the alert rules' unit tests and a real scrape"
-  "prometheus-pushgateway           prometheus-pushgateway the metrics push test"
-  "chromium                         chromium               the console's browser tests"
-  "chromedriver                     chromium-driver        the console's browser tests"
-)
 rows_image=(
   "buildah                          buildah                builds the image where no Docker engine answers"
   "runc                             runc                   the builder's runtime (Debian's crun refuses hybrid cgroups)"
   "debootstrap                      debootstrap            the local Python base where python:3.11-slim cannot be pulled"
   "catatonit                        catatonit              the local cluster's pause image"
+)
+# The local cluster's node runs the image: containerd and runc run its pods, the CNI
+# plugins give them a bridge in the cluster's network namespace.
+rows_cluster=(
+  "${rows_demo[@]}"
+  "${rows_image[@]}"
+  "containerd                       containerd             the local cluster's container runtime"
+  "/usr/lib/cni/bridge              containernetworking-plugins  the pods' network"
+)
+rows_test=(
+  "${rows_cluster[@]}"
+  "pgbouncer                        pgbouncer              the tests run through PgBouncer in transaction mode"
+  "promtool                         prometheus             the alert rules' unit tests and a real scrape"
+  "prometheus-pushgateway           prometheus-pushgateway the metrics push test"
+  "chromium                         chromium               the console's browser tests"
+  "chromedriver                     chromium-driver        the console's browser tests"
 )
 rows_bench=(
   "${rows_test[@]}"
@@ -37,10 +45,11 @@ rows_bench=(
 
 case "$want" in
   demo) rows=("${rows_demo[@]}") ;;
+  cluster) rows=("${rows_cluster[@]}") ;;
   test) rows=("${rows_test[@]}") ;;
   bench) rows=("${rows_bench[@]}") ;;
   image) rows=("${rows_image[@]}") ;;
-  *) echo "usage: $0 demo|test|bench|image" >&2; exit 2 ;;
+  *) echo "usage: $0 demo|cluster|test|bench|image" >&2; exit 2 ;;
 esac
 
 present() {
@@ -80,7 +89,7 @@ apt=(apt-get -o DPkg::Lock::Timeout=600)
   || { "${apt[@]}" update -qq && "${apt[@]}" install -y -qq --no-install-recommends "${packages[@]}" >/dev/null; }
 # Debian starts the services it installs; jobfence's tests and demo start their own.
 if command -v systemctl >/dev/null 2>&1; then
-  for service in prometheus prometheus-pushgateway pgbouncer postgresql; do
+  for service in prometheus prometheus-pushgateway pgbouncer postgresql containerd; do
     systemctl stop "$service" >/dev/null 2>&1 || true
   done
 fi

@@ -3,10 +3,15 @@
 One control plane per test session, whatever the number of test processes: the session's
 first process to need it starts it (``devtools.cluster.plane``, without its own PostgreSQL
 — each test brings its database) under a file lock in ``JOBFENCE_TEST_CLUSTER_DIR``; the
-other processes attach to it. The session's main process set that directory up and takes
-the cluster down at its end (``conftest.py``), and a watchdog process takes it down if that
-process dies first. Each test works in a namespace of its own, labelled for the
-``restricted`` Pod Security Standard.
+other processes attach to it. Its node is the node agent, or with
+``JOBFENCE_TEST_NODE=kubelet`` a real one (containerd and a kubelet running the image,
+``localhost/jobfence:VERSION``, imported from its archive) in a network namespace the
+session makes before any test process starts and runs in (``configure_session``): the
+tests, their PostgreSQL servers and the cluster reach each other on 127.0.0.1, the pods
+reach the servers on the node's bridge (``devtools.cluster.network``). The session's main
+process set that directory up and takes the cluster down at its end (``conftest.py``), and
+a watchdog process takes it down if that process dies first. Each test works in a namespace
+of its own, labelled for the ``restricted`` Pod Security Standard.
 
 Conditions are polled with generous deadlines (the machine is shared), never slept on.
 """
@@ -32,7 +37,8 @@ import psycopg.sql
 import yaml
 
 from devtools import controlplane
-from devtools.cluster import certs
+from devtools.cluster import certs, network
+from devtools.cluster.node import missing_programs
 from devtools.cluster.plane import NODE, Plane, Ports, create_namespace, put_secret
 from devtools.cluster.rest import ApiError, Credentials, Rest
 from devtools.deploy import Kubectl, apply, overlay
@@ -43,7 +49,10 @@ from tests.support import REPO
 
 T = TypeVar("T")
 DIR_ENV, OWNER_ENV = "JOBFENCE_TEST_CLUSTER_DIR", "JOBFENCE_TEST_CLUSTER_OWNER"
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "node-agent", "crds")
+NETNS_ENV = "JOBFENCE_TEST_CLUSTER_NETNS"
+REAL_NODE = os.environ.get("JOBFENCE_TEST_NODE") == "kubelet"
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager",
+              "node" if REAL_NODE else "node-agent", "crds")
 IMAGE = "localhost/jobfence:0.1.0"
 """The image the manifests name (`make image` builds it under this name)."""
 Obj = dict[str, Any]
@@ -71,13 +80,29 @@ def configure_session() -> None:
     if not os.environ.get(DIR_ENV):
         os.environ[DIR_ENV] = tempfile.mkdtemp(prefix="jobfence-test-cluster-")
         os.environ[OWNER_ENV] = str(os.getpid())
+        # The cluster's network namespace, entered now: every test process runs in it.
+        # Without root (or the node's programs) the cluster's tests say why when they start.
+        name = f"jft-{os.getpid()}"
+        if REAL_NODE and os.geteuid() == 0 and not missing_programs() \
+                and not network.exists(name):
+            from devtools.cluster import crds
+
+            with contextlib.suppress(Exception):  # else the cluster's start says why
+                crds.prefetch()  # nothing can be downloaded from inside the namespace
+            network.create(name)
+            network.enter(name)
+            os.environ[NETNS_ENV] = name
 
 
 def end_session() -> None:
     """In the main process, after every test: stop the control plane if one was started."""
     where = os.environ.get(DIR_ENV)
     if where and os.environ.get(OWNER_ENV) == str(os.getpid()):
-        Plane(Path(where), quiet=True, components=COMPONENTS).down(quiet=True)
+        netns = os.environ.get(NETNS_ENV)
+        Plane(Path(where), quiet=True, components=COMPONENTS,
+              netns=netns or "jft-none").down(quiet=True)
+        if netns:
+            network.delete(netns)
         with contextlib.suppress(OSError):
             Path(where).rmdir()
         Path(f"{where}.lock").unlink(missing_ok=True)
@@ -134,6 +159,21 @@ class ControlPlane:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
     def container_log(self, namespace: str, pod: Obj | str, container: str = "jobfence") -> str:
+        """What a container wrote: from the node agent's files, or from the kubelet's
+        (kept until the pod's containers are removed: read them before), in order."""
+        if not REAL_NODE:
+            return self._agent_log(namespace, pod, container)
+        logs = self.plane.node.pod_logs
+        if isinstance(pod, dict):
+            name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+            dirs = [logs / f"{namespace}_{name}_{uid}"]
+        else:
+            dirs = sorted(logs.glob(f"{namespace}_{pod}_*"))
+        return "".join(cri_log_text(f) for d in dirs
+                       for f in sorted((d / container).glob("*.log"),
+                                       key=lambda f: int(f.stem) if f.stem.isdigit() else 0))
+
+    def _agent_log(self, namespace: str, pod: Obj | str, container: str) -> str:
         logs = self.plane.agent_root / "logs"
         if isinstance(pod, dict):
             name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
@@ -158,14 +198,45 @@ def session_cluster() -> ControlPlane:
     with open(f"{root}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         state = Plane(root, components=COMPONENTS).state()
+        netns = os.environ.get(NETNS_ENV) or "jft-none"
         if state is None:
             ports = Ports(api=free_port(), etcd=free_port(), etcd_peer=free_port(), postgres=0)
             owner = int(os.environ.get(OWNER_ENV) or os.getpid())
-            plane = Plane(root, ports, COMPONENTS, owner=owner, quiet=True)
+            plane = Plane(root, ports, COMPONENTS, owner=owner, quiet=True, netns=netns,
+                          images=image_archives() if REAL_NODE else ())
             plane.up()
         else:
-            plane = Plane(root, Ports(**state["ports"]), COMPONENTS, quiet=True)
+            plane = Plane(root, Ports(**state["ports"]), COMPONENTS, quiet=True, netns=netns)
     return ControlPlane(plane, kubectl)
+
+
+def image_archives() -> tuple[Path, ...]:
+    """The image's and the pause image's archives (``make image-archive``; the image is
+    built first if its inputs changed)."""
+    from devtools import image
+
+    written = (image.OUT / "jobfence.tar", image.OUT / "pause.tar")
+    if os.environ.get("JOBFENCE_TEST_IMAGE_ARCHIVES") == "as-written" \
+            and all(p.exists() for p in written):
+        return written  # a run that knows the image is unchanged since `make image-archive`
+    return tuple(image.archive(IMAGE))
+
+
+def cri_log_text(path: Path) -> str:
+    """A kubelet log file's text: each line is ``TIME STREAM P|F TEXT``, ``P`` a part of a
+    line the next one continues."""
+    out = []
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        parts = line.split(" ", 3)
+        if len(parts) < 3:
+            continue
+        text = parts[3] if len(parts) == 4 else ""
+        out.append(text if parts[2] == "P" else text + "\n")
+    return "".join(out)
 
 
 # -- a namespace per test --------------------------------------------------------------------
@@ -293,9 +364,15 @@ def installation_of(dsn: str, schema: str = "jobfence") -> str:
 
 
 def role_urls(dsn: str, schema: str = "jobfence") -> dict[str, str]:
-    """Each role's login URL for the test database (the logins made once per server)."""
+    """Each role's login URL for the test database (the logins made once per server), as
+    the node's pods reach it: on the node's bridge."""
+    from psycopg.conninfo import make_conninfo
+
     ensure_logins(dsn, schema)
-    return {kind: as_login(dsn, login_name(schema, kind)) for kind in KINDS}
+    urls = {kind: as_login(dsn, login_name(schema, kind)) for kind in KINDS}
+    if REAL_NODE:
+        urls = {kind: make_conninfo(url, host=network.GATEWAY) for kind, url in urls.items()}
+    return urls
 
 
 TEST_CONFIG = {

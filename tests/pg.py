@@ -63,8 +63,19 @@ def postgres_server() -> Iterator[tuple[str, Any]]:
         return
     from devtools.embedded_pg import EmbeddedPostgres
 
-    with EmbeddedPostgres() as pg:
+    with EmbeddedPostgres(**pods_reach()) as pg:
         yield pg.dsn, pg
+
+
+def pods_reach() -> dict[str, Any]:
+    """In a test session whose cluster has a real node (its network namespace, which this
+    process runs in), the server listens on the node's bridge too and lets its pods in: the
+    pods of the tests' installations reach each test's database there."""
+    if not os.environ.get("JOBFENCE_TEST_CLUSTER_NETNS"):
+        return {}
+    from devtools.cluster import network
+
+    return {"listen": ("127.0.0.1", network.GATEWAY), "trust": (network.POD_SUBNET,)}
 
 
 class Databases:

@@ -13,7 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from devtools.cluster.plane import DEFAULT_ROOT, Plane, Ports
+from devtools.cluster import network
+from devtools.cluster.plane import COMPONENTS, DEFAULT_ROOT, NETNS, NODE_COMPONENTS, Plane, Ports
 from devtools.cluster.processes import ClusterError
 
 
@@ -37,6 +38,13 @@ def main(argv: list[str]) -> int:
                            default=_port("CLUSTER_ETCD_PEER_PORT", defaults.etcd_peer))
             p.add_argument("--pg-port", type=int,
                            default=_port("CLUSTER_PG_PORT", defaults.postgres))
+            p.add_argument("--node", choices=("kubelet", "agent"),
+                           default=os.environ.get("CLUSTER_NODE") or "agent",
+                           help="a real kubelet with containerd (in network namespace "
+                                "--netns), or the node agent stand-in")
+            p.add_argument("--netns", default=os.environ.get("CLUSTER_NETNS") or NETNS)
+            p.add_argument("--image-archive", type=Path, action="append", default=[],
+                           help="an image archive to import into the node's containerd")
         if name == "watch":
             p.add_argument("--owner", type=int, required=True)
     args = parser.parse_args(argv)
@@ -44,15 +52,23 @@ def main(argv: list[str]) -> int:
     try:
         if args.command == "up":
             Plane(root, Ports(api=args.api_port, etcd=args.etcd_port,
-                              etcd_peer=args.etcd_peer_port, postgres=args.pg_port)).up()
+                              etcd_peer=args.etcd_peer_port, postgres=args.pg_port),
+                  NODE_COMPONENTS if args.node == "kubelet" else COMPONENTS,
+                  netns=args.netns,
+                  images=tuple(a.resolve() for a in args.image_archive)).up()
         elif args.command == "down":
             if not Plane(root).down():
                 print(f"cluster: nothing to take down in {root}")
         elif args.command == "status":
             plane = Plane(root)
-            if plane.state() is None:
+            state = plane.state()
+            if state is None:
                 print(f"cluster: not up ({root})")
                 return 1
+            plane = Plane(root, Ports(**state["ports"]), tuple(state["components"]),
+                          netns=state.get("netns") or NETNS)
+            if state.get("netns") and network.exists(state["netns"]):
+                network.enter(state["netns"])
             up = plane.healthy()
             print(f"cluster: {'up' if up else 'partly up (make cluster-down, then up)'} "
                   f"({root})")

@@ -21,6 +21,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 VALID_FOR = dt.timedelta(days=30)
 SERVICE_IP = "10.0.0.1"
 """The ``kubernetes`` Service's ClusterIP in ``--service-cluster-ip-range=10.0.0.0/24``."""
+NODE_IP = "10.244.0.1"
+"""The node's address in the cluster's network namespace (``devtools.cluster.network``'s
+bridge): the API server and the kubelet are reached there too."""
 
 SERVING_NAMES = ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
                  "kubernetes.default.svc.cluster.local")
@@ -125,15 +128,15 @@ class Authority:
         in-cluster configuration included) and the names of the ``kubernetes`` Service."""
         crt, key = self._issue(
             x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
-            server=True, names=SERVING_NAMES, ips=("127.0.0.1", SERVICE_IP))
+            server=True, names=SERVING_NAMES, ips=("127.0.0.1", SERVICE_IP, NODE_IP))
         return self._save(file, crt, key)
 
     def kubelet_serving(self, node: str) -> tuple[Path, Path]:
-        """A node agent's serving certificate (127.0.0.1, where the API server reaches it
-        for ``kubectl logs``)."""
+        """A node's serving certificate (127.0.0.1 and the node's IP, where the API server
+        reaches it for ``kubectl logs`` and ``exec``)."""
         crt, key = self._issue(
             x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"system:node:{node}")]),
-            server=True, names=(node, "localhost"), ips=("127.0.0.1",))
+            server=True, names=(node, "localhost"), ips=("127.0.0.1", NODE_IP))
         return self._save(f"kubelet-{node}", crt, key)
 
     def serving_for(self, file: str, names: tuple[str, ...]) -> tuple[Path, Path]:

@@ -59,6 +59,13 @@ def module_dir(source: Source) -> Path:
     return Path(info["Dir"])
 
 
+def prefetch() -> None:
+    """Download every source now: a real node's cluster runs in a network namespace with
+    no route out (``devtools.cluster.network``), where nothing can be downloaded."""
+    for source in SOURCES:
+        module_dir(source)
+
+
 def manifest(kubectl: Path, source: Source) -> str:
     where = module_dir(source) / source.path
     if where.is_dir():

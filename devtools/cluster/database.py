@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 
 from devtools.embedded_pg import EmbeddedPostgres
 from devtools.roles import ensure_logins
@@ -21,8 +22,14 @@ from jobfence.store.migrations import migrate
 INSTALLATION = "jobfence"
 
 
-def start(port: int, logs: Path) -> dict[str, Any]:
-    pg = EmbeddedPostgres(port=port)
+def start(port: int, logs: Path, *, pods_reach: str | None = None,
+          pods_network: str | None = None) -> dict[str, Any]:
+    """The server on 127.0.0.1 and, for a real node's pods, also on ``pods_reach`` (the
+    bridge's address), trusting ``pods_network``; the role Secrets' URLs name the address
+    the pods reach."""
+    pg = EmbeddedPostgres(port=port,
+                          listen=("127.0.0.1", *((pods_reach,) if pods_reach else ())),
+                          trust=(pods_network,) if pods_network else ())
     pg.start()
     atexit.unregister(pg.destroy)  # it belongs to the cluster now, not to this process
     try:
@@ -35,6 +42,8 @@ def start(port: int, logs: Path) -> dict[str, Any]:
         finally:
             conn.close()
         urls = ensure_logins(url)
+        if pods_reach:
+            urls = {kind: make_conninfo(u, host=pods_reach) for kind, u in urls.items()}
     except BaseException:
         pg.destroy()
         raise

@@ -47,9 +47,12 @@ import yaml
 
 from devtools import controlplane
 from devtools import keda as keda_build
-from devtools.cluster import certs, crds, keda
+from devtools.cluster import certs, crds, keda, network
+from devtools.cluster.node import Node, kubelet_rbac
+from devtools.cluster.node import missing_programs as node_programs_missing
 from devtools.cluster.processes import ClusterError, Started, port_free, start, stop, wait_until
 from devtools.cluster.rest import ApiError, Credentials, Rest
+from devtools.image import PAUSE_IMAGE
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_ROOT = REPO / "build" / "cluster"
@@ -61,13 +64,21 @@ migrated with it, so that ``make deploy`` of the base works as it is."""
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "node-agent", "postgres",
               "crds", "keda")
+NODE_COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "node", "postgres",
+                   "crds", "keda")
+"""With a real node (``node``: containerd, the kubelet and kube-scheduler) instead of the
+node agent."""
+NETNS = "jobfence"
+"""The network namespace of ``make cluster-up``'s cluster (a test session makes its own)."""
 CONTROLLERS = ("job-controller", "cronjob-controller", "garbage-collector-controller",
                "ttl-after-finished-controller", "namespace-controller",
                "serviceaccount-controller", "serviceaccount-token-controller",
                "root-ca-certificate-publisher-controller",
                "clusterrole-aggregation-controller")
-"""No node-lifecycle controller: nothing sends the heartbeats it would judge, and it would
-taint the node and evict its pods."""
+"""No node-lifecycle controller under the node agent: nothing sends the heartbeats it would
+judge, and it would taint the node and evict its pods. With a real kubelet it runs
+(``NODE_CONTROLLERS``): it lifts the taint a node registers with once the node is Ready."""
+NODE_CONTROLLERS = (*CONTROLLERS, "node-lifecycle-controller")
 
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
@@ -108,6 +119,20 @@ class Plane:
     owner: int | None = None
     """A process whose end takes the cluster down (the test session's), or None."""
     quiet: bool = False
+    netns: str = NETNS
+    """The network namespace a real node's cluster runs in (made by ``up`` unless this
+    process runs in it already: a test session's)."""
+    images: tuple[Path, ...] = ()
+    """Image archives imported into the node's containerd at ``up`` (nothing is pulled):
+    the pause image's among them (``devtools.image.archive``)."""
+
+    @property
+    def real_node(self) -> bool:
+        return "node" in self.components
+
+    @property
+    def node(self) -> Node:
+        return Node(self.root, self.netns, NODE)
 
     # -- files -----------------------------------------------------------------------------
 
@@ -136,8 +161,13 @@ class Plane:
         return self.root / "agent"
 
     @property
+    def api_port(self) -> int:
+        """Inside a real node's network namespace, the ``kubernetes`` Service's port."""
+        return network.API_PORT if self.real_node else self.ports.api
+
+    @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.ports.api}"
+        return f"https://127.0.0.1:{self.api_port}"
 
     @property
     def database_url(self) -> str:
@@ -168,8 +198,25 @@ class Plane:
         if os.geteuid() != 0 and "node-agent" in self.components:
             raise ClusterError("the node agent runs each container in namespaces of its own "
                                "and as its runAsUser, which takes root: run cluster-up as root")
+        names = ["etcd", "kube-apiserver", "kube-controller-manager", "kubectl"]
+        if self.real_node:
+            if os.geteuid() != 0:
+                raise ClusterError("the node (containerd, the kubelet) and its network "
+                                   "namespace take root: run cluster-up as root")
+            missing = node_programs_missing()
+            if missing:
+                raise ClusterError(f"the node needs {', '.join(missing)}: install them "
+                                   f"(make system-cluster as root)")
+            if network.exists(self.netns) and not network.inside(self.netns):
+                raise ClusterError(f"network namespace {self.netns} exists already (another "
+                                   f"cluster's?): take it down, or `ip netns delete "
+                                   f"{self.netns}` if nothing uses it")
+            names += ["kube-scheduler", "kubelet"]
+            for archive in self.images:
+                if not archive.is_file():
+                    raise ClusterError(f"image archive {archive}: no such file")
         binaries = {}
-        for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl"):
+        for name in names:
             try:
                 binaries[name] = controlplane.path(name)
             except controlplane.BuildError as exc:
@@ -186,17 +233,30 @@ class Plane:
                 find_bindir()
             except EmbeddedPostgresError as exc:
                 raise ClusterError(str(exc)) from exc
-        for what, port in self.ports.named(self.components).items():
+        if self.real_node and "crds" in self.components:
+            crds.prefetch()  # no download is possible from inside the namespace
+        if not self.real_node:  # a real node's ports are in its own namespace
+            self.check_ports()
+        return binaries
+
+    def check_ports(self) -> None:
+        ports = self.ports.named(self.components)
+        if self.real_node and "kube-apiserver" in ports:
+            ports["kube-apiserver"] = network.API_PORT
+        for what, port in ports.items():
             if not port_free(port):
                 raise ClusterError(f"port {port} on 127.0.0.1 ({what}) is taken: stop what "
                                    f"listens there, or choose another port "
                                    f"({_PORT_SETTING[what]}=...)")
-        return binaries
 
     def up(self) -> None:
         """Start the cluster, or say it is up already; on any failure, stop what was
         started, remove the directory, and raise ClusterError."""
-        if self.state() is not None:
+        state_before = self.state()
+        if state_before is not None:
+            netns = state_before.get("netns")
+            if netns and network.exists(netns):
+                network.enter(netns)
             if self.healthy():
                 self.say(f"already up ({self.root})")
                 self.print_usage()
@@ -209,6 +269,14 @@ class Plane:
                                  "components": list(self.components), "processes": {}}
         self._write_state(state)
         try:
+            if self.real_node:
+                if not network.exists(self.netns):
+                    network.create(self.netns)
+                    state["netns_created"] = True
+                state["netns"] = self.netns
+                self._write_state(state)
+                network.enter(self.netns)
+                self.check_ports()
             self._start(binaries, state)
         except BaseException as exc:
             self.say(f"start failed: {exc}" if isinstance(exc, ClusterError)
@@ -252,6 +320,8 @@ class Plane:
             agent = record("node-agent", self._node_agent())
             self._step(f"node agent ready (node {NODE})", lambda: wait_until(
                 self._node_ready, what="the node agent", timeout=60, proc=agent))
+        if self.real_node:
+            self._start_node(binaries, record)
         if "crds" in self.components:
             self._step("CRDs applied (KEDA, PrometheusRule)",
                        lambda: crds.install(binaries["kubectl"], self.kubeconfig))
@@ -337,6 +407,47 @@ class Plane:
             raise
         return proc, listeners
 
+    def _start_node(self, binaries: dict[str, Path],
+                    record: Callable[[str, Started], Started]) -> None:
+        """containerd (the pause image and ``images`` imported), the kubelet and the
+        scheduler; returns once the node is Ready and its registration taint lifted."""
+        node = self.node
+        containerd = record("containerd", node.start_containerd(self.logs))
+        self._step("containerd ready", lambda: wait_until(
+            node.containerd_ready, what="containerd", timeout=30, proc=containerd))
+        def import_images() -> None:
+            for archive in self.images:
+                node.import_image(archive)
+
+        self._step("images imported", import_images)
+        if PAUSE_IMAGE not in node.images():
+            raise ClusterError(f"no pause image ({PAUSE_IMAGE}) among the images imported: "
+                               "`make image-archive` writes it (build/image/pause.tar)")
+        with self.admin() as api:
+            for binding in kubelet_rbac():
+                try:
+                    api.post("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", binding)
+                except ApiError as exc:
+                    if exc.status != 409:
+                        raise
+        record("kube-scheduler", node.start_scheduler(
+            binaries["kube-scheduler"], self.component_kubeconfig(certs.SCHEDULER), self.logs))
+        kubelet = record("kubelet", node.start_kubelet(
+            binaries["kubelet"], self.component_kubeconfig(certs.node(NODE)), self.pki,
+            self.logs))
+        self._step(f"node {NODE} Ready (kubelet, containerd)", lambda: wait_until(
+            self._node_schedulable, what="the kubelet", timeout=120, proc=kubelet))
+        node.restore_sysctls()
+
+    def _node_schedulable(self) -> bool:
+        """Ready, and without the taints a node registers with (the node-lifecycle
+        controller lifts them)."""
+        with self.admin() as api:
+            node = api.get(f"/api/v1/nodes/{NODE}")
+        ready = any(c["type"] == "Ready" and c["status"] == "True"
+                    for c in (node.get("status") or {}).get("conditions") or [])
+        return ready and not (node.get("spec") or {}).get("taints")
+
     def _etcd(self, binary: Path) -> Started:
         client, peer = (f"http://127.0.0.1:{self.ports.etcd}",
                         f"http://127.0.0.1:{self.ports.etcd_peer}")
@@ -348,10 +459,14 @@ class Plane:
 
     def _apiserver(self, binary: Path) -> Started:
         p = self.pki
+        # With a real node, in the cluster's own network namespace: on every address of it
+        # (127.0.0.1, the node's IP, the kubernetes Service's IP where pods reach it).
+        bind, advertise = (("0.0.0.0", network.GATEWAY) if self.real_node  # noqa: S104
+                           else ("127.0.0.1", "127.0.0.1"))
         return start([
             str(binary), f"--etcd-servers=http://127.0.0.1:{self.ports.etcd}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-            f"--secure-port={self.ports.api}", f"--cert-dir={p}",
+            f"--bind-address={bind}", f"--advertise-address={advertise}",
+            f"--secure-port={self.api_port}", f"--cert-dir={p}",
             f"--tls-cert-file={p / 'apiserver.crt'}",
             f"--tls-private-key-file={p / 'apiserver.key'}",
             f"--client-ca-file={p / 'ca.crt'}",
@@ -374,7 +489,7 @@ class Plane:
         return start([
             str(binary), f"--kubeconfig={self.component_kubeconfig(certs.CONTROLLER_MANAGER)}",
             "--leader-elect=false", "--secure-port=0", "--use-service-account-credentials",
-            f"--controllers={','.join(CONTROLLERS)}",
+            f"--controllers={','.join(NODE_CONTROLLERS if self.real_node else CONTROLLERS)}",
             f"--service-account-private-key-file={p / 'sa.key'}",
             f"--root-ca-file={p / 'ca.crt'}", "--cluster-name=jobfence-local", "--v=0"],
             log=self.logs / "kube-controller-manager.log")
@@ -405,6 +520,9 @@ class Plane:
     def _postgres(self) -> dict[str, Any]:
         from devtools.cluster import database
 
+        if self.real_node:
+            return database.start(self.ports.postgres, self.logs, pods_reach=network.GATEWAY,
+                                  pods_network=network.POD_SUBNET)
         return database.start(self.ports.postgres, self.logs)
 
     def _namespace_and_secrets(self, urls: dict[str, str]) -> None:
@@ -417,12 +535,38 @@ class Plane:
         lines = ["# Written by `make cluster-up`: the local control plane. `. build/cluster/env`",
                  f"export KUBECONFIG={self.kubeconfig}",
                  f"export PATH={controlplane.LINKS}:$PATH"]
+        if self.real_node:
+            # kubectl for a shell outside the cluster's network namespace: it enters it.
+            wrappers = self.root / "bin"
+            wrappers.mkdir(exist_ok=True)
+            kubectl = wrappers / "kubectl"
+            kubectl.write_text("#!/bin/sh\n# kubectl inside the local cluster's network "
+                               "namespace (make cluster-up).\n"
+                               f"exec {' '.join(network.nsenter(self.netns))} "
+                               f"{controlplane.LINKS / 'kubectl'} \"$@\"\n")
+            kubectl.chmod(0o755)
+            lines[-1] = f"export PATH={wrappers}:{controlplane.LINKS}:$PATH"
         if "postgres" in self.components:
             lines.append(f"export JOBFENCE_DATABASE_URL={self.database_url}")
         self.env_file.write_text("\n".join(lines) + "\n")
 
     def print_usage(self) -> None:
         rel = _relative(self.root)
+        if self.real_node:
+            shell = " ".join(network.nsenter(self.netns))
+            print(f"""
+The local cluster is up (node {NODE}: kubelet and containerd; API server {self.server})
+in network namespace {self.netns}: what talks to it runs there too.
+  make cluster-shell                   # a shell in it: kubectl, jobfence, psql reach it
+  . {rel}/env                          # KUBECONFIG, JOBFENCE_DATABASE_URL, kubectl on PATH
+  kubectl get nodes,pods -A            # (this kubectl enters the namespace itself)
+  {shell} make deploy KUBECONFIG={rel}/kubeconfig IMAGE=localhost/jobfence:VERSION
+  kubectl -n {NAMESPACE} create job --from=cronjob/jobfence-sweeper once
+  kubectl -n {NAMESPACE} logs job/once
+Pods reach PostgreSQL and the API server at {network.GATEWAY}; the components' logs are
+in {rel}/logs/, the pods' in {rel}/node/pod-logs/, KEDA's in {rel}/keda/operator.log.
+`make cluster-down` stops it all, removes {rel} and the namespace.""", flush=True)
+            return
         print(f"""
 The local cluster is up (node {NODE}, API server {self.server}).
   . {rel}/env                          # KUBECONFIG, JOBFENCE_DATABASE_URL, kubectl on PATH
@@ -445,8 +589,8 @@ KEDA's in {rel}/keda/operator.log.
             if name != "watch" and not Started(**row).alive():
                 return False
         try:
-            return self._api_ready() and ("node-agent" not in self.components
-                                          or self._node_ready())
+            return self._api_ready() and (
+                not {"node-agent", "node"} & set(self.components) or self._node_ready())
         except Exception:
             return False
 
@@ -460,14 +604,25 @@ KEDA's in {rel}/keda/operator.log.
         for row in self.root.glob("keda*/process.json"):  # the tests' operators too
             with contextlib.suppress(OSError, ValueError, TypeError):
                 stop(Started(**json.loads(row.read_text())))
-        for name in ("watch", "keda-operator", "node-agent", "kube-controller-manager",
-                     "kube-apiserver", "etcd"):
+        for name in ("watch", "keda-operator", "node-agent", "kubelet", "kube-scheduler"):
             if name in processes and not (name == "watch" and _is_self(processes[name])):
+                stop(Started(**processes[name]))
+        node = Node(self.root, (state or {}).get("netns") or self.netns, NODE)
+        if "containerd" in processes:
+            node.kill_pods()
+            stop(Started(**processes["containerd"]))
+            node.kill_pods()
+        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+            if name in processes:
                 stop(Started(**processes[name]))
         if state and state.get("postgres"):
             from devtools.cluster import database
 
             database.stop(state["postgres"])
+        if state and state.get("netns"):
+            node.clean()
+            if state.get("netns_created"):
+                network.delete(state["netns"])
         shutil.rmtree(self.root, ignore_errors=True)
         if not quiet:
             self.say(f"down: stopped {', '.join(processes) or 'nothing'}; removed "

@@ -1,5 +1,6 @@
 """The Kubernetes control plane the tests and ``make cluster-up`` run, built from pinned Go
-sources: etcd, kube-apiserver, kube-controller-manager and kubectl.
+sources: etcd, kube-apiserver, kube-controller-manager, kubectl, and the node's
+kube-scheduler and kubelet.
 
 ``go.mod``/``go.sum`` beside this file are a wrapper module whose only content is the pins:
 ``k8s.io/kubernetes`` cannot be built as a dependency as published (its ``go.mod`` replaces
@@ -46,8 +47,15 @@ ETCD = "v3.6.5"
 """The etcd server version k8s.io/kubernetes at KUBERNETES requires itself, so that one
 module graph builds all four."""
 
-FLAGS = ("-trimpath", "-tags=selinux,notest", "-ldflags=-s -w")
-"""``go build`` flags; with ``CGO_ENABLED=0``, static binaries. They are part of the key."""
+_MINOR = KUBERNETES.split(".")[1]
+FLAGS = ("-trimpath", "-tags=selinux,notest",
+         "-ldflags=-s -w"
+         f" -X k8s.io/component-base/version.gitVersion={KUBERNETES}"
+         f" -X k8s.io/component-base/version.gitMajor=1"
+         f" -X k8s.io/component-base/version.gitMinor={_MINOR}")
+"""``go build`` flags; with ``CGO_ENABLED=0``, static binaries. They are part of the key.
+The version stamps are what the binaries report (a node's ``kubeletVersion``, ``kubectl
+version``): without them, ``v0.0.0-master``."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,10 @@ COMPONENTS = (
     Component("kube-controller-manager", "k8s.io/kubernetes/cmd/kube-controller-manager",
               "the Job, CronJob, garbage-collector and other controllers"),
     Component("kubectl", "k8s.io/kubernetes/cmd/kubectl", "the command line client"),
+    Component("kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler",
+              "the scheduler (binds pods to the node)"),
+    Component("kubelet", "k8s.io/kubernetes/cmd/kubelet",
+              "the node's agent (runs pods through containerd)"),
 )
 NAMES = tuple(c.name for c in COMPONENTS)
 
@@ -101,7 +113,8 @@ def go_binary() -> str:
     go = shutil.which("go")
     if go is None:
         raise BuildError("Go is not installed, and etcd, kube-apiserver, "
-                         "kube-controller-manager and kubectl are built from source with it "
+                         "kube-controller-manager, kubectl, kube-scheduler and the kubelet "
+                         "are built from source with it "
                          "(once, then cached): install Go >= " + required_go() +
                          " (https://go.dev/dl/) and run make again")
     return go
