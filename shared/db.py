@@ -405,7 +405,9 @@ def notified(conn: Connection, timeout: float) -> bool:
 def readable(conn: Connection, timeout: float) -> bool:
     """Whether the server sent something (a notification) within ``timeout`` seconds; waits
     on the socket without taking the connection, so another thread may use it meanwhile."""
-    with contextlib.suppress(OSError, ValueError):  # closed meanwhile: nothing to read
+    # Closed or lost meanwhile (psycopg raises its own error from ``fileno`` then): nothing
+    # to read; whoever uses the connection next finds it gone and connects again.
+    with contextlib.suppress(OSError, ValueError, psycopg.Error):
         return bool(select.select([conn.fileno()], [], [], max(0.0, timeout))[0])
     return False
 

@@ -85,6 +85,8 @@ GRANT EXECUTE ON FUNCTION {schema}.worker_trace(uuid, uuid) TO {worker};
 GRANT EXECUTE ON FUNCTION {schema}.worker_register_log(uuid, uuid, integer) TO {worker};
 -- worker, as it starts: the action names of its registry, labels of the action metrics.
 GRANT EXECUTE ON FUNCTION {schema}.worker_register_actions(text[]) TO {worker};
+-- worker: what its guards' ticks raised, counted (worker_guard_faults).
+GRANT EXECUTE ON FUNCTION {schema}.worker_guard_faults(text, text[], bigint[]) TO {worker};
 
 -- reader: status, list, queue status, drain status, KEDA's queries, metrics.
 GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {reader}, {maintainer}, {operator};

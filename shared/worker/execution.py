@@ -39,7 +39,7 @@ from jobfence.objectstore import ObjectStore
 from jobfence.settings import Settings
 from jobfence.store import ActionOutcome, Claim, RetryPolicy, TerminalWrite, Transition
 from jobfence.worker.completer import Completer, WriteRefused
-from jobfence.worker.guard import Guard, Guards, StopReason
+from jobfence.worker.guard import GIVEN_BACK, Guard, Guards, StopReason
 from jobfence.worker.output import LineBudget, LogTarget, Origin, Output
 from jobfence.worker.sandbox import Sandbox
 
@@ -115,7 +115,7 @@ class Execution:
                   attempt=claim.attempt_count, max_attempts=claim.max_attempts)
         guard = self.w.guards.guard(claim)
         try:
-            if guard.reason is StopReason.SIGTERM:  # SIGTERM came as the claim was made
+            if guard.reason in GIVEN_BACK:  # SIGTERM came as the claim was made
                 return Result(claim, Outcome.TERMINATED)
             space = AttemptSpace(lambda: self.w.sandbox.spaces.space(claim.attempt_id))
             try:
@@ -251,7 +251,7 @@ class Execution:
         return Result(claim, Outcome.SUCCEEDED, done.next_claim)
 
     def _stopped_before_write(self, guard: Guard) -> Result:
-        if guard.reason is StopReason.SIGTERM:
+        if guard.reason in GIVEN_BACK:
             return Result(self.claim, Outcome.TERMINATED)
         return self._lost(guard)
 
@@ -289,7 +289,7 @@ class Execution:
     def _stopped(self, guard: Guard, index: int, name: str, started: datetime) -> Result:
         claim = self.claim
         reason = guard.reason
-        if reason is StopReason.SIGTERM:
+        if reason in GIVEN_BACK:
             return Result(claim, Outcome.TERMINATED)
         if reason in (StopReason.TIMED_OUT, StopReason.INACTIVE):
             why = "timed out" if reason is StopReason.TIMED_OUT else "inactive"
@@ -356,7 +356,7 @@ class Execution:
             log.warning("writeback_stale_attempt", job_id=str(claim.job_id),
                         attempt_id=str(claim.attempt_id),
                         message="the fence was rotated: this attempt stops and writes nothing")
-        if guard.reason is StopReason.SIGTERM:
+        if guard.reason in GIVEN_BACK:
             return Result(claim, Outcome.TERMINATED)
         self._confirm_stopped()
         return Result(claim, Outcome.LOST)

@@ -73,8 +73,9 @@ class Report:
     lost: int = 0
     terminated: bool = False
     stopped_by: str = ""
-    """Why the worker stopped claiming: nothing_ready, max_jobs, max_seconds, sigterm, or
-    sidecar_lost (its command sidecar went away: no command can start here any more)."""
+    """Why the worker stopped claiming: nothing_ready, max_jobs, max_seconds, sigterm,
+    sidecar_lost (its command sidecar went away: no command can start here any more), or
+    guards_failed (a guard thread could not run: every job was given back)."""
     jobs: list[dict[str, str]] = field(default_factory=list)
 
     def count(self, result: Result) -> None:
@@ -95,7 +96,7 @@ class Report:
     @property
     def ok(self) -> bool:
         return (self.succeeded + self.snoozed == self.claimed and not self.terminated
-                and self.stopped_by != "sidecar_lost")
+                and self.stopped_by not in ("sidecar_lost", "guards_failed"))
 
 
 MORE = object()
@@ -106,15 +107,19 @@ nothing was ready."""
 class Budget:
     """How many more jobs this worker may claim, and why no more when none."""
 
-    def __init__(self, max_jobs: int, max_seconds: float | None, spaces: Spaces) -> None:
+    def __init__(self, max_jobs: int, max_seconds: float | None, spaces: Spaces,
+                 guards_failed: threading.Event | None = None) -> None:
         self._left = max_jobs
         self._deadline = None if max_seconds is None else time.monotonic() + max_seconds
         self._spaces = spaces
+        self._guards_failed = guards_failed or threading.Event()
         self._lock = threading.Lock()
         self.terminated = threading.Event()
 
     def why_not(self) -> str | None:
         """Why no job may be claimed now (None: one may)."""
+        if self._guards_failed.is_set():
+            return "guards_failed"
         if self.terminated.is_set():
             return "sigterm"
         if self._left <= 0:
@@ -192,7 +197,8 @@ class Worker:
         register_actions(completer)
         self._objects: ObjectStore | None = None
         self.wiring = Wiring(settings=settings, completer=completer,
-                             guards=Guards(settings), sandbox=self.sandbox,
+                             guards=Guards(settings, queue=self.queue),
+                             sandbox=self.sandbox,
                              objects=self.objects, installation=identity.installation,
                              retry=settings.retry_policy,
                              lines=LineBudget(settings.output_lines_per_second))
@@ -251,7 +257,8 @@ class Worker:
 
     def run(self, max_jobs: int, max_seconds: float | None = None,
             idle_seconds: float = 0.0) -> Report:
-        budget = Budget(max_jobs, max_seconds, self.sandbox.spaces)
+        budget = Budget(max_jobs, max_seconds, self.sandbox.spaces,
+                        self.wiring.guards.failed)
         crash: BaseException | None = None
         with on_termination(lambda signum: self._on_signal(signum, budget)) as terminated:
             try:
@@ -261,6 +268,9 @@ class Worker:
             if terminated.is_set():
                 self.report.terminated = True
                 self.report.stopped_by = "sigterm"
+            elif self.wiring.guards.failed.is_set():
+                self.report.terminated = True
+                self.report.stopped_by = "guards_failed"
         self.close()
         if crash is not None:
             raise crash
