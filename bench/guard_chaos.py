@@ -98,9 +98,13 @@ def _enqueue(env: dict[str, str], specs: list[dict[str, Any]]) -> list[str]:
     return [str(o["job_id"]) for o in objs]
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, marker: bytes | None = None) -> bool:
+    """Whether ``pid`` still runs (and, given ``marker``, is still the process that carried
+    it in its environment: on a busy machine a pid comes round again within minutes)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_bytes()  # its name is hostile: bytes
+        if marker is not None and marker not in Path(f"/proc/{pid}/environ").read_bytes():
+            return False
     except OSError:
         return False
     return stat[stat.rfind(b")") + 2:][:1] not in (b"Z", b"X")
@@ -220,7 +224,8 @@ def run(dsn: str, env_of: Callable[[str], dict[str, str]], work: Path, *, jobs: 
         out.problems.append("a cancel did not reach its command within 10 s")
     pids = [int(x) for x in daemons.read_text().split()]
     out.daemons = len(pids)
-    out.daemons_alive = sum(1 for p in pids if _alive(p))
+    marker = f"DAEMONS={daemons}".encode()
+    out.daemons_alive = sum(1 for p in pids if _alive(p, marker))
     if out.daemons < jobs:
         out.problems.append(f"only {out.daemons} daemons started")
     if out.daemons_alive:
@@ -257,6 +262,9 @@ def main() -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", type=int, default=1000)
     p.add_argument("--kills", type=int, default=1000)
+    p.add_argument("--lease", type=float, default=10.0,
+                   help="JOBFENCE_LEASE_SECONDS (heartbeat 0.3 s whatever it is): a lease "
+                        "short against the machine's load self-fences a job, as it must")
     args = p.parse_args()
     with EmbeddedPostgres() as pg, tempfile.TemporaryDirectory() as tmp:
         with connect(pg.dsn) as conn:
@@ -264,7 +272,7 @@ def main() -> int:
         base = {k: v for k, v in os.environ.items() if not k.startswith("JOBFENCE_")}
         base.pop("PYTHONPATH", None)
         base.update({"JOBFENCE_DATABASE_URL": pg.dsn, "JOBFENCE_COMMAND_USER": "worker",
-                     **FAST})
+                     **FAST, "JOBFENCE_LEASE_SECONDS": str(args.lease)})
         work = Path(tmp)
         work.chmod(0o755)
         out = run(pg.dsn, lambda _command: base, work, jobs=args.jobs, kills=args.kills)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from jobfence import cli
 from jobfence.actions import registry
+from jobfence.command_settings import command_env_refusal
 from jobfence.errors import ConfigError
 from jobfence.jobuids import users_for
 from jobfence.logs import get_logger
@@ -154,6 +155,10 @@ def open_sandbox(settings: Settings) -> Sandbox:
     """Where this worker's jobs start their children — here, or in the command sidecar
     (``JOBFENCE_COMMAND_SOCKET``) — chosen once, here."""
     passthrough = tuple(n for n in settings.command_env.split(",") if n)
+    if settings.command_env_allow_secrets and (why := command_env_refusal(
+            settings.command_env)) is not None:
+        log.warning("command_env_unsafe", names=list(passthrough), message=why.replace(
+            "would hand", "hands").split(" (")[0] + " (JOBFENCE_COMMAND_ENV_ALLOW_SECRETS)")
     spaces: Spaces
     try:
         if settings.command_socket is not None:
