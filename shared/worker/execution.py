@@ -32,7 +32,7 @@ from jobfence.actions.builtin import ActionFailed
 from jobfence.actions.child import ChildOutput
 from jobfence.datums import AttemptFiles
 from jobfence.durations import format_duration, parse_duration
-from jobfence.errors import FenceLost, JobfenceError
+from jobfence.errors import FenceLost, JobfenceError, NoFreeUid
 from jobfence.finalize import finalize
 from jobfence.logs import get_logger
 from jobfence.objectstore import ObjectStore
@@ -52,6 +52,7 @@ class Outcome(StrEnum):
     FAILED = "failed"          # terminal failure
     SNOOZED = "snoozed"        # pending again after the delay an action asked for
     LOST = "lost"              # fence lost or self-fenced: wrote nothing
+    GIVEN_BACK = "given_back"  # this worker could not run it (no free uid): pending again
     TERMINATED = "terminated"  # SIGTERM: given back by the guards
 
 
@@ -172,6 +173,8 @@ class Execution:
                 return self._stopped(guard, index, spec["name"], started)
             except FenceLost:
                 return self._lost(guard)
+            except NoFreeUid as exc:  # not the job's fault: another worker may run it now
+                return self._give_back(guard, str(exc))
             except WriteRefused:
                 raise
             except Snooze as asked:
@@ -249,6 +252,19 @@ class Execution:
                  attempt=claim.attempt_count)
         self._finalize_parent()
         return Result(claim, Outcome.SUCCEEDED, done.next_claim)
+
+    def _give_back(self, guard: Guard, why: str) -> Result:
+        """Give the job back, pending at once and its attempt not spent (as on SIGTERM, up
+        to JOBFENCE_MAX_INTERRUPTIONS times): this worker cannot run it now."""
+        claim = self.claim
+        log.warning("job_given_back", job_id=str(claim.job_id), reason=why)
+        guard.ending.set()
+        back = self.w.completer.write(guard, lambda s: s.attempts.interrupt_many(
+            [(claim.job_id, claim.attempt_id)], reason=f"given back: {why}"[:2000],
+            max_interruptions=self.w.settings.max_interruptions))
+        if not back:
+            return self._lost(guard)
+        return Result(claim, Outcome.GIVEN_BACK, error=why)
 
     def _stopped_before_write(self, guard: Guard) -> Result:
         if guard.reason in GIVEN_BACK:

@@ -72,11 +72,15 @@ class Report:
     snoozed: int = 0
     failed: int = 0
     lost: int = 0
+    given_back: int = 0
+    """Jobs this worker could not run (no free uid for their command): pending again, their
+    attempts not spent."""
     terminated: bool = False
     stopped_by: str = ""
     """Why the worker stopped claiming: nothing_ready, max_jobs, max_seconds, sigterm,
-    sidecar_lost (its command sidecar went away: no command can start here any more), or
-    guards_failed (a guard thread could not run: every job was given back)."""
+    sidecar_lost (its command sidecar went away: no command can start here any more),
+    guards_failed (a guard thread could not run: every job was given back), or no_free_uid
+    (a job was given back: every uid for its command is held on this machine)."""
     jobs: list[dict[str, str]] = field(default_factory=list)
 
     def count(self, result: Result) -> None:
@@ -91,6 +95,8 @@ class Report:
             self.failed += 1
         elif result.outcome is Outcome.LOST:
             self.lost += 1
+        elif result.outcome is Outcome.GIVEN_BACK:
+            self.given_back += 1
         else:
             self.terminated = True
 
@@ -114,6 +120,9 @@ class Budget:
         self._deadline = None if max_seconds is None else time.monotonic() + max_seconds
         self._spaces = spaces
         self._guards_failed = guards_failed or threading.Event()
+        self.no_free_uid = threading.Event()
+        """Set when a job was given back for want of a uid: claiming again here would claim
+        it (or another) only to give it back."""
         self._lock = threading.Lock()
         self.terminated = threading.Event()
 
@@ -123,6 +132,8 @@ class Budget:
             return "guards_failed"
         if self.terminated.is_set():
             return "sigterm"
+        if self.no_free_uid.is_set():
+            return "no_free_uid"
         if self._left <= 0:
             return "max_jobs"
         if self._deadline is not None and time.monotonic() >= self._deadline:
@@ -247,6 +258,8 @@ class Worker:
             except BaseException as exc:
                 self._results.put(exc)
                 return
+            if result.outcome is Outcome.GIVEN_BACK:
+                budget.no_free_uid.set()
             with self._counting:
                 self.report.count(result)
                 if result.next_claim is not None:
