@@ -172,6 +172,8 @@ class Execution:
             except StopRequested:
                 return self._stopped(guard, index, spec["name"], started)
             except FenceLost:
+                if guard.stop.is_set():  # stopped meanwhile (an upload's write refused):
+                    return self._stopped(guard, index, spec["name"], started)  # as it says
                 return self._lost(guard)
             except NoFreeUid as exc:  # not the job's fault: another worker may run it now
                 return self._give_back(guard, str(exc))
