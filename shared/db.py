@@ -368,6 +368,12 @@ def statement(template: LiteralString, *, trusted: Mapping[str, str] | None = No
     return sql.SQL(template).format(**parts)
 
 
+def literal(value: str) -> str:
+    """``value`` as quoted SQL text, for a statement that takes no parameters (``COMMENT
+    ON``)."""
+    return str(sql.Literal(value).as_string(None))
+
+
 def relation_exists(conn: Connection, schema: str, name: str) -> bool:
     row = execute(conn, "SELECT to_regclass(%(name)s) IS NOT NULL AS found",
                   {"name": sql.Identifier(schema, name).as_string(None)}).fetchone()

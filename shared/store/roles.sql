@@ -11,6 +11,21 @@ SELECT rolsuper OR rolcreaterole AS may FROM pg_roles WHERE rolname = current_us
 -- Which of these roles exist already.
 SELECT rolname FROM pg_roles WHERE rolname = ANY(%(names)s::text[]);
 
+-- found --
+-- The installation's roles that exist: the powers a group role must never have, and the
+-- mark jobfence leaves on a role it made (its comment, roles.py's `mark`).
+SELECT r.rolname, r.rolcanlogin, r.rolsuper, r.rolcreaterole, r.rolreplication,
+       r.rolbypassrls, shobj_description(r.oid, 'pg_authid') AS mark
+FROM pg_roles r WHERE r.rolname = ANY(%(names)s::text[]);
+
+-- installed --
+-- Whether the schema is an installation that its owner role already owns (migrated by a
+-- release that made its roles without marking them).
+SELECT EXISTS (
+    SELECT FROM pg_namespace n JOIN pg_roles o ON o.oid = n.nspowner
+    JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = 'jobfence_schema_migrations'
+    WHERE n.nspname = %(schema)s AND o.rolname = %(owner)s) AS installed;
+
 -- may_become_owner --
 -- Whether this session may act as the owner role (a superuser, or a member of it).
 SELECT pg_has_role(current_user, %(owner)s, 'MEMBER') AS may;
