@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import BinaryIO
 
@@ -28,12 +28,20 @@ class MemoryObjectStore:
             if item is not None:
                 yield ObjectInfo(key, len(item[0]), item[1])
 
-    def download_to(self, bucket: str, key: str, dest: BinaryIO) -> None:
-        dest.write(self.get_bytes(bucket, key))
+    def download_to(self, bucket: str, key: str, dest: BinaryIO,
+                    progress: Callable[[int], None] | None = None) -> None:
+        data = self.get_bytes(bucket, key)
+        dest.write(data)
+        if progress is not None:
+            progress(len(data))
 
-    def upload_from(self, bucket: str, key: str, src: BinaryIO) -> None:
+    def upload_from(self, bucket: str, key: str, src: BinaryIO,
+                    progress: Callable[[int], None] | None = None) -> None:
         src.seek(0)
-        self.put_bytes(bucket, key, src.read())
+        data = src.read()
+        self.put_bytes(bucket, key, data)
+        if progress is not None:
+            progress(len(data))
 
     def put_bytes(self, bucket: str, key: str, data: bytes,
                   content_type: str = "application/octet-stream") -> None:

@@ -149,7 +149,7 @@ class AttemptFiles:
         return [rel for _, rel in pairs]
 
     def _download(self, store: ObjectStore, bucket: str, key: str, f: BinaryIO) -> None:
-        store.download_to(bucket, key, f)
+        store.download_to(bucket, key, f, progress=lambda _sent: self._touch())
         self._touch()
 
     def publish_outputs(self, space: JobSpace) -> Published:
@@ -184,7 +184,9 @@ class AttemptFiles:
                         "error": f"not uploaded: {f}"}
             size = os.fstat(f.fileno()).st_size
             try:
-                store.upload_from(bucket, prefix + item.path, f)
+                # each part sent is progress: a long upload never looks inactive
+                store.upload_from(bucket, prefix + item.path, f,
+                                  progress=lambda _sent: self._touch())
             except ObjectStoreError as exc:
                 return {"path": item.path, "status": "error", "size_bytes": None,
                         "error": str(exc)}

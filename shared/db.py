@@ -368,6 +368,12 @@ def statement(template: LiteralString, *, trusted: Mapping[str, str] | None = No
     return sql.SQL(template).format(**parts)
 
 
+def literal(value: str) -> str:
+    """``value`` as quoted SQL text, for a statement that takes no parameters (``COMMENT
+    ON``)."""
+    return str(sql.Literal(value).as_string(None))
+
+
 def relation_exists(conn: Connection, schema: str, name: str) -> bool:
     row = execute(conn, "SELECT to_regclass(%(name)s) IS NOT NULL AS found",
                   {"name": sql.Identifier(schema, name).as_string(None)}).fetchone()
@@ -405,7 +411,9 @@ def notified(conn: Connection, timeout: float) -> bool:
 def readable(conn: Connection, timeout: float) -> bool:
     """Whether the server sent something (a notification) within ``timeout`` seconds; waits
     on the socket without taking the connection, so another thread may use it meanwhile."""
-    with contextlib.suppress(OSError, ValueError):  # closed meanwhile: nothing to read
+    # Closed or lost meanwhile (psycopg raises its own error from ``fileno`` then): nothing
+    # to read; whoever uses the connection next finds it gone and connects again.
+    with contextlib.suppress(OSError, ValueError, psycopg.Error):
         return bool(select.select([conn.fileno()], [], [], max(0.0, timeout))[0])
     return False
 

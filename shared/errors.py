@@ -81,6 +81,12 @@ class StoreUnavailable(Unavailable):
     """The database cannot be reached."""
 
 
+class NoFreeUid(Unavailable):
+    """Every uid a job's command could run as here is held by a running job: this worker
+    cannot run the job now. The job is not at fault — it is given back, its attempt not
+    spent."""
+
+
 class RateLimited(Conflict):
     """Asked again too soon (a manual trigger of a periodic function); ``retry_at`` is when
     it may be asked again, when known."""

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from jobfence.errors import ConfigError
+from jobfence.errors import ConfigError, NoFreeUid
 from jobfence.fsboundary import DIR_FLAGS, BoundaryError, open_dir, remove_owned
 
 DEFAULT_UIDS = "1900000000-1900065535"
@@ -213,8 +213,8 @@ class PerJobUsers:
                     os.pwrite(cursor, str((start + i + 1) % n).encode(), 0)
                     break
                 else:
-                    raise ConfigError(f"every uid of JOBFENCE_COMMAND_UIDS ({self.uids.start}-"
-                                      f"{self.uids.stop - 1}) is held by a running job")
+                    raise NoFreeUid(f"every uid of JOBFENCE_COMMAND_UIDS ({self.uids.start}-"
+                                    f"{self.uids.stop - 1}) is held by a running job")
             finally:
                 os.close(cursor)
         lease = UidLease(uid, fd, self.swept)

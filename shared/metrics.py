@@ -248,6 +248,11 @@ class StoreCollector:
             "jobfence_job_stops", "Actions a worker stopped, by queue and why: inactive (no "
             "output or progress for its inactivity timeout) or timed_out (past the job's "
             "timeout).", labels=["queue", "why"])
+        faults = CounterMetricFamily(
+            "jobfence_worker_guard_faults", "Ticks of a worker's guard that raised (a "
+            "connection lost, a job's hostile bytes, an OSError, a bug), noted and survived, "
+            "by queue and guard (heartbeat, stop_check, watchdog, tree_kill, output, "
+            "sidecar).", labels=["queue", "guard"])
         names = {h[0] for h in JOB_HISTOGRAMS}
         counts: dict[tuple[str, str, str], dict[float, float]] = {}
         sums: dict[tuple[str, str, str], float] = {}
@@ -258,11 +263,13 @@ class StoreCollector:
                 attempts.add_metric([t.queue, t.label], t.value)
             elif t.name == "stops":
                 stops.add_metric([t.queue, t.label], t.value)
+            elif t.name == "guard_faults":
+                faults.add_metric([t.queue, t.label], t.value)
             elif t.name in names:
                 counts.setdefault((t.name, t.queue, t.label), {})[t.le] = t.value
             elif t.name.endswith("_sum") and t.name[:-4] in names:
                 sums[(t.name[:-4], t.queue, t.label)] = t.value
-        yield from (finished, attempts, stops)
+        yield from (finished, attempts, stops, faults)
         for name, metric, kind, label, help_text in JOB_HISTOGRAMS:
             family = HistogramMetricFamily(metric, help_text,
                                            labels=["queue", *([label] if label else [])])

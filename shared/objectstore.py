@@ -11,7 +11,7 @@ objects. Releases before the installation identity wrote ``jobfence/JOB_ID/…``
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import BinaryIO, Protocol
@@ -44,13 +44,17 @@ class ObjectStore(Protocol):
         memory however many there are)."""
         ...
 
-    def download_to(self, bucket: str, key: str, dest: BinaryIO) -> None:
+    def download_to(self, bucket: str, key: str, dest: BinaryIO,
+                    progress: Callable[[int], None] | None = None) -> None:
         """Write the object into ``dest``, a file open for writing (never a path: a job's
-        files are reached through descriptors, jobfence.fsboundary)."""
+        files are reached through descriptors, jobfence.fsboundary); ``progress`` is told
+        the bytes of each part as it arrives (a long transfer is progress, not silence)."""
         ...
 
-    def upload_from(self, bucket: str, key: str, src: BinaryIO) -> None:
-        """Upload what ``src``, a file open for reading, holds from its start."""
+    def upload_from(self, bucket: str, key: str, src: BinaryIO,
+                    progress: Callable[[int], None] | None = None) -> None:
+        """Upload what ``src``, a file open for reading, holds from its start; ``progress``
+        is told the bytes of each part as it is sent."""
         ...
 
     def put_bytes(self, bucket: str, key: str, data: bytes,

@@ -7,7 +7,7 @@ the service's error code when there is one, so every caller can count it and go 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO, cast
 
 import boto3
@@ -50,15 +50,17 @@ class S3ObjectStore:
                 return
             token = page["NextContinuationToken"]
 
-    def download_to(self, bucket: str, key: str, dest: BinaryIO) -> None:
+    def download_to(self, bucket: str, key: str, dest: BinaryIO,
+                    progress: Callable[[int], None] | None = None) -> None:
         dest.flush()
         with _borrowed(dest, "wb") as f:
-            self._call("download_fileobj", bucket, key, f)
+            self._call("download_fileobj", bucket, key, f, Callback=progress)
 
-    def upload_from(self, bucket: str, key: str, src: BinaryIO) -> None:
+    def upload_from(self, bucket: str, key: str, src: BinaryIO,
+                    progress: Callable[[int], None] | None = None) -> None:
         with _borrowed(src, "rb") as f:
             f.seek(0)
-            self._call("upload_fileobj", f, bucket, key)
+            self._call("upload_fileobj", f, bucket, key, Callback=progress)
 
     def put_bytes(self, bucket: str, key: str, data: bytes,
                   content_type: str = "application/octet-stream") -> None:

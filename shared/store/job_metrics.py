@@ -1,13 +1,14 @@
 """Job metrics: jobs finished by status, attempts ended by outcome, the wait and run time
 histograms, and the lag histograms (how late lifecycle enforced what came due, how late a
 parent was finalized after its last child), by queue. The audit trigger appends what each
-transition statement adds (migration 0015), lifecycle's statements their lateness (0020);
-``fold`` moves it into the totals, which only ever grow — so the counters add up across
-short-lived pods, survive them, and outlive the audit trail's retention."""
+transition statement adds (migration 0015), lifecycle's statements their lateness (0020), a
+worker its guard faults (0037); ``fold`` moves it into the totals, which only ever grow —
+so the counters add up across short-lived pods, survive them, and outlive the audit trail's
+retention."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,6 +23,13 @@ class JobMetrics(Noun):
         """Fold every committed delta into the totals; how many were folded."""
         row = self._one("fold")
         return int(row["folded"]) if row else 0
+
+    def guard_faults(self, queue: str, counts: Mapping[str, int]) -> None:
+        """Add a worker's guard faults (by guard, ``jobfence.worker.faults``) to the
+        metrics of its queue."""
+        names = sorted(counts)
+        self._execute("guard_faults", {"queue": queue, "guards": names,
+                                       "counts": [int(counts[n]) for n in names]})
 
     def totals(self) -> list[JobMetric]:
         return self._rows("totals", None, JobMetric)

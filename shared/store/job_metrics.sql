@@ -36,6 +36,11 @@ WHERE queue = %(queue)s AND minute >= %(since)s
   AND name IN ('finished', 'wait', 'run')
 ORDER BY minute;
 
+-- guard_faults --
+-- A worker's guard faults since its last such write, by guard: counted like a transition
+-- (a delta, folded by the next pass), labels bounded by the function.
+SELECT {schema}.worker_guard_faults(%(queue)s, %(guards)s::text[], %(counts)s::bigint[]);
+
 -- totals --
 -- Every job metric total, by queue.
 SELECT queue, name, label, le, value FROM {schema}.job_metrics ORDER BY queue, name, label, le;

@@ -166,6 +166,7 @@ def migrate(conn: Connection, schema: str = "jobfence",
     (``installation``, or a generated name) if it has none yet — a ConfigError if it has
     another. Safe to run repeatedly and concurrently."""
     m = Migrations(conn, schema)
+    Roles(conn, schema).refuse_foreign()  # before anything is written
     with db.transaction(conn):
         m.lock()
         m.refuse_foreign_schema()

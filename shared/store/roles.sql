@@ -11,6 +11,21 @@ SELECT rolsuper OR rolcreaterole AS may FROM pg_roles WHERE rolname = current_us
 -- Which of these roles exist already.
 SELECT rolname FROM pg_roles WHERE rolname = ANY(%(names)s::text[]);
 
+-- found --
+-- The installation's roles that exist: the powers a group role must never have, and the
+-- mark jobfence leaves on a role it made (its comment, roles.py's `mark`).
+SELECT r.rolname, r.rolcanlogin, r.rolsuper, r.rolcreaterole, r.rolreplication,
+       r.rolbypassrls, shobj_description(r.oid, 'pg_authid') AS mark
+FROM pg_roles r WHERE r.rolname = ANY(%(names)s::text[]);
+
+-- installed --
+-- Whether the schema is an installation that its owner role already owns (migrated by a
+-- release that made its roles without marking them).
+SELECT EXISTS (
+    SELECT FROM pg_namespace n JOIN pg_roles o ON o.oid = n.nspowner
+    JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = 'jobfence_schema_migrations'
+    WHERE n.nspname = %(schema)s AND o.rolname = %(owner)s) AS installed;
+
 -- may_become_owner --
 -- Whether this session may act as the owner role (a superuser, or a member of it).
 SELECT pg_has_role(current_user, %(owner)s, 'MEMBER') AS may;
@@ -87,6 +102,8 @@ GRANT EXECUTE ON FUNCTION {schema}.worker_trace(uuid, uuid) TO {worker};
 GRANT EXECUTE ON FUNCTION {schema}.worker_register_log(uuid, uuid, integer) TO {worker};
 -- worker, as it starts: the action names of its registry, labels of the action metrics.
 GRANT EXECUTE ON FUNCTION {schema}.worker_register_actions(text[]) TO {worker};
+-- worker: what its guards' ticks raised, counted (worker_guard_faults).
+GRANT EXECUTE ON FUNCTION {schema}.worker_guard_faults(text, text[], bigint[]) TO {worker};
 
 -- reader: status, list, queue status, drain status, KEDA's queries, metrics.
 GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {reader}, {maintainer}, {operator};

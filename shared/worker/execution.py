@@ -32,14 +32,14 @@ from jobfence.actions.builtin import ActionFailed
 from jobfence.actions.child import ChildOutput
 from jobfence.datums import AttemptFiles
 from jobfence.durations import format_duration, parse_duration
-from jobfence.errors import FenceLost, JobfenceError
+from jobfence.errors import FenceLost, JobfenceError, NoFreeUid
 from jobfence.finalize import finalize
 from jobfence.logs import get_logger
 from jobfence.objectstore import ObjectStore
 from jobfence.settings import Settings
 from jobfence.store import ActionOutcome, Claim, RetryPolicy, TerminalWrite, Transition
 from jobfence.worker.completer import Completer, WriteRefused
-from jobfence.worker.guard import Guard, Guards, StopReason
+from jobfence.worker.guard import GIVEN_BACK, Guard, Guards, StopReason
 from jobfence.worker.output import LineBudget, LogTarget, Origin, Output
 from jobfence.worker.sandbox import Sandbox
 
@@ -52,6 +52,7 @@ class Outcome(StrEnum):
     FAILED = "failed"          # terminal failure
     SNOOZED = "snoozed"        # pending again after the delay an action asked for
     LOST = "lost"              # fence lost or self-fenced: wrote nothing
+    GIVEN_BACK = "given_back"  # this worker could not run it (no free uid): pending again
     TERMINATED = "terminated"  # SIGTERM: given back by the guards
 
 
@@ -115,7 +116,7 @@ class Execution:
                   attempt=claim.attempt_count, max_attempts=claim.max_attempts)
         guard = self.w.guards.guard(claim)
         try:
-            if guard.reason is StopReason.SIGTERM:  # SIGTERM came as the claim was made
+            if guard.reason in GIVEN_BACK:  # SIGTERM came as the claim was made
                 return Result(claim, Outcome.TERMINATED)
             space = AttemptSpace(lambda: self.w.sandbox.spaces.space(claim.attempt_id))
             try:
@@ -171,7 +172,11 @@ class Execution:
             except StopRequested:
                 return self._stopped(guard, index, spec["name"], started)
             except FenceLost:
+                if guard.stop.is_set():  # stopped meanwhile (an upload's write refused):
+                    return self._stopped(guard, index, spec["name"], started)  # as it says
                 return self._lost(guard)
+            except NoFreeUid as exc:  # not the job's fault: another worker may run it now
+                return self._give_back(guard, str(exc))
             except WriteRefused:
                 raise
             except Snooze as asked:
@@ -250,8 +255,21 @@ class Execution:
         self._finalize_parent()
         return Result(claim, Outcome.SUCCEEDED, done.next_claim)
 
+    def _give_back(self, guard: Guard, why: str) -> Result:
+        """Give the job back, pending at once and its attempt not spent (as on SIGTERM, up
+        to JOBFENCE_MAX_INTERRUPTIONS times): this worker cannot run it now."""
+        claim = self.claim
+        log.warning("job_given_back", job_id=str(claim.job_id), reason=why)
+        guard.ending.set()
+        back = self.w.completer.write(guard, lambda s: s.attempts.interrupt_many(
+            [(claim.job_id, claim.attempt_id)], reason=f"given back: {why}"[:2000],
+            max_interruptions=self.w.settings.max_interruptions))
+        if not back:
+            return self._lost(guard)
+        return Result(claim, Outcome.GIVEN_BACK, error=why)
+
     def _stopped_before_write(self, guard: Guard) -> Result:
-        if guard.reason is StopReason.SIGTERM:
+        if guard.reason in GIVEN_BACK:
             return Result(self.claim, Outcome.TERMINATED)
         return self._lost(guard)
 
@@ -293,7 +311,7 @@ class Execution:
     def _stopped(self, guard: Guard, index: int, name: str, started: datetime) -> Result:
         claim = self.claim
         reason = guard.reason
-        if reason is StopReason.SIGTERM:
+        if reason in GIVEN_BACK:
             return Result(claim, Outcome.TERMINATED)
         if reason in (StopReason.TIMED_OUT, StopReason.INACTIVE):
             why = "timed out" if reason is StopReason.TIMED_OUT else "inactive"
@@ -360,7 +378,7 @@ class Execution:
             log.warning("writeback_stale_attempt", job_id=str(claim.job_id),
                         attempt_id=str(claim.attempt_id),
                         message="the fence was rotated: this attempt stops and writes nothing")
-        if guard.reason is StopReason.SIGTERM:
+        if guard.reason in GIVEN_BACK:
             return Result(claim, Outcome.TERMINATED)
         self._confirm_stopped()
         return Result(claim, Outcome.LOST)

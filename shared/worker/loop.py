@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from jobfence import cli
 from jobfence.actions import registry
+from jobfence.command_settings import command_env_refusal
 from jobfence.errors import ConfigError
 from jobfence.jobuids import users_for
 from jobfence.logs import get_logger
@@ -71,10 +72,15 @@ class Report:
     snoozed: int = 0
     failed: int = 0
     lost: int = 0
+    given_back: int = 0
+    """Jobs this worker could not run (no free uid for their command): pending again, their
+    attempts not spent."""
     terminated: bool = False
     stopped_by: str = ""
-    """Why the worker stopped claiming: nothing_ready, max_jobs, max_seconds, sigterm, or
-    sidecar_lost (its command sidecar went away: no command can start here any more)."""
+    """Why the worker stopped claiming: nothing_ready, max_jobs, max_seconds, sigterm,
+    sidecar_lost (its command sidecar went away: no command can start here any more),
+    guards_failed (a guard thread could not run: every job was given back), or no_free_uid
+    (a job was given back: every uid for its command is held on this machine)."""
     jobs: list[dict[str, str]] = field(default_factory=list)
 
     def count(self, result: Result) -> None:
@@ -89,13 +95,15 @@ class Report:
             self.failed += 1
         elif result.outcome is Outcome.LOST:
             self.lost += 1
+        elif result.outcome is Outcome.GIVEN_BACK:
+            self.given_back += 1
         else:
             self.terminated = True
 
     @property
     def ok(self) -> bool:
         return (self.succeeded + self.snoozed == self.claimed and not self.terminated
-                and self.stopped_by != "sidecar_lost")
+                and self.stopped_by not in ("sidecar_lost", "guards_failed"))
 
 
 MORE = object()
@@ -106,17 +114,26 @@ nothing was ready."""
 class Budget:
     """How many more jobs this worker may claim, and why no more when none."""
 
-    def __init__(self, max_jobs: int, max_seconds: float | None, spaces: Spaces) -> None:
+    def __init__(self, max_jobs: int, max_seconds: float | None, spaces: Spaces,
+                 guards_failed: threading.Event | None = None) -> None:
         self._left = max_jobs
         self._deadline = None if max_seconds is None else time.monotonic() + max_seconds
         self._spaces = spaces
+        self._guards_failed = guards_failed or threading.Event()
+        self.no_free_uid = threading.Event()
+        """Set when a job was given back for want of a uid: claiming again here would claim
+        it (or another) only to give it back."""
         self._lock = threading.Lock()
         self.terminated = threading.Event()
 
     def why_not(self) -> str | None:
         """Why no job may be claimed now (None: one may)."""
+        if self._guards_failed.is_set():
+            return "guards_failed"
         if self.terminated.is_set():
             return "sigterm"
+        if self.no_free_uid.is_set():
+            return "no_free_uid"
         if self._left <= 0:
             return "max_jobs"
         if self._deadline is not None and time.monotonic() >= self._deadline:
@@ -149,6 +166,10 @@ def open_sandbox(settings: Settings) -> Sandbox:
     """Where this worker's jobs start their children — here, or in the command sidecar
     (``JOBFENCE_COMMAND_SOCKET``) — chosen once, here."""
     passthrough = tuple(n for n in settings.command_env.split(",") if n)
+    if settings.command_env_allow_secrets and (why := command_env_refusal(
+            settings.command_env)) is not None:
+        log.warning("command_env_unsafe", names=list(passthrough), message=why.replace(
+            "would hand", "hands").split(" (")[0] + " (JOBFENCE_COMMAND_ENV_ALLOW_SECRETS)")
     spaces: Spaces
     try:
         if settings.command_socket is not None:
@@ -192,7 +213,8 @@ class Worker:
         register_actions(completer)
         self._objects: ObjectStore | None = None
         self.wiring = Wiring(settings=settings, completer=completer,
-                             guards=Guards(settings), sandbox=self.sandbox,
+                             guards=Guards(settings, queue=self.queue),
+                             sandbox=self.sandbox,
                              objects=self.objects, installation=identity.installation,
                              retry=settings.retry_policy,
                              lines=LineBudget(settings.output_lines_per_second))
@@ -236,6 +258,8 @@ class Worker:
             except BaseException as exc:
                 self._results.put(exc)
                 return
+            if result.outcome is Outcome.GIVEN_BACK:
+                budget.no_free_uid.set()
             with self._counting:
                 self.report.count(result)
                 if result.next_claim is not None:
@@ -251,7 +275,8 @@ class Worker:
 
     def run(self, max_jobs: int, max_seconds: float | None = None,
             idle_seconds: float = 0.0) -> Report:
-        budget = Budget(max_jobs, max_seconds, self.sandbox.spaces)
+        budget = Budget(max_jobs, max_seconds, self.sandbox.spaces,
+                        self.wiring.guards.failed)
         crash: BaseException | None = None
         with on_termination(lambda signum: self._on_signal(signum, budget)) as terminated:
             try:
@@ -261,6 +286,9 @@ class Worker:
             if terminated.is_set():
                 self.report.terminated = True
                 self.report.stopped_by = "sigterm"
+            elif self.wiring.guards.failed.is_set():
+                self.report.terminated = True
+                self.report.stopped_by = "guards_failed"
         self.close()
         if crash is not None:
             raise crash

@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, ClassVar, NamedTuple
 
+from jobfence.worker.faults import FAULTS
+
 PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_PDEATHSIG = 1
 
@@ -66,7 +68,10 @@ def pump(stream: IO[bytes], sink: Callable[[bytes], None]) -> threading.Thread:
     def run() -> None:
         with stream:
             for chunk in iter(lambda: stream.read1(65536), b""):  # type: ignore[attr-defined]
-                sink(chunk)
+                try:
+                    sink(chunk)
+                except Exception as exc:  # the job's bytes: noted, and the pipe drained on
+                    FAULTS.note("output", exc)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -105,13 +110,20 @@ class _Proc(NamedTuple):
 
 
 def _stat(pid: int | str, proc: Path = Path("/proc")) -> _Proc | None:
+    """One process's line of /proc, or None when it is gone or cannot be read. Its name
+    (``comm``, field 2) is the process's to choose — any bytes but NUL, spaces and
+    parentheses included, or a non-ASCII name the kernel cut mid-character — so the line
+    is read as bytes and parsed after the last ``)``, and the name is never decoded."""
     try:
-        stat = (proc / str(pid) / "stat").read_text()
+        stat = (proc / str(pid) / "stat").read_bytes()
     except OSError:
         return None  # gone while we looked
-    # comm (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rfind(")") + 2:].split()
-    return _Proc(int(pid), int(fields[1]), int(fields[2]), int(fields[3]), fields[0])
+    fields = stat[stat.rfind(b")") + 2:].split()
+    try:
+        return _Proc(int(pid), int(fields[1]), int(fields[2]), int(fields[3]),
+                     fields[0].decode("ascii"))
+    except (ValueError, IndexError):  # not a line the kernel writes: not a process to us
+        return None
 
 
 def _below(root: int, proc: Path = Path("/proc")) -> list[_Proc]:
@@ -120,9 +132,11 @@ def _below(root: int, proc: Path = Path("/proc")) -> list[_Proc]:
         if entry.name.isdigit() and (p := _stat(entry.name, proc)) is not None:
             children.setdefault(p.ppid, []).append(p)
     found: list[_Proc] = []
+    seen = {root}
     frontier = [root]
     while frontier:
-        nxt = [c for p in frontier for c in children.get(p, ())]
+        nxt = [c for p in frontier for c in children.get(p, ()) if c.pid not in seen]
+        seen.update(c.pid for c in nxt)
         found += nxt
         frontier = [c.pid for c in nxt]
     return found
@@ -310,9 +324,9 @@ class TreeMemory:
             if _read(Path(f"/proc/{self.root}/cmdline")) in (self._mine, b""):
                 return 0  # not exec'd yet (or gone): its numbers are this process's
             self._execd = True
-        try:
-            for line in Path(f"/proc/{self.root}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
+        try:  # bytes: the status's Name line is the job's to choose
+            for line in Path(f"/proc/{self.root}/status").read_bytes().splitlines():
+                if line.startswith(b"VmHWM:"):
                     return int(line.split()[1]) * 1024
         except (OSError, ValueError, IndexError):
             pass

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from jobfence import db
 from jobfence.db import Connection, connect, deadline
-from jobfence.errors import StoreUnavailable
+from jobfence.errors import JobfenceError, StoreUnavailable
 from jobfence.settings import Settings
 from jobfence.store import Store
 
@@ -65,7 +65,9 @@ class SideChannel:
         if not self._listening or conn is None:
             return set()
         found = self._payloads(conn)
-        if found or not db.readable(conn, timeout):
+        if found or conn is not self._conn:  # told, or the connection was lost meanwhile
+            return found
+        if not db.readable(conn, timeout):
             return found
         return self._payloads(conn)
 
@@ -98,6 +100,11 @@ class SideChannel:
                 with deadline(store.conn, self.timeout):
                     return fn(store)
             except StoreUnavailable:
+                self.close_quietly()
+                raise
+            except JobfenceError:  # the database's answer: the connection is fine
+                raise
+            except Exception:  # not an answer: whatever state the connection is in, not reused
                 self.close_quietly()
                 raise
         finally:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from jobfence.errors import ConfigError
+from jobfence.errors import ConfigError, NoFreeUid
 from jobfence.jobuids import DEFAULT_UIDS, FixedUser, PerJobUsers, SameUser, parse_uids, users_for
 from tests.procs import alive, wait_for
 
@@ -56,7 +56,7 @@ def test_holders_never_share_a_uid_and_a_full_range_is_a_clear_error(
     taken = [one.take(), two.take(), one.take()]
     assert sorted(u.uid for u in taken if u.uid) == [FIRST, FIRST + 1, FIRST + 2]
     assert all(u.owner == (u.uid, u.uid) for u in taken)
-    with pytest.raises(ConfigError, match="is held by a running job"):
+    with pytest.raises(NoFreeUid, match="is held by a running job"):
         two.take()
     taken[1].release()
     again = two.take()
@@ -77,7 +77,7 @@ def test_a_holder_that_dies_lets_go_and_what_it_left_running_is_killed(
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert holder.stdout is not None
     assert int(holder.stdout.readline()) == FIRST
-    with pytest.raises(ConfigError):
+    with pytest.raises(NoFreeUid):
         pool(where, size=1).take()  # held by the other process
     orphan = as_uid(FIRST, "sleep", "300")  # left behind by the holder's job
     holder.send_signal(signal.SIGKILL)

@@ -153,6 +153,7 @@ def test_a_jobs_command_finds_no_key_and_changes_nothing(dsn: Dsn, store: Store,
     r = subprocess.run([*JOBFENCE, "worker"], env={**env, "HOME": str(home)}, cwd=home,
                        capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
+    assert "command_env_unsafe" in r.stderr  # said loudly
     found = json.loads(report.read_text())
     assert found["uid"] != os.getuid()  # the command ran as another user
     assert found["found"] == [] and found["tried"] == [], found
@@ -177,7 +178,8 @@ def test_the_worker_role_bounds_a_command_that_is_handed_the_keys(
     report = drop / "report.json"
     enqueue_one(store, actions=[{"name": "command", "params": {"argv": [
         sys.executable, "-c", SEARCH, str(report), str(drop), str(drop), servers(dsn)]}}])
-    env = cli_env(dsn, "worker", **FAST, JOBFENCE_COMMAND_ENV="JOBFENCE_DATABASE_URL")
+    env = cli_env(dsn, "worker", **FAST, JOBFENCE_COMMAND_ENV="JOBFENCE_DATABASE_URL",
+                  JOBFENCE_COMMAND_ENV_ALLOW_SECRETS="true")  # refused without it
     # A neighbour on the same machine whose superuser URL the search (run as root) can read:
     # found, never tried (nothing listens there; a try would be reported as "connect").
     with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env={
@@ -188,6 +190,7 @@ def test_the_worker_role_bounds_a_command_that_is_handed_the_keys(
         finally:
             n.kill()
     assert r.returncode == 0, r.stderr
+    assert "command_env_unsafe" in r.stderr  # said loudly
     found = json.loads(report.read_text())
     assert "127.0.0.1:9" in found["elsewhere"], found
     assert found["found"], found  # handed the worker's URL...

@@ -33,6 +33,7 @@ from uuid import UUID
 from jobfence.actions.child import ChildLost, ChildNotStarted, SpacePaths, Usage
 from jobfence.fsboundary import BoundaryError, Listed, Refused, check_regular, refusal
 from jobfence.logs import get_logger
+from jobfence.worker.faults import FAULTS
 from jobfence.worker.sidecar.listen import listen
 from jobfence.worker.sidecar.protocol import (
     CLOSE_SECONDS,
@@ -338,10 +339,17 @@ class SidecarChild:
                     return
                 for stream in ("out", "err"):
                     if stream in message:
-                        self._sink(stream, base64.b64decode(message[stream]))
+                        chunk = base64.b64decode(message[stream])
+                        try:
+                            self._sink(stream, chunk)
+                        except Exception as exc:  # the job's bytes: noted, read on
+                            FAULTS.note("output", exc)
             self._lost = "closed the connection while the command ran"
         except (OSError, ProtocolError, ValueError, TypeError) as exc:
             self._lost = f"failed while the command ran: {exc}"
+        except Exception as exc:  # a bug here: the child is lost to us, never unguarded
+            FAULTS.note("sidecar", exc)
+            self._lost = f"could not be read while the command ran: {exc!r}"
         finally:
             if self._lost is not None:
                 self._link.lose(self._lost)

@@ -26,6 +26,7 @@ from jobfence.actions.child import ChildNotStarted
 from jobfence.fsboundary import BoundaryError, Listed
 from jobfence.jobuids import Users
 from jobfence.logs import get_logger
+from jobfence.worker.faults import FAULTS
 from jobfence.worker.jobspace import LocalSpace
 from jobfence.worker.proctree import Tree, kill_descendants
 from jobfence.worker.sandbox import LocalChild
@@ -79,6 +80,8 @@ class SidecarServer:
             log.info("command_runner_connected", socket=str(self.path))
             try:
                 self._serve_control(control)
+            except Exception as exc:  # as if the worker went: its jobs' spaces go, dial again
+                FAULTS.note("sidecar", exc)
             finally:
                 control.close()
                 self._close_spaces()
@@ -124,8 +127,21 @@ class SidecarServer:
             except OSError:
                 close_all(fds)
                 continue
-            threading.Thread(target=self.handle, args=(channel,), daemon=True,
-                             name="channel").start()
+            try:
+                threading.Thread(target=self._handle_guarded, args=(channel,), daemon=True,
+                                 name="channel").start()
+            except Exception as exc:  # no thread for it: refused, the next one may get one
+                FAULTS.note("sidecar", exc)
+                self._refuse(channel, f"command sidecar: {exc}")
+
+    def _handle_guarded(self, channel: Channel) -> None:
+        """A channel's thread: whatever its request raises is noted and refused, never the
+        end of the runner."""
+        try:
+            self.handle(channel)
+        except Exception as exc:
+            FAULTS.note("sidecar", exc)
+            self._refuse(channel, f"command sidecar: {exc!r}"[:500])
 
     # -- one channel -----------------------------------------------------------------------
 
@@ -158,9 +174,10 @@ class SidecarServer:
 
     @staticmethod
     def _refuse(channel: Channel, why: str) -> None:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(Exception):
             channel.send(error=why)
-        channel.close()
+        with contextlib.suppress(Exception):
+            channel.close()
 
     def _space_of(self, attempt: str, *, make: bool = False) -> LocalSpace:
         with self._lock:
@@ -283,6 +300,9 @@ class SidecarServer:
             try:
                 message = channel.receive()
             except (OSError, ProtocolError):
+                message = None
+            except Exception as exc:  # unreadable: as if the worker went (the child dies)
+                FAULTS.note("sidecar", exc)
                 message = None
             if (message is None or message.get("kill") is True) and child.kill():
                 self._kill_tree(child, attempt, reap_children=False)
