@@ -218,6 +218,22 @@ class PatroniCluster(ThrowawayServer):
             self.etcd.kill()
             self.etcd.wait()
             self.etcd = None
+        for pid in self._strays():  # whatever of the cluster outlived the above
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+
+    def _strays(self) -> list[int]:
+        """Every process started for this cluster: named by its directory (Patroni, etcd,
+        the postmasters) or by its cluster name (a backend: ``postgres: <scope>: ...``)."""
+        marks = (str(self.root).encode(), f"postgres: {self.scope}:".encode())
+        found = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            with contextlib.suppress(OSError, ValueError):
+                text = cmdline.read_bytes()
+                if any(mark in text for mark in marks):
+                    found.append(int(cmdline.parent.name))
+        return [p for p in found if p != os.getpid()]
 
     def _stop_member(self, m: Member) -> None:
         for pid in m.server_pids():  # a frozen node is thawed first, so it can die

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from jobfence import cli
 from jobfence.actions import registry
-from jobfence.errors import ConfigError
+from jobfence.errors import ConfigError, StoreUnavailable
 from jobfence.jobuids import users_for
 from jobfence.logs import get_logger
 from jobfence.objectstore import ObjectStore
@@ -54,6 +54,12 @@ BUSY_POLL_SECONDS = 0.25
 """While some slots run jobs and the last claim found nothing: how often the free slots
 look again (each finishing job also asks, on its terminal write, and a job found that way
 wakes the loop to fill the free slots at once)."""
+
+CLAIM_BACKOFF_SECONDS = 1.0
+"""While some slots run jobs and a claim could not reach the database (an outage, a
+failover): how long the free slots wait before they try again. The jobs running keep their
+leases through the guards' own connection; the worker stops for the outage only once none
+runs."""
 
 IDLE_POLL_SECONDS = 0.02
 """With ``--idle-seconds``, while nothing runs: how often the worker looks for ready work."""
@@ -286,7 +292,17 @@ class Worker:
                 poll = BUSY_POLL_SECONDS if running else IDLE_POLL_SECONDS
                 if not dry or now - looked >= poll:
                     granted = budget.take(free)
-                    claims = self.wiring.completer.claim(granted) if granted else []
+                    try:
+                        claims = self.wiring.completer.claim(granted) if granted else []
+                    except StoreUnavailable as exc:
+                        budget.give(granted)
+                        if not running:
+                            raise  # nothing in hand: the worker stops (exit 4)
+                        log.warning("claim_failed", error=str(exc),
+                                    retry_in=CLAIM_BACKOFF_SECONDS)
+                        looked = time.monotonic() + CLAIM_BACKOFF_SECONDS - BUSY_POLL_SECONDS
+                        dry = True
+                        continue
                     budget.give(granted - len(claims))
                     looked = time.monotonic()
                     if claims:
