@@ -113,6 +113,9 @@ bench: $(BENCH_STAMP) system-bench controlplane keda ## run the benchmarks besid
 chaos: $(STAMP) system-test ## fault-injection run: thousands of jobs, SIGKILL/SIGTERM/SIGSTOP, DB restart; judged by the audit trail (CHAOS_ARGS="--jobs 300 --quick" for a short one)
 	$(PY) -m bench.chaos $(CHAOS_ARGS)
 
+chaos-failover: $(STAMP) system-test controlplane ## failover run on a real Patroni cluster (etcd, three members, synchronous standby): thousands of jobs, node losses, switchovers, frozen primaries; judged by evidence kept outside the database (FAILOVER_ARGS="--jobs 300 --faults 3")
+	$(PY) -m devtools.failover_run $(FAILOVER_ARGS)
+
 dashboards: $(STAMP) ## write the Grafana dashboards (manifests/components/grafana-dashboards) from devtools/dashboards.py
 	$(PY) -m devtools.dashboards
 
@@ -151,6 +154,6 @@ clean: cluster-down ## stop the local cluster, remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache build *.egg-info
 
 .PHONY: help venv system-test system-demo system-bench postgres-check controlplane otelcol keda kubectl \
-	cluster-up cluster-down lint test demo demo-cluster bench chaos pools dashboards verify image overlay \
+	cluster-up cluster-down lint test demo demo-cluster bench chaos chaos-failover pools dashboards verify image overlay \
 	render deploy \
 	schema-snapshot clean

@@ -170,6 +170,17 @@ def open_sandbox(settings: Settings) -> Sandbox:
     return Sandbox(spaces, passthrough)
 
 
+def warn_durability(completer: Completer) -> None:
+    """Say at start when the database may lose an acknowledged commit (asynchronous
+    replicas, ``synchronous_commit`` off or local): jobs may then run twice after a
+    failover. Never fatal."""
+    try:
+        for why in completer.read(lambda s: s.control.durability()):
+            log.warning("durability_at_risk", message=why)
+    except Exception as exc:
+        log.debug("durability_unknown", error=str(exc))
+
+
 def register_actions(completer: Completer) -> None:
     """Tell the database the action names this worker may run (its registry: built-ins and
     installed plugins), so that their metrics have labels of their own; any other name
@@ -195,6 +206,7 @@ class Worker:
         # A worker of another installation stops here (exit 2), before it claims anything.
         identity = completer.read(lambda s: s.control.identity(settings.installation))
         assert identity.installation is not None
+        warn_durability(completer)
         register_actions(completer)
         self._objects: ObjectStore | None = None
         self.wiring = Wiring(settings=settings, completer=completer,

@@ -233,3 +233,10 @@ def test_a_worker_sent_to_a_replica_never_claims(
     assert done.returncode == ExitCode.UNAVAILABLE, done.stderr
     assert "takes no writes" in done.stderr
     assert row_of(url, job_id)["status"] == "pending"
+
+
+def test_migrate_on_the_synchronous_cluster_warns_of_nothing(cluster: PatroniCluster) -> None:
+    done = subprocess.run([*JOBFENCE, "migrate"], env=cli_env(cluster.url(DBNAME)), cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "warning" not in done.stderr

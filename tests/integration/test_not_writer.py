@@ -184,3 +184,17 @@ def test_a_terminal_write_whose_backend_dies_during_commit_is_written_once(
     ends = conn.execute("SELECT count(*) AS n FROM job_events WHERE job_id = %s "
                         "AND to_status = 'succeeded'", (claim.job_id,)).fetchone()
     assert ends == {"n": 1}
+
+
+def test_migrate_and_a_worker_warn_when_a_commit_may_be_acknowledged_unsafely(
+        dsn: str, conn: Connection) -> None:
+    """The test server runs with synchronous_commit off (fast, not durable): both say so,
+    and go on."""
+    conn.execute(f'ALTER DATABASE "{conn.info.dbname}" SET synchronous_commit = local')
+    migrated = run_cli(dsn, "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    assert "synchronous_commit is local" in migrated.stderr
+    worked = run_cli(dsn, "worker", "--max-jobs", "1")
+    assert worked.returncode == 0, worked.stderr
+    assert "durability_at_risk" in worked.stderr
+    assert "synchronous_commit is local" in worked.stderr
