@@ -24,6 +24,7 @@ import itertools
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -207,12 +208,12 @@ class Run:
             # goes on acknowledging (asynchronous) or waits (synchronous); then it is lost.
             senders = [p for p in leader.server_pids() if b"walsender" in _cmdline(p)]
             for p in senders:
-                os.kill(p, 19)  # SIGSTOP
+                os.kill(p, signal.SIGSTOP)
             self.wait(4)
             cluster.kill(leader)
             for p in senders:
                 with _quiet():
-                    os.kill(p, 9)
+                    os.kill(p, signal.SIGKILL)
             cluster.wait_until(lambda: cluster.leader() not in (None, leader), 120,
                                "no new leader")
             cluster.start_member(leader)
@@ -257,6 +258,9 @@ def _cmdline(pid: int) -> bytes:
 class Judgement:
     violations: dict[str, list[Any]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    timings: list[dict[str, Any]] = field(default_factory=list)
+    """Per fault: its kind, the seconds to the first claim after it, and the seconds to
+    the last end (terminal write acked, self-fence) of a claim made before it."""
 
     @property
     def ok(self) -> bool:
@@ -264,6 +268,8 @@ class Judgement:
 
     def summary(self) -> str:
         lines = [f"{k}: {v}" for k, v in self.counts.items()]
+        lines += [f"fault {t['kind']}: first new claim after {t['first_claim']} s, last "
+                  f"old claim resolved after {t['old_resolved']} s" for t in self.timings]
         lines += [f"VIOLATION {k}: {v[:5]}" for k, v in self.violations.items() if v]
         return "\n".join(lines)
 
@@ -284,6 +290,28 @@ def _epoch(stamp: str) -> float:
     from datetime import datetime
 
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _timings(faults: list[Fault], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    claimed_at: dict[str, float] = {}
+    ended_at: dict[str, float] = {}
+    for e in events:
+        attempt = e.get("attempt_id")
+        if not attempt or "timestamp" not in e:
+            continue
+        if e.get("event") == "job_claimed":
+            claimed_at[attempt] = _epoch(e["timestamp"])
+        elif e.get("event") in ("job_succeeded", "self_fenced", "writeback_stale_attempt"):
+            ended_at[attempt] = _epoch(e["timestamp"])
+    out = []
+    for f in faults:
+        after = [t for t in claimed_at.values() if t > f.at]
+        old = [ended_at[a] for a, t in claimed_at.items() if t <= f.at and a in ended_at
+               and ended_at[a] > f.at]
+        out.append({"kind": f.kind,
+                    "first_claim": round(min(after) - f.at, 1) if after else None,
+                    "old_resolved": round(max(old) - f.at, 1) if old else 0.0})
+    return out
 
 
 def judge(run: Run) -> Judgement:
@@ -349,6 +377,7 @@ def judge(run: Run) -> Judgement:
         j for j, r in rows.items() if r["status"] not in TERMINAL]
     v["unknown outcome left unresolved"] = [(e.get("job_id"), e.get("attempt_id"))
                                             for e in unresolved]
+    out.timings = _timings(run.faults, events)
     out.counts = {
         "jobs": len(rows), "acked enqueues": len(enqueued), "acked claims": len(claims),
         "acked finishes": sum(len(a) for a in finished.values()),
