@@ -105,13 +105,20 @@ class _Proc(NamedTuple):
 
 
 def _stat(pid: int | str, proc: Path = Path("/proc")) -> _Proc | None:
+    """One process's line of /proc, or None when it is gone or cannot be read. Its name
+    (``comm``, field 2) is the process's to choose — any bytes but NUL, spaces and
+    parentheses included, or a non-ASCII name the kernel cut mid-character — so the line
+    is read as bytes and parsed after the last ``)``, and the name is never decoded."""
     try:
-        stat = (proc / str(pid) / "stat").read_text()
+        stat = (proc / str(pid) / "stat").read_bytes()
     except OSError:
         return None  # gone while we looked
-    # comm (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rfind(")") + 2:].split()
-    return _Proc(int(pid), int(fields[1]), int(fields[2]), int(fields[3]), fields[0])
+    fields = stat[stat.rfind(b")") + 2:].split()
+    try:
+        return _Proc(int(pid), int(fields[1]), int(fields[2]), int(fields[3]),
+                     fields[0].decode("ascii"))
+    except (ValueError, IndexError):  # not a line the kernel writes: not a process to us
+        return None
 
 
 def _below(root: int, proc: Path = Path("/proc")) -> list[_Proc]:
