@@ -114,7 +114,7 @@ chaos: $(STAMP) system-test ## fault-injection run: thousands of jobs, SIGKILL/S
 	$(PY) -m bench.chaos $(CHAOS_ARGS)
 
 chaos-failover: $(STAMP) system-test controlplane ## failover run on a real Patroni cluster (etcd, three members, synchronous standby): thousands of jobs, node losses, switchovers, frozen primaries; judged by evidence kept outside the database (FAILOVER_ARGS="--jobs 300 --faults 3")
-	$(PY) -m devtools.failover_run $(FAILOVER_ARGS)
+	$(PY) -m bench.chaos_failover $(FAILOVER_ARGS)
 
 dashboards: $(STAMP) ## write the Grafana dashboards (manifests/components/grafana-dashboards) from devtools/dashboards.py
 	$(PY) -m devtools.dashboards

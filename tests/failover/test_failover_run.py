@@ -1,4 +1,4 @@
-"""The quick failover run (devtools/failover_run.py): a few hundred jobs through the shipped
+"""The quick failover run (bench/chaos_failover.py): a few hundred jobs through the shipped
 worker on a real Patroni cluster while its primary is lost (kill -9 of Patroni and the
 postmaster), switched over, and frozen past the TTL; judged by evidence outside the
 database (a side-effect log the commands append to, each process's log of what it was
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools.failover_run import Run
+from bench.chaos_failover import Run
 from devtools.patroni import PatroniCluster
 from tests.support import JOBFENCE, REPO, cli_env
 

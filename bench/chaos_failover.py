@@ -96,7 +96,7 @@ class Run:
 
     def enqueue(self) -> None:
         """Enqueue every job, acknowledging each commit in the harness's ack log."""
-        rng = random.Random(self.seed)  # noqa: S311 - a replayable run, not a secret
+        rng = random.Random(self.seed)
         with db.connect(self.url) as conn, open(self.enqueue_log, "a") as acks:
             store = Store(conn)
             for start in range(0, self.jobs, 50):
@@ -125,7 +125,7 @@ class Run:
         return env
 
     def start_worker(self, n: int) -> None:
-        log = open(self.root / f"acks-worker-{n}-{time.time():.0f}.log", "ab")  # noqa: SIM115
+        log = open(self.root / f"acks-worker-{n}-{time.time():.0f}.log", "ab")
         self.procs.append(subprocess.Popen(
             [sys.executable, "-m", "jobfence.functions.cli", "worker",
              "--max-jobs", "10000000", "--max-seconds", "3600", "--idle-seconds", "3600",
@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import tempfile
 
-    p = argparse.ArgumentParser(prog="python -m devtools.failover_run")
+    p = argparse.ArgumentParser(prog="python -m bench.chaos_failover")
     p.add_argument("--jobs", type=int, default=2000)
     p.add_argument("--faults", type=int, default=24)
     p.add_argument("--workers", type=int, default=4)
@@ -406,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="Patroni's default replication (the positive control)")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
-    rng = random.Random(args.seed)  # noqa: S311 - a replayable run, not a secret
+    rng = random.Random(args.seed)
     kinds = [rng.choice(KINDS) for _ in range(args.faults)]
     cluster = PatroniCluster(synchronous=not args.asynchronous)
     try:
