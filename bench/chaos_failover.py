@@ -327,7 +327,13 @@ def judge(run: Run) -> Judgement:
     for e in events:
         if e.get("event") == "job_succeeded":
             finished[e["job_id"]].append((e["attempt_id"], _epoch(e["timestamp"])))
-    unresolved = [e for e in events if e.get("event") == "outcome_unresolved"]
+    unknown = {(e.get("job_id"), e.get("attempt_id")) for e in events
+               if e.get("event") == "outcome_unknown"}
+    settled = {(e.get("job_id"), e.get("attempt_id")) for e in events
+               if e.get("event") == "outcome_resolved"}
+    unresolved = [(e.get("job_id"), e.get("attempt_id")) for e in events
+                  if e.get("event") == "outcome_unresolved"]
+    unresolved += sorted(unknown - settled - set(unresolved))
     starts: dict[str, list[tuple[str, float]]] = defaultdict(list)
     runs: dict[tuple[str, str], list[float]] = {}
     if run.side_log.exists():
@@ -375,15 +381,14 @@ def judge(run: Run) -> Judgement:
     v["two attempts of one job at once"] = overlaps
     v["job not terminal at the drain deadline"] = [
         j for j, r in rows.items() if r["status"] not in TERMINAL]
-    v["unknown outcome left unresolved"] = [(e.get("job_id"), e.get("attempt_id"))
-                                            for e in unresolved]
+    v["unknown outcome left unresolved"] = unresolved
     out.timings = _timings(run.faults, events)
     out.counts = {
         "jobs": len(rows), "acked enqueues": len(enqueued), "acked claims": len(claims),
         "acked finishes": sum(len(a) for a in finished.values()),
         "command starts": sum(len(s) for s in starts.values()),
-        "unknown outcomes": sum(1 for e in events if e.get("event") == "outcome_unknown"),
-        "resolved": sum(1 for e in events if e.get("event") == "outcome_resolved"),
+        "unknown outcomes": len(unknown),
+        "resolved": len(unknown & settled),
         "faults": len(run.faults),
     }
     return out

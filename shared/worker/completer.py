@@ -186,7 +186,9 @@ class Completer:
             written, claims = self._usable().attempts.finish_many(
                 [h.write for h in live], claim=self.request(len(asked)) if asked else None)
         except StoreUnavailable as exc:
-            log.warning("write_retry", error=str(exc))
+            for h in live:  # the batch may or may not have committed
+                log.warning("outcome_unknown", job_id=str(h.write.job_id),
+                            attempt_id=str(h.write.attempt_id), error=str(exc))
             self._again_without_claims(live)
             return
         except JobfenceError as exc:
@@ -204,6 +206,10 @@ class Completer:
         been written by the first try."""
         pending = live
         while pending:
+            for h in pending:
+                if not h.guard.lease_live() or h.guard.stop.is_set():
+                    # No writing any more: what became of the first try is only read.
+                    h.result = Finished(self._won_anyway(h.guard, h.write))
             pending = [h for h in pending if h.guard.lease_live() and not h.guard.stop.is_set()]
             if not pending:
                 return
@@ -219,8 +225,12 @@ class Completer:
                 self._row_by_row(pending)
                 return
             for h in pending:
-                ok = h.write.job_id in written or self._won_anyway(h.guard, h.write)
-                h.result = Finished(ok)
+                if h.write.job_id in written:  # the first try had not committed
+                    log.info("outcome_resolved", job_id=str(h.write.job_id),
+                             attempt_id=str(h.write.attempt_id), written=True)
+                    h.result = Finished(True)
+                else:
+                    h.result = Finished(self._won_anyway(h.guard, h.write))
             return
 
     def _row_by_row(self, live: Sequence[_Handed]) -> None:
@@ -238,10 +248,12 @@ class Completer:
         """After a terminal write whose outcome was lost (its connection died during the
         commit): had it committed? Read back on a fresh connection to the writer, and
         counted as written only once confirmed durable there (``confirm_durable``): a
-        commit seen on a primary about to be lost is not yet one that survives it. Tried
-        again while the lease holds; unresolved after that, it counts as not written (the
-        job is then whatever the database kept: finished, or reclaimed by the sweeper)."""
+        commit seen on a primary about to be lost is not yet one that survives it. Only
+        read, so tried again for up to a lease even after this attempt's own ran out (its
+        connection is gone: a commit it did not make by now never comes); unresolved
+        after that, it counts as not written, and says so (``outcome_unresolved``)."""
         status = "succeeded" if write.succeeded else "failed"
+        until = time.monotonic() + self.settings.lease_seconds
         while True:
             try:
                 store = self._usable()
@@ -254,11 +266,11 @@ class Completer:
                          attempt_id=str(write.attempt_id), written=won)
                 return won
             except StoreUnavailable as exc:
-                log.warning("outcome_unknown", job_id=str(write.job_id),
+                log.warning("readback_failed", job_id=str(write.job_id),
                             attempt_id=str(write.attempt_id), error=str(exc))
             except JobfenceError:
                 return False
-            if not guard.lease_live():
+            if time.monotonic() >= until:
                 log.error("outcome_unresolved", job_id=str(write.job_id),
                           attempt_id=str(write.attempt_id))
                 return False
