@@ -140,6 +140,9 @@ model-check: $(STAMP) system-test ## the stateful test of a job's life against i
 chaos-guards: $(STAMP) system-test ## a worker's guards under fire: 1,000 killed heartbeat connections, 1,000 hostile process names (GUARD_CHAOS_ARGS="--jobs 50 --kills 50" for a short one)
 	$(PY) -m bench.guard_chaos $(GUARD_CHAOS_ARGS)
 
+chaos-failover: $(STAMP) system-test controlplane ## failover run on a real Patroni cluster (etcd, three members, synchronous standby): thousands of jobs, node losses, switchovers, frozen primaries; judged by evidence kept outside the database (FAILOVER_ARGS="--jobs 300 --faults 3")
+	$(PY) -m bench.chaos_failover $(FAILOVER_ARGS)
+
 dashboards: $(STAMP) ## write the Grafana dashboards (manifests/components/grafana-dashboards) from devtools/dashboards.py
 	$(PY) -m devtools.dashboards
 
@@ -187,6 +190,6 @@ clean: cluster-down ## stop the local cluster, remove the virtualenv and caches
 	rm -rf $(VENV) .mypy_cache .ruff_cache build *.egg-info
 
 .PHONY: help venv system-test system-demo system-cluster system-bench cluster-shell postgres-check controlplane otelcol keda kubectl model-check \
-	cluster-up cluster-down lint test demo demo-cluster bench chaos chaos-guards pools dashboards verify image overlay \
+	cluster-up cluster-down lint test demo demo-cluster bench chaos chaos-guards chaos-failover pools dashboards verify image overlay \
 	render deploy \
 	schema-snapshot clean

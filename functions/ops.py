@@ -42,6 +42,7 @@ def migrate_main(argv: list[str]) -> int:
                 sys.stdout.write(setup_sql(settings.schema_name, login, database))
                 return 0
             report = migrate(conn, settings.schema_name, settings.installation)
+            durability = Store(conn, settings.schema_name).control.durability()
         finally:
             conn.close()
         roles = report.roles
@@ -58,6 +59,8 @@ def migrate_main(argv: list[str]) -> int:
                      "create them: nothing was granted, and every function needs this "
                      "login's privileges. Have a DBA run the SQL of `jobfence migrate "
                      "--roles-sql`, then run `jobfence migrate` again.")
+        for why in durability:
+            cli.warn(why)
         cli.emit(out)
         return 0
 

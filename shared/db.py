@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import re
 import select
+import socket
 import threading
+import weakref
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -38,9 +40,11 @@ from jobfence.errors import (
     JobNotFound,
     NotMigrated,
     NotRetryable,
+    NotWriter,
     ResourceBusy,
     StoreError,
     StoreUnavailable,
+    Unreplicated,
 )
 from jobfence.limits import schema_refusal
 
@@ -67,6 +71,20 @@ def check_dsn(dsn: str) -> None:
                          "postgresql://USER@HOST/DB or key=value pairs)") from None
 
 
+def writer_params(dsn: str) -> dict[str, Any]:
+    """What a connection string needs to keep jobfence off a replica: a URL naming several
+    hosts (a failover set) gets ``target_session_attrs=read-write`` unless it says
+    otherwise, so libpq skips every host that is a replica or read-only. One host is taken
+    as given (a service that follows the primary, or PgBouncer): a write that reaches a
+    replica there is refused (``NotWriter``) and the connection replaced."""
+    with contextlib.suppress(Exception):
+        params = conninfo_to_dict(dsn)
+        if "," in str(params.get("host") or params.get("hostaddr") or "") \
+                and "target_session_attrs" not in params:
+            return {"target_session_attrs": "read-write"}
+    return {}
+
+
 def connect(
     dsn: str,
     *,
@@ -81,11 +99,13 @@ def connect(
     (``pooler="transaction"``) nothing is prepared on the server: the next transaction may
     run on another server connection, where the statement does not exist. Nothing is set
     at start-up either (a pooler refuses ``options``); a statement timeout is set per
-    transaction (``local_statement_timeout``).
+    transaction (``local_statement_timeout``). A multi-host URL reaches only the writer
+    (``writer_params``); ``connect_timeout`` holds for each host it tries.
     """
     try:
         conn = psycopg.connect(
             dsn,
+            **writer_params(dsn),
             autocommit=True,
             row_factory=dict_row,
             application_name=application_name,
@@ -100,10 +120,91 @@ def connect(
         raise ConfigError("JOBFENCE_DATABASE_URL is not a usable connection string: "
                           f"{_first_line(exc)}") from exc
     except psycopg.Error as exc:
+        if writer_params(dsn) and _no_writer(exc):
+            raise NotWriter("database unavailable: no host of JOBFENCE_DATABASE_URL takes "
+                            "writes (each is a replica or read-only, or cannot be reached): "
+                            f"{_first_line(exc)}") from exc
         raise translate(exc) from exc
     if pooler == "transaction":
         conn.prepare_threshold = None
+    watch(conn)
     return conn
+
+
+def _no_writer(exc: psycopg.Error) -> bool:
+    """Whether libpq refused every host for being read-only (target_session_attrs)."""
+    text = str(exc)
+    return "read-only" in text or "hot standby" in text
+
+
+# Connections jobfence must not use again (they answered that they take no writes, or a
+# commit on them was not confirmed replicated), and connections whose last statement's
+# commit the server reported with a cancelled synchronous-replication wait. Weak: a
+# connection forgotten by its owner leaves them.
+_stale: weakref.WeakSet[Connection] = weakref.WeakSet()
+_unreplicated: weakref.WeakSet[Connection] = weakref.WeakSet()
+
+
+def watch(conn: Connection) -> None:
+    """Listen on ``conn`` for the WARNING with which PostgreSQL reports a commit whose wait
+    for its synchronous standby was cancelled (it then reports success): the next check
+    (``execute``, ``transaction``, ``pipeline``) raises ``Unreplicated`` instead."""
+    ref = weakref.ref(conn)
+
+    def on_notice(diag: psycopg.errors.Diagnostic) -> None:
+        text = f"{diag.message_primary or ''} {diag.message_detail or ''}"
+        if "synchronous replication" in text or "replicated to the standby" in text:
+            found = ref()
+            if found is not None:
+                _unreplicated.add(found)
+
+    conn.add_notice_handler(on_notice)
+
+
+def stale(conn: Connection) -> bool:
+    """Whether ``conn`` must be replaced before its next use: closed, broken, or found on a
+    server that takes no writes (or with a commit not confirmed replicated)."""
+    return conn.closed or conn.broken or conn in _stale
+
+
+def _check_replicated(conn: Connection) -> None:
+    if conn in _unreplicated:
+        _unreplicated.discard(conn)
+        _stale.add(conn)
+        raise Unreplicated("database unavailable: the commit's wait for its synchronous "
+                           "standby was cancelled: it may not survive a failover (outcome "
+                           "unknown)")
+
+
+@contextmanager
+def _replacing(conn: Connection) -> Iterator[None]:
+    """Mark ``conn`` stale when what ran on it was refused for want of a writer."""
+    try:
+        yield
+    except NotWriter:
+        _stale.add(conn)
+        raise
+
+
+def confirm_durable(conn: Connection) -> None:
+    """Return once everything this connection's server committed before now is durable as
+    the server's replication promises it (with a synchronous standby: on the standby too):
+    one transaction that writes to the WAL (a logical message, which nothing reads) commits,
+    and a commit waits for its standby's acknowledgement of the WAL up to it — every earlier
+    commit included. (A transaction that only takes an id writes no WAL of its own and does
+    not wait.) ``Unreplicated`` or ``NotWriter`` when it cannot be confirmed here. For an
+    outcome read back after a lost connection: seen on a primary that is then lost, a
+    commit is not yet a survivor."""
+    with _replacing(conn), translated():
+        row = conn.execute(
+            "SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE "
+            "pg_logical_emit_message(true, 'jobfence', 'durable') END AS lsn",
+            prepare=False).fetchone()
+    _check_replicated(conn)
+    if row is None or row["lsn"] is None:
+        _stale.add(conn)
+        raise NotWriter("database unavailable: the server is a replica: nothing can be "
+                        "confirmed durable there")
 
 
 
@@ -121,13 +222,14 @@ class Pool:
         def configure(conn: Connection) -> None:
             if pooler == "transaction":
                 conn.prepare_threshold = None
+            watch(conn)
 
         self.wait = wait
         self._pool: ConnectionPool[Connection] = ConnectionPool(
             dsn, min_size=1, max_size=size, open=False, name=application_name,
             timeout=wait, configure=configure, check=ConnectionPool.check_connection,
             kwargs={"autocommit": True, "row_factory": dict_row,
-                    "application_name": application_name,
+                    "application_name": application_name, **writer_params(dsn),
                     "connect_timeout": max(1, round(connect_timeout)), "keepalives": 1,
                     "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
                     "tcp_user_timeout": max(1000, int(connect_timeout * 1000))})
@@ -146,7 +248,12 @@ class Pool:
 
         try:
             with self._pool.connection() as conn:
-                yield conn
+                try:
+                    yield conn
+                except StoreUnavailable:
+                    if stale(conn):  # on a replica: the pool must not lend it again
+                        conn.close()
+                    raise
         except PoolTimeout as exc:
             raise StoreUnavailable(f"database unavailable: no connection within "
                                    f"{self.wait:g} s") from exc
@@ -156,17 +263,34 @@ class Pool:
 
 @contextmanager
 def deadline(conn: Connection, seconds: float) -> Iterator[None]:
-    """Cancel whatever ``conn`` is running once ``seconds`` have passed inside the block
-    (the statement then fails, and a transaction of the block rolls back). Measured and
-    cancelled by the client, so it holds through any pooler and changes no session
-    setting; a cancel that arrives after the block ended finds nothing to cancel."""
-    timer = threading.Timer(seconds, cancel_quietly, args=(conn,))
+    """Give up on ``conn`` once ``seconds`` have passed inside the block: its socket is shut
+    down, so the statement in flight fails here (``StoreUnavailable``: its outcome unknown)
+    and the connection is replaced. Never a cancel: a cancelled wait for a synchronous
+    standby makes PostgreSQL report the commit as a success although no standby has it —
+    a heartbeat "renewed" on an isolated old primary. Measured by the client, so it holds
+    through any pooler and changes no session setting."""
+    done = threading.Event()
+    timer = threading.Timer(seconds, _hang_up, args=(conn, done))
     timer.daemon = True
     timer.start()
     try:
         yield
     finally:
+        done.set()
         timer.cancel()
+
+
+def _hang_up(conn: Connection, done: threading.Event) -> None:
+    """Shut the connection's socket down (not the descriptor: its owner closes that)."""
+    if done.is_set():
+        return
+    _stale.add(conn)
+    with contextlib.suppress(Exception):  # already closed: nothing to hang up
+        sock = socket.socket(fileno=conn.pgconn.socket)
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.detach()  # the descriptor stays psycopg's
 
 
 def cancel_quietly(conn: Connection) -> None:
@@ -237,6 +361,11 @@ def translate(exc: BaseException) -> BaseException:
                   | pg_errors.UndefinedColumn | pg_errors.InvalidSchemaName):
         return NotMigrated("the database has no jobfence schema, or an older one than this "
                            f"release needs ({_first_line(exc)}): run `jobfence migrate`")
+    if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
+        # Not committed: the server is a replica (or read-only). A retry on a fresh
+        # connection may reach the writer; this one never will (``stale``).
+        return NotWriter(f"database unavailable: the server takes no writes (a replica, or "
+                         f"a primary being demoted): {_first_line(exc)}")
     if isinstance(exc, pg_errors.CheckViolation | psycopg.DataError):
         # A value the database cannot hold (a NUL, an out-of-range number or timestamp...).
         return InvalidSpec(f"rejected by the database: {_first_line(exc)}")
@@ -318,17 +447,20 @@ def execute(conn: Connection, query: LiteralString | sql.SQL | sql.Composed,
             params: Mapping[str, Any] | None = None, *, row: type[T] | None = None) -> Cursor:
     """Run one statement; psycopg errors come out as jobfence errors. With ``row``, rows
     come back as that dataclass (its fields named like the statement's columns)."""
-    with translated():
+    with _replacing(conn), translated():
         # The cursor's own row factory: an application's connection keeps its own.
         cur: Cursor = conn.cursor(row_factory=dict_row if row is None else class_row(row))
-        return cur.execute(query, params)
+        done = cur.execute(query, params)
+    _check_replicated(conn)
+    return done
 
 
 @contextmanager
 def transaction(conn: Connection) -> Iterator[None]:
     """A transaction (a savepoint inside the caller's); errors translated."""
-    with translated(), conn.transaction():
+    with _replacing(conn), translated(), conn.transaction():
         yield
+    _check_replicated(conn)
 
 
 @contextmanager
@@ -337,8 +469,9 @@ def pipeline(conn: Connection) -> Iterator[Callable[[], None]]:
     one round trip. Statements share one implicit transaction up to each call of the
     yielded ``sync`` (which commits them), so a statement after ``sync`` runs after that
     commit."""
-    with translated(), conn.pipeline() as p:
+    with _replacing(conn), translated(), conn.pipeline() as p:
         yield p.sync
+    _check_replicated(conn)
 
 
 def literal_fill(template: LiteralString, **values: str) -> LiteralString:

@@ -87,6 +87,20 @@ class NoFreeUid(Unavailable):
     spent."""
 
 
+class NotWriter(StoreUnavailable):
+    """The server answered that it takes no writes (SQLSTATE 25006: a replica, a primary
+    being demoted, or ``default_transaction_read_only``): what was sent did not commit.
+    The connection is done for: a fresh one (a multi-host URL with
+    ``target_session_attrs=read-write``, or a service that follows the primary) reaches
+    the writer."""
+
+
+class Unreplicated(StoreUnavailable):
+    """A commit's wait for its synchronous standby was cut short (the server said so with a
+    WARNING and reported success): it committed on that server but may not survive a
+    failover. Its outcome is unknown until it is read back on the writer."""
+
+
 class RateLimited(Conflict):
     """Asked again too soon (a manual trigger of a periodic function); ``retry_at`` is when
     it may be asked again, when known."""

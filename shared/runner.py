@@ -209,7 +209,7 @@ class LeaseKeeper:
                 self._conn.close()
 
     def _renew(self) -> bool:
-        if self._conn is None or self._conn.closed or self._conn.broken:
+        if self._conn is None or db.stale(self._conn):
             self._conn = db.connect(self.settings.database_url,
                                     pooler=self.settings.database_pooler,
                                     application_name=f"jobfence-{self.function}-lease",

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from devtools import image
+from devtools.patroni import PatroniCluster
 from devtools.pgbouncer import PgBouncer
 from devtools.roles import login_name
 from devtools.s3 import moto_server
@@ -56,6 +57,27 @@ def pgbouncer(pg_server: tuple[str, Any]) -> Iterator[PgBouncer]:
     with PgBouncer(pg_server[0], pool_mode="transaction", default_pool_size=20,
                    connect_query=POOLER_SEARCH_PATH, users=logins) as bouncer:
         yield bouncer
+
+
+@pytest.fixture(scope="module")
+def patroni_sync() -> Iterator[PatroniCluster]:
+    """A real Patroni cluster (three members, etcd) in the supported setup: one synchronous
+    standby that must acknowledge each commit. One per test module: faults change it."""
+    cluster = PatroniCluster(synchronous=True)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.destroy()
+
+
+@pytest.fixture(scope="module")
+def patroni_async() -> Iterator[PatroniCluster]:
+    """The same cluster with Patroni's default asynchronous replication."""
+    cluster = PatroniCluster(synchronous=False)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.destroy()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -13,6 +13,26 @@ from jobfence.store.types import Connections, DrainState, Identity
 class Control(Noun):
     sql_file = "control.sql"
 
+    def durability(self) -> list[str]:
+        """What in this server's replication setup may lose an acknowledged commit (empty:
+        nothing seen). Read at ``migrate`` and at a worker's start, to be warned of: a
+        managed service's synchronous standby may not show here, so never an error."""
+        row = self._one("durability")
+        if row is None:
+            return []
+        found = []
+        if row["synchronous_commit"] in ("off", "local"):
+            found.append(f"synchronous_commit is {row['synchronous_commit']}: a commit is "
+                         "acknowledged before it is safe on disk or on a standby, and a "
+                         "crash or failover may lose it (a job then runs again)")
+        if int(row["replicas"]) > 0 and not row["synchronous_standby_names"].strip():
+            found.append(f"{row['replicas']} replica(s) stream from this server "
+                         "asynchronously (synchronous_standby_names is empty): a failover "
+                         "may lose acknowledged commits. Keep the promise with a synchronous "
+                         "standby (Patroni synchronous_mode_strict, CloudNativePG "
+                         "dataDurability: required): docs/OPERATIONS.md")
+        return found
+
     def drain_status(self) -> DrainState:
         state = self._row("drain_status", None, DrainState)
         assert state is not None, "jobfence_control holds one row from migration 0001 on"

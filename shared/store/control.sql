@@ -47,3 +47,12 @@ SELECT (SELECT count(*) FROM pg_stat_activity
                        usesysid IS NOT NULL AND datid IS NOT NULL)) AS in_use,
        current_setting('max_connections')::int
            - current_setting('superuser_reserved_connections')::int AS available;
+
+-- durability --
+-- How this server keeps an acknowledged commit (the promise across a failover needs a
+-- synchronous standby that must acknowledge each commit): its synchronous_commit, its
+-- synchronous standbys' names, and how many replicas stream from it.
+SELECT current_setting('synchronous_commit') AS synchronous_commit,
+       current_setting('synchronous_standby_names') AS synchronous_standby_names,
+       (SELECT count(*) FROM pg_stat_replication) AS replicas,
+       pg_is_in_recovery() AS in_recovery;

@@ -103,6 +103,10 @@ class Claim(NamedTuple):
     interruptions: int = 0
     """Earlier claims of this job given back without spending an attempt (SIGTERMs and
     snoozes): a claim after one may resume after the actions it finished."""
+    sent: float | None = None
+    """The claimer's monotonic clock when it sent the claim (not a column): the database's
+    lease began after that, so a local deadline counted from it falls first however long
+    the answer took (a commit waiting for a lost synchronous standby)."""
 
     @property
     def may_resume(self) -> bool:

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from jobfence.db import Connection, connect
+from jobfence.db import Connection, confirm_durable, connect, deadline, stale
 from jobfence.errors import JobfenceError, StoreUnavailable
 from jobfence.logs import get_logger
 from jobfence.settings import Settings
@@ -101,9 +102,10 @@ class Completer:
 
     def _usable(self) -> Store:
         """The store, on a new connection when the last one broke (a database restart, a
-        terminated backend): a claim after an outage the writes rode out must not fail on
-        the connection they left behind."""
-        if self.store.conn.closed or self.store.conn.broken:
+        terminated backend) or was found on a server that takes no writes (a demoted
+        primary): a claim after an outage the writes rode out must not fail on the
+        connection they left behind."""
+        if stale(self.store.conn):
             self._reconnect()
         return self.store
 
@@ -118,9 +120,11 @@ class Completer:
         fence; [] when nothing is ready (or on the way out)."""
         r = self.request(limit)
         with self._lock:
-            return self._usable().attempts.claim(worker_id=r.worker_id,
-                                             lease_seconds=r.lease_seconds, queue=r.queue,
-                                             limit=r.limit)
+            store = self._usable()
+            sent = time.monotonic()
+            return [c._replace(sent=sent) for c in store.attempts.claim(
+                worker_id=r.worker_id, lease_seconds=r.lease_seconds, queue=r.queue,
+                limit=r.limit)]
 
     def read(self, fn: Callable[[Store], T]) -> T:
         """A read on the worker's connection (no retry: the caller decides)."""
@@ -177,18 +181,21 @@ class Completer:
         if not live:
             return
         asked = [h for h in live if h.wants_next]
+        sent = time.monotonic()
         try:
-            written, claims = self.store.attempts.finish_many(
+            written, claims = self._usable().attempts.finish_many(
                 [h.write for h in live], claim=self.request(len(asked)) if asked else None)
         except StoreUnavailable as exc:
-            log.warning("write_retry", error=str(exc))
+            for h in live:  # the batch may or may not have committed
+                log.warning("outcome_unknown", job_id=str(h.write.job_id),
+                            attempt_id=str(h.write.attempt_id), error=str(exc))
             self._again_without_claims(live)
             return
         except JobfenceError as exc:
             log.warning("batch_refused", jobs=len(live), error=str(exc))
             self._row_by_row(live)
             return
-        given = iter(claims)
+        given = iter(c._replace(sent=sent) for c in claims)
         for h in live:
             nxt = next(given, None) if h.wants_next else None
             h.result = Finished(h.write.job_id in written, nxt)
@@ -199,6 +206,10 @@ class Completer:
         been written by the first try."""
         pending = live
         while pending:
+            for h in pending:
+                if not h.guard.lease_live() or h.guard.stop.is_set():
+                    # No writing any more: what became of the first try is only read.
+                    h.result = Finished(self._won_anyway(h.guard, h.write))
             pending = [h for h in pending if h.guard.lease_live() and not h.guard.stop.is_set()]
             if not pending:
                 return
@@ -214,29 +225,58 @@ class Completer:
                 self._row_by_row(pending)
                 return
             for h in pending:
-                ok = h.write.job_id in written or self._won_anyway(h.write)
-                h.result = Finished(ok)
+                if h.write.job_id in written:  # the first try had not committed
+                    log.info("outcome_resolved", job_id=str(h.write.job_id),
+                             attempt_id=str(h.write.attempt_id), written=True)
+                    h.result = Finished(True)
+                else:
+                    h.result = Finished(self._won_anyway(h.guard, h.write))
             return
 
     def _row_by_row(self, live: Sequence[_Handed]) -> None:
         for h in live:
             try:
-                written, _ = self.store.attempts.finish_many([h.write])
+                written, _ = self._usable().attempts.finish_many([h.write])
             except StoreUnavailable:
-                h.result = Finished(self._won_anyway(h.write))
+                h.result = Finished(self._won_anyway(h.guard, h.write))
             except JobfenceError as exc:
                 h.result = Finished(False, refused=WriteRefused(exc))
             else:
                 h.result = Finished(h.write.job_id in written)
 
-    def _won_anyway(self, write: TerminalWrite) -> bool:
-        """After a retried terminal write matched nothing: had the first try committed?"""
-        try:
-            now = self.store.attempts.fence(write.job_id, write.attempt_id)
-        except JobfenceError:
-            return False
+    def _won_anyway(self, guard: Guard, write: TerminalWrite) -> bool:
+        """After a terminal write whose outcome was lost (its connection died during the
+        commit): had it committed? Read back on a fresh connection to the writer, and
+        counted as written only once confirmed durable there (``confirm_durable``): a
+        commit seen on a primary about to be lost is not yet one that survives it. Only
+        read, so tried again for up to a lease even after this attempt's own ran out (its
+        connection is gone: a commit it did not make by now never comes); unresolved
+        after that, it counts as not written, and says so (``outcome_unresolved``)."""
         status = "succeeded" if write.succeeded else "failed"
-        return bool(now and now.status == status and now.holds)
+        until = time.monotonic() + self.settings.lease_seconds
+        while True:
+            try:
+                store = self._usable()
+                now = store.attempts.fence(write.job_id, write.attempt_id)
+                won = bool(now and now.status == status and now.holds)
+                if won:
+                    with deadline(store.conn, max(1.0, self.settings.heartbeat)):
+                        confirm_durable(store.conn)
+                log.info("outcome_resolved", job_id=str(write.job_id),
+                         attempt_id=str(write.attempt_id), written=won)
+                return won
+            except StoreUnavailable as exc:
+                log.warning("readback_failed", job_id=str(write.job_id),
+                            attempt_id=str(write.attempt_id), error=str(exc))
+            except JobfenceError:
+                return False
+            if time.monotonic() >= until:
+                log.error("outcome_unresolved", job_id=str(write.job_id),
+                          attempt_id=str(write.attempt_id))
+                return False
+            time.sleep(RETRY_SECONDS)
+            with _quietly():
+                self._reconnect()
 
 
 class _quietly:

@@ -112,7 +112,7 @@ class Execution:
 
     def _run(self) -> Result:
         claim = self.claim
-        log.debug("job_claimed", job_id=str(claim.job_id), attempt_id=str(claim.attempt_id),
+        log.info("job_claimed", job_id=str(claim.job_id), attempt_id=str(claim.attempt_id),
                   attempt=claim.attempt_count, max_attempts=claim.max_attempts)
         guard = self.w.guards.guard(claim)
         try:

@@ -109,9 +109,10 @@ class Guard:
         self.reason: StopReason | None = None
         self.margin = self_fence_margin(settings.lease_seconds)
         now = clock()
-        # The claim's lease started at the database's now; ours starts no later than here.
-        self._deadline = now + settings.lease_seconds
-        self._run_deadline = self._local_run_deadline(now)
+        # The claim's lease started at the database's now: after the claim was sent.
+        start = now if claim.sent is None else min(now, claim.sent)
+        self._deadline = start + settings.lease_seconds
+        self._run_deadline = self._local_run_deadline(start)
         self._inactivity: float | None = None
         self._active_at = now
         self._pgids: set[int] = set()

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from jobfence import cli
 from jobfence.actions import registry
 from jobfence.command_settings import command_env_refusal
-from jobfence.errors import ConfigError
+from jobfence.errors import ConfigError, StoreUnavailable
 from jobfence.jobuids import users_for
 from jobfence.logs import get_logger
 from jobfence.objectstore import ObjectStore
@@ -55,6 +55,12 @@ BUSY_POLL_SECONDS = 0.25
 """While some slots run jobs and the last claim found nothing: how often the free slots
 look again (each finishing job also asks, on its terminal write, and a job found that way
 wakes the loop to fill the free slots at once)."""
+
+CLAIM_BACKOFF_SECONDS = 1.0
+"""While some slots run jobs and a claim could not reach the database (an outage, a
+failover): how long the free slots wait before they try again. The jobs running keep their
+leases through the guards' own connection; the worker stops for the outage only once none
+runs."""
 
 IDLE_POLL_SECONDS = 0.02
 """With ``--idle-seconds``, while nothing runs: how often the worker looks for ready work."""
@@ -185,6 +191,17 @@ def open_sandbox(settings: Settings) -> Sandbox:
     return Sandbox(spaces, passthrough)
 
 
+def warn_durability(completer: Completer) -> None:
+    """Say at start when the database may lose an acknowledged commit (asynchronous
+    replicas, ``synchronous_commit`` off or local): jobs may then run twice after a
+    failover. Never fatal."""
+    try:
+        for why in completer.read(lambda s: s.control.durability()):
+            log.warning("durability_at_risk", message=why)
+    except Exception as exc:
+        log.debug("durability_unknown", error=str(exc))
+
+
 def register_actions(completer: Completer) -> None:
     """Tell the database the action names this worker may run (its registry: built-ins and
     installed plugins), so that their metrics have labels of their own; any other name
@@ -210,6 +227,7 @@ class Worker:
         # A worker of another installation stops here (exit 2), before it claims anything.
         identity = completer.read(lambda s: s.control.identity(settings.installation))
         assert identity.installation is not None
+        warn_durability(completer)
         register_actions(completer)
         self._objects: ObjectStore | None = None
         self.wiring = Wiring(settings=settings, completer=completer,
@@ -314,7 +332,17 @@ class Worker:
                 poll = BUSY_POLL_SECONDS if running else IDLE_POLL_SECONDS
                 if not dry or now - looked >= poll:
                     granted = budget.take(free)
-                    claims = self.wiring.completer.claim(granted) if granted else []
+                    try:
+                        claims = self.wiring.completer.claim(granted) if granted else []
+                    except StoreUnavailable as exc:
+                        budget.give(granted)
+                        if not running:
+                            raise  # nothing in hand: the worker stops (exit 4)
+                        log.warning("claim_failed", error=str(exc),
+                                    retry_in=CLAIM_BACKOFF_SECONDS)
+                        looked = time.monotonic() + CLAIM_BACKOFF_SECONDS - BUSY_POLL_SECONDS
+                        dry = True
+                        continue
                     budget.give(granted - len(claims))
                     looked = time.monotonic()
                     if claims:

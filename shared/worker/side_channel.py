@@ -34,7 +34,7 @@ class SideChannel:
         self._listening = False
 
     def _store(self) -> Store:
-        if self._conn is None or self._conn.closed or self._conn.broken:
+        if self._conn is None or db.stale(self._conn):
             self._listening = False
             self._conn = connect(self.settings.database_url,
                                  pooler=self.settings.database_pooler,

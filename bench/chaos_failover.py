@@ -1,0 +1,432 @@
+"""A failover run: jobs through the shipped worker (``jobfence worker`` processes on a
+multi-host URL) while the primary of a real Patroni cluster is lost, switched over, or
+frozen; judged afterwards by evidence kept OUTSIDE the database, plus the audit trail.
+
+Evidence:
+
+* the side-effect log: every job's command appends ``start`` and ``end`` lines carrying the
+  job id, the attempt id and the wall clock (``>>``: O_APPEND, one write per line);
+* the ack logs, one append-only file per process: the harness's acknowledged enqueues
+  (``enqueued JOB``), and each worker's JSON log — its acknowledged claims
+  (``job_claimed``), terminal writes (``job_succeeded``) and every unknown outcome with how
+  it was resolved (``outcome_unknown``, ``outcome_resolved``, ``outcome_unresolved``).
+
+Judged (``judge``): acked enqueues missing from the database, acked terminal writes missing
+(the job is not succeeded by that attempt), a job acked finished by two attempts, a command
+started again after its job's finish was acked, two attempts of one job or two jobs of one
+resource running at once, jobs not terminal at the drain deadline, unknown outcomes left
+unresolved; and the audit-trail invariants of ``bench.chaos_checks``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from devtools.patroni import PatroniCluster
+from jobfence import db
+from jobfence.ids import uuid7
+from jobfence.store import NewJob, Store
+from jobfence.store.migrations import migrate
+
+DBNAME = "jf_failover_run"
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+COMMAND = ('echo "start $JOBFENCE_JOB_ID $JOBFENCE_ATTEMPT_ID $(date +%s.%N)" >> "$SIDE"; '
+           'sleep "$PAUSE"; '
+           'echo "end $JOBFENCE_JOB_ID $JOBFENCE_ATTEMPT_ID $(date +%s.%N)" >> "$SIDE"')
+
+
+@dataclass
+class Fault:
+    kind: str
+    at: float
+    """Wall clock of the fault."""
+    detail: str = ""
+
+
+@dataclass
+class Run:
+    cluster: PatroniCluster
+    root: Path
+    jobs: int = 300
+    workers: int = 3
+    concurrency: int = 2
+    lease_seconds: float = 30.0
+    pause: tuple[float, float] = (1.0, 2.5)
+    """How long each job's command runs (seconds, uniform): the jobs must span the faults."""
+    seed: int = 1
+    faults: list[Fault] = field(default_factory=list)
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _next_sweep: float = 0.0
+
+    @property
+    def url(self) -> str:
+        return self.cluster.url(DBNAME)
+
+    @property
+    def side_log(self) -> Path:
+        return self.root / "side-effects.log"
+
+    @property
+    def enqueue_log(self) -> Path:
+        return self.root / "acks-enqueue.log"
+
+    # -- set up -------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with db.connect(self.cluster.dsn) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {DBNAME} WITH (FORCE)")
+            admin.execute(f"CREATE DATABASE {DBNAME}")
+        with db.connect(self.url) as conn:
+            migrate(conn)
+
+    def enqueue(self) -> None:
+        """Enqueue every job, acknowledging each commit in the harness's ack log."""
+        rng = random.Random(self.seed)
+        with db.connect(self.url) as conn, open(self.enqueue_log, "a") as acks:
+            store = Store(conn)
+            for start in range(0, self.jobs, 50):
+                batch = []
+                for _ in range(start, min(self.jobs, start + 50)):
+                    pause = f"{rng.uniform(*self.pause):.2f}"
+                    batch.append(NewJob(job_id=uuid7(), max_attempts=10, actions=[
+                        {"name": "command", "params": {
+                            "argv": ["sh", "-c", COMMAND],
+                            "env": {"SIDE": str(self.side_log), "PAUSE": pause}}}]))
+                made = store.jobs.enqueue(batch)
+                for m in made:
+                    acks.write(f"enqueued {m.job_id} {time.time():.6f}\n")
+                acks.flush()
+
+    # -- workers and periodic passes ----------------------------------------------------
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JOBFENCE_")}
+        env.pop("PYTHONPATH", None)
+        env.update({"JOBFENCE_DATABASE_URL": self.url, "JOBFENCE_LOG_FORMAT": "json",
+                    "JOBFENCE_LEASE_SECONDS": str(self.lease_seconds),
+                    "JOBFENCE_CONNECT_TIMEOUT_SECONDS": "2",
+                    "JOBFENCE_RETRY_BASE_SECONDS": "0.5",
+                    "JOBFENCE_COMMAND_USER": "worker"})
+        return env
+
+    def start_worker(self, n: int) -> None:
+        log = open(self.root / f"acks-worker-{n}-{time.time():.0f}.log", "ab")
+        self.procs.append(subprocess.Popen(
+            [sys.executable, "-m", "jobfence.functions.cli", "worker",
+             "--max-jobs", "10000000", "--max-seconds", "3600", "--idle-seconds", "3600",
+             "--concurrency", str(self.concurrency)],
+            env=self.env(), stdout=subprocess.DEVNULL, stderr=log))
+        log.close()
+
+    def sweep(self) -> None:
+        subprocess.run([sys.executable, "-m", "jobfence.functions.cli", "sweeper"],
+                       env=self.env(), capture_output=True, timeout=120, check=False)
+
+    def keep_workers(self) -> None:
+        """A worker that exited (an outage it could not ride out) is replaced, as KEDA
+        would start another."""
+        for i, p in enumerate(self.procs):
+            if p.poll() is not None:
+                self.procs.pop(i)
+                self.start_worker(i)
+                return
+
+    def stop_workers(self) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    # -- the run ------------------------------------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        try:
+            with db.connect(self.url, connect_timeout=2) as conn:
+                rows = conn.execute("SELECT status, count(*) AS n FROM jobfence.jobs "
+                                    "GROUP BY status").fetchall()
+        except Exception:
+            return {}
+        return {r["status"]: int(r["n"]) for r in rows}
+
+    def wait(self, seconds: float, until: Callable[[], bool] | None = None) -> None:
+        """Let the run go on: replace exited workers, sweep every few seconds (as the
+        sweeper's CronJob would, more often)."""
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            self.keep_workers()
+            if time.monotonic() >= self._next_sweep:
+                self.sweep()
+                self._next_sweep = time.monotonic() + 5.0
+            if until is not None and until():
+                return
+            time.sleep(1.0)
+
+    def drained(self) -> bool:
+        c = self.counts()
+        return bool(c) and sum(c.get(s, 0) for s in TERMINAL) == self.jobs
+
+    def fault(self, kind: str) -> None:
+        """One fault of ``kind``: node_loss, switchover, freeze, lag_then_node_loss."""
+        cluster = self.cluster
+        leader = cluster.leader()
+        assert leader is not None, "no leader to fault"
+        self.faults.append(Fault(kind, time.time(), leader.name))
+        if kind == "node_loss":
+            cluster.kill(leader)
+            cluster.wait_until(lambda: cluster.leader() not in (None, leader), 120,
+                               "no new leader")
+            cluster.start_member(leader)
+        elif kind == "switchover":
+            cluster.switchover()
+            cluster.wait_until(lambda: cluster.leader() not in (None, leader), 120,
+                               "no new leader")
+        elif kind == "freeze":
+            cluster.freeze(leader)
+            self.wait(cluster.ttl + 5)
+            cluster.thaw(leader)
+        elif kind == "lag_then_node_loss":
+            # The primary's WAL senders stopped: the standbys fall behind while the primary
+            # goes on acknowledging (asynchronous) or waits (synchronous); then it is lost.
+            senders = [p for p in leader.server_pids() if b"walsender" in _cmdline(p)]
+            for p in senders:
+                os.kill(p, signal.SIGSTOP)
+            self.wait(4)
+            cluster.kill(leader)
+            for p in senders:
+                with _quiet():
+                    os.kill(p, signal.SIGKILL)
+            cluster.wait_until(lambda: cluster.leader() not in (None, leader), 120,
+                               "no new leader")
+            cluster.start_member(leader)
+        else:
+            raise ValueError(kind)
+
+    def run(self, kinds: list[str], drain_seconds: float = 240) -> Judgement:
+        self.prepare()
+        for n in range(self.workers):
+            self.start_worker(n)
+        self.enqueue()
+        for kind in kinds:
+            self.wait(6)
+            self.fault(kind)
+        try:
+            self.cluster.wait_healthy(180)
+        finally:
+            self.wait(drain_seconds, until=self.drained)
+            self.stop_workers()
+        return judge(self)
+
+
+class _quiet:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, exc: object, tb: object) -> bool:
+        return isinstance(exc, ProcessLookupError)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+# -- the judgement ----------------------------------------------------------------------------
+
+
+@dataclass
+class Judgement:
+    violations: dict[str, list[Any]] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    timings: list[dict[str, Any]] = field(default_factory=list)
+    """Per fault: its kind, the seconds to the first claim after it, and the seconds to
+    the last end (terminal write acked, self-fence) of a claim made before it."""
+
+    @property
+    def ok(self) -> bool:
+        return not any(self.violations.values())
+
+    def summary(self) -> str:
+        lines = [f"{k}: {v}" for k, v in self.counts.items()]
+        lines += [f"fault {t['kind']}: first new claim after {t['first_claim']} s, last "
+                  f"old claim resolved after {t['old_resolved']} s" for t in self.timings]
+        lines += [f"VIOLATION {k}: {v[:5]}" for k, v in self.violations.items() if v]
+        return "\n".join(lines)
+
+
+def _worker_events(root: Path) -> list[dict[str, Any]]:
+    events = []
+    for path in sorted(root.glob("acks-worker-*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    events.append(json.loads(line))
+                except ValueError:
+                    continue
+    return events
+
+
+def _epoch(stamp: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _timings(faults: list[Fault], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    claimed_at: dict[str, float] = {}
+    ended_at: dict[str, float] = {}
+    for e in events:
+        attempt = e.get("attempt_id")
+        if not attempt or "timestamp" not in e:
+            continue
+        if e.get("event") == "job_claimed":
+            claimed_at[attempt] = _epoch(e["timestamp"])
+        elif e.get("event") in ("job_succeeded", "self_fenced", "writeback_stale_attempt"):
+            ended_at[attempt] = _epoch(e["timestamp"])
+    out = []
+    for f in faults:
+        after = [t for t in claimed_at.values() if t > f.at]
+        old = [ended_at[a] for a, t in claimed_at.items() if t <= f.at and a in ended_at
+               and ended_at[a] > f.at]
+        out.append({"kind": f.kind,
+                    "first_claim": round(min(after) - f.at, 1) if after else None,
+                    "old_resolved": round(max(old) - f.at, 1) if old else 0.0})
+    return out
+
+
+def judge(run: Run) -> Judgement:
+    """Judge a finished run by the evidence outside the database, then the audit trail."""
+    from bench.chaos_checks import check_database
+
+    out = Judgement()
+    v = out.violations
+    enqueued = [UUID(line.split()[1]) for line in run.enqueue_log.read_text().splitlines()]
+    events = _worker_events(run.root)
+    claims = {(e["job_id"], e["attempt_id"]) for e in events if e.get("event") == "job_claimed"}
+    finished: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    for e in events:
+        if e.get("event") == "job_succeeded":
+            finished[e["job_id"]].append((e["attempt_id"], _epoch(e["timestamp"])))
+    unknown = {(e.get("job_id"), e.get("attempt_id")) for e in events
+               if e.get("event") == "outcome_unknown"}
+    settled = {(e.get("job_id"), e.get("attempt_id")) for e in events
+               if e.get("event") == "outcome_resolved"}
+    unresolved = [(e.get("job_id"), e.get("attempt_id")) for e in events
+                  if e.get("event") == "outcome_unresolved"]
+    unresolved += sorted(unknown - settled - set(unresolved))
+    starts: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    runs: dict[tuple[str, str], list[float]] = {}
+    if run.side_log.exists():
+        for line in run.side_log.read_text().splitlines():
+            parts = line.split()
+            if len(parts) != 4:
+                continue
+            what, job, attempt, at = parts[0], parts[1], parts[2], float(parts[3])
+            if what == "start":
+                starts[job].append((attempt, at))
+                runs[(job, attempt)] = [at, float("inf")]
+            elif what == "end" and (job, attempt) in runs:
+                runs[(job, attempt)][1] = at
+
+    with db.connect(run.url) as conn:
+        conn.execute("SET search_path = jobfence")  # the audit checks name tables bare
+        rows = {str(r["job_id"]): r for r in conn.execute(
+            "SELECT job_id, status, attempt_id FROM jobfence.jobs").fetchall()}
+        audited = {(str(r["job_id"]), str(r["attempt_id"])) for r in conn.execute(
+            "SELECT job_id, attempt_id FROM jobfence.job_events "
+            "WHERE to_status = 'running' AND attempt_id IS NOT NULL").fetchall()}
+        for verdict in check_database(conn):
+            if verdict.violations:
+                v[f"audit: {verdict.name}"] = verdict.violations
+
+    v["acked enqueue missing"] = [str(j) for j in enqueued if str(j) not in rows]
+    v["acked claim missing from the audit trail"] = sorted(claims - audited)[:20]
+    v["acked terminal write missing"] = [
+        (job, attempt) for job, acks in finished.items() for attempt, _ in acks
+        if job not in rows or rows[job]["status"] != "succeeded"
+        or str(rows[job]["attempt_id"]) != attempt]
+    v["job acked finished by two attempts"] = [
+        job for job, acks in finished.items() if len({a for a, _ in acks}) > 1]
+    v["command started again after an acked finish"] = [
+        (job, attempt) for job, acks in finished.items()
+        for attempt, at in starts.get(job, []) if at > min(t for _, t in acks)]
+    overlaps = []
+    by_job: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for (job, _attempt), (began, ended) in runs.items():
+        if ended != float("inf"):  # a killed child left no end: its span is unknown
+            by_job[job].append((began, ended))
+    for job, spans in by_job.items():
+        spans.sort()
+        overlaps += [job for a, b in itertools.pairwise(spans) if b[0] < a[1]]
+    v["two attempts of one job at once"] = overlaps
+    v["job not terminal at the drain deadline"] = [
+        j for j, r in rows.items() if r["status"] not in TERMINAL]
+    v["unknown outcome left unresolved"] = unresolved
+    out.timings = _timings(run.faults, events)
+    out.counts = {
+        "jobs": len(rows), "acked enqueues": len(enqueued), "acked claims": len(claims),
+        "acked finishes": sum(len(a) for a in finished.values()),
+        "command starts": sum(len(s) for s in starts.values()),
+        "unknown outcomes": len(unknown),
+        "resolved": len(unknown & settled),
+        "faults": len(run.faults),
+    }
+    return out
+
+
+KINDS = ("node_loss", "switchover", "freeze")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``make chaos-failover``: a long failover run, its faults drawn (seeded) from
+    ``KINDS``; prints the counts, the faults and every violation; exit 1 on one."""
+    import argparse
+    import tempfile
+
+    p = argparse.ArgumentParser(prog="python -m bench.chaos_failover")
+    p.add_argument("--jobs", type=int, default=2000)
+    p.add_argument("--faults", type=int, default=24)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--asynchronous", action="store_true",
+                   help="Patroni's default replication (the positive control)")
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args(argv)
+    rng = random.Random(args.seed)
+    kinds = [rng.choice(KINDS) for _ in range(args.faults)]
+    cluster = PatroniCluster(synchronous=not args.asynchronous)
+    try:
+        cluster.start()
+        run = Run(cluster, Path(tempfile.mkdtemp(prefix="jobfence-failover-run-")),
+                  jobs=args.jobs, workers=args.workers, seed=args.seed)
+        judged = run.run(kinds, drain_seconds=600)
+        for f in run.faults:
+            print(f"fault {f.kind} at {f.at:.1f} on {f.detail}")
+        print(judged.summary())
+        print(f"evidence kept in {run.root}")
+        return 0 if judged.ok else 1
+    finally:
+        cluster.destroy()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
