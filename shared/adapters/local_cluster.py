@@ -68,12 +68,16 @@ class LocalCluster:
         try:
             argv = [a for a in (base / "cmdline").read_bytes().decode(errors="replace")
                     .split("\0") if a]
-            stat = (base / "stat").read_text()
+            stat = (base / "stat").read_bytes()
         except OSError:
             return None
-        # comm (field 2) may hold spaces and parentheses: split after the last ')'.
-        fields = stat[stat.rfind(")") + 2:].split()
-        state, start_ticks = fields[0], int(fields[19])
+        # comm (field 2) is any process's own bytes: spaces, parentheses, not UTF-8. Split
+        # after the last ')' and decode only the numeric fields behind it.
+        fields = stat[stat.rfind(b")") + 2:].split()
+        try:
+            state, start_ticks = fields[0].decode("ascii"), int(fields[19])
+        except (IndexError, ValueError):
+            return None
         if state in ("Z", "X"):
             phase = "Failed"  # exited; a zombie keeps no cmdline, so check before argv
         elif not is_worker(argv) or not self._belongs(pid, start_ticks):

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 from devtools.sqlconn import connect
 from jobfence.adapters.local_cluster import LocalCluster, is_worker
@@ -121,3 +122,21 @@ def test_worker_command_lines_are_recognised() -> None:
     assert not is_worker(["worker"])
     me = LocalCluster("jf-test").pod(os.getpid())
     assert me is None  # pytest is not a worker
+
+
+def test_a_process_named_with_hostile_bytes_does_not_stop_the_pass(dsn: str) -> None:
+    """Any process on the machine may name itself with bytes that are not UTF-8 (or with
+    parentheses and spaces); the pass reads every /proc/PID/stat and must judge the workers
+    all the same."""
+    hostile = subprocess.Popen(
+        ["sh", "-c", r"printf '\377) (\376' > /proc/$$/comm; sleep 60"])
+    try:
+        wait_for(lambda: b"\xff" in Path(f"/proc/{hostile.pid}/stat").read_bytes())
+        job_id, worker = running_worker(dsn)
+        kill_quietly(worker)
+        report = reconcile(dsn)
+        assert report["retried"] == 1
+        assert job(dsn, job_id)["status"] == "pending"
+        assert LocalCluster(installation(dsn)).pod(hostile.pid) is None
+    finally:
+        kill_quietly(hostile)
