@@ -104,9 +104,8 @@ class Claim(NamedTuple):
     """Earlier claims of this job given back without spending an attempt (SIGTERMs and
     snoozes): a claim after one may resume after the actions it finished."""
     sent: float | None = None
-    """The claimer's monotonic clock when it sent the claim (not a column): the database's
-    lease began after that, so a local deadline counted from it falls first however long
-    the answer took (a commit waiting for a lost synchronous standby)."""
+    """The claimer's monotonic clock at sending (not a column): a local deadline counted from
+    it falls before the database's, however long the answer took."""
 
     @property
     def may_resume(self) -> bool:
@@ -125,8 +124,7 @@ class ActionOutcome:
     result: Any = None
     error: str | None = None
     error_detail: str | None = None
-    snoozed: bool = False
-    """The action asked to run again later (stored as ``snoozed``, neither done nor failed)."""
+    snoozed: bool = False  # asked to run again later: stored as neither done nor failed
 
     def params(self, prefix: str = "") -> dict[str, Any]:
         """Query parameters, made storable; ``prefix="action_"`` where they sit beside the
@@ -249,8 +247,7 @@ class ActionResult(NamedTuple):
     result: Any
     error: str | None
     error_detail: str | None = None
-    run: int = 0
-    """The job's run the result belongs to (``JobRow.run``)."""
+    run: int = 0  # the job's run the result belongs to (JobRow.run)
 
 
 class JobEvent(NamedTuple):
@@ -263,8 +260,7 @@ class JobEvent(NamedTuple):
     reason: str | None
     at: datetime
     attempt: int | None = None
-    """For a claim: the attempt count it ran as (``attempt N/M`` in ``status``); None for
-    other events, and for claims recorded before the database kept it."""
+    """For a claim: the attempt count it ran as (as ``status`` numbers it), else None."""
 
 
 class DrainState(NamedTuple):

@@ -39,7 +39,8 @@ from jobfence.objectstore import ObjectStore
 from jobfence.settings import Settings
 from jobfence.store import ActionOutcome, Claim, RetryPolicy, TerminalWrite, Transition
 from jobfence.worker.completer import Completer, WriteRefused
-from jobfence.worker.guard import GIVEN_BACK, Guard, Guards, StopReason
+from jobfence.worker.guard import GIVEN_BACK, Guard, StopReason
+from jobfence.worker.guard_threads import Guards
 from jobfence.worker.output import LineBudget, LogTarget, Origin, Output
 from jobfence.worker.sandbox import Sandbox
 

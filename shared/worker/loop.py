@@ -39,7 +39,7 @@ from jobfence.store import Claim
 from jobfence.wiring import open_object_store
 from jobfence.worker.completer import Completer
 from jobfence.worker.execution import Execution, Next, Outcome, Result, Wiring
-from jobfence.worker.guard import Guards
+from jobfence.worker.guard_threads import Guards
 from jobfence.worker.jobspace import LocalSpaces
 from jobfence.worker.output import LineBudget
 from jobfence.worker.proctree import kill_descendants

@@ -24,7 +24,8 @@ from jobfence.settings import Settings
 from jobfence.store import Claim, Store
 from jobfence.worker import guard as guard_module
 from jobfence.worker.faults import Faults
-from jobfence.worker.guard import Guard, Guards, StopReason
+from jobfence.worker.guard import Guard, StopReason
+from jobfence.worker.guard_threads import Guards
 from jobfence.worker.side_channel import SideChannel
 from tests.factories import enqueue_one
 from tests.procs import wait_for

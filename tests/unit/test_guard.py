@@ -18,7 +18,8 @@ from jobfence.settings import Settings
 from jobfence.store import Claim
 from jobfence.store.types import Fence
 from jobfence.worker import guard as guard_module
-from jobfence.worker.guard import Guard, Guards, StopReason
+from jobfence.worker.guard import Guard, StopReason
+from jobfence.worker.guard_threads import Guards
 
 LEASE, HEARTBEAT = 10.0, 2.5
 

@@ -1,26 +1,19 @@
-"""The database module: the one place that imports psycopg. Connections, named SQL rendered
-for the installation's schema, and the one helper that runs a statement — every psycopg
-error becomes a jobfence error there, and nowhere else.
-
-Named SQL lives in ``.sql`` files beside the code that runs it (``store/<noun>.sql``): a
-block starts with ``-- name --``, then a description, then one statement. ``{schema}`` in a
-statement is the installation's schema (``JOBFENCE_SCHEMA``), filled in once per schema as
-a quoted identifier (psycopg's ``sql.Identifier``) — never from input, never per call.
+"""The database module: the one place that imports psycopg. Connections and the one helper
+that runs a statement — every psycopg error becomes a jobfence error there, and nowhere else;
+named SQL rendered for the installation's schema (``jobfence.db.named``: ``.sql`` files
+beside the code that runs them, ``{schema}`` filled in once as a quoted identifier, never
+from input); staying on the writer across a failover (``jobfence.db.writer``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import re
 import select
 import socket
 import threading
-import weakref
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from functools import cache
-from importlib import resources
 from typing import Any, LiteralString, TypeVar
 
 import psycopg
@@ -30,6 +23,16 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg.rows import class_row, dict_row
 
+from jobfence.db.named import Queries, literal, literal_fill, queries, statement
+from jobfence.db.writer import (
+    check_replicated,
+    mark_stale,
+    no_writer,
+    replacing,
+    stale,
+    watch,
+    writer_params,
+)
 from jobfence.errors import (
     ConfigError,
     Conflict,
@@ -44,9 +47,10 @@ from jobfence.errors import (
     ResourceBusy,
     StoreError,
     StoreUnavailable,
-    Unreplicated,
 )
-from jobfence.limits import schema_refusal
+
+__all__ = ["Queries", "literal", "literal_fill", "queries", "stale", "statement", "watch",
+           "writer_params"]
 
 # All jobfence advisory locks share this first key, so they never collide with an
 # application's own advisory locks in the same database.
@@ -57,7 +61,6 @@ Cursor = psycopg.Cursor[Any]
 Composed = sql.Composed
 T = TypeVar("T")
 
-_HEADER = re.compile(r"^-- ([a-z][a-z0-9_]*) --$", re.MULTILINE)
 # -- connections ---------------------------------------------------------------------------
 
 
@@ -69,20 +72,6 @@ def check_dsn(dsn: str) -> None:
     except Exception:
         raise ValueError("is not a valid PostgreSQL connection string (a URL "
                          "postgresql://USER@HOST/DB or key=value pairs)") from None
-
-
-def writer_params(dsn: str) -> dict[str, Any]:
-    """What a connection string needs to keep jobfence off a replica: a URL naming several
-    hosts (a failover set) gets ``target_session_attrs=read-write`` unless it says
-    otherwise, so libpq skips every host that is a replica or read-only. One host is taken
-    as given (a service that follows the primary, or PgBouncer): a write that reaches a
-    replica there is refused (``NotWriter``) and the connection replaced."""
-    with contextlib.suppress(Exception):
-        params = conninfo_to_dict(dsn)
-        if "," in str(params.get("host") or params.get("hostaddr") or "") \
-                and "target_session_attrs" not in params:
-            return {"target_session_attrs": "read-write"}
-    return {}
 
 
 def connect(
@@ -120,7 +109,7 @@ def connect(
         raise ConfigError("JOBFENCE_DATABASE_URL is not a usable connection string: "
                           f"{_first_line(exc)}") from exc
     except psycopg.Error as exc:
-        if writer_params(dsn) and _no_writer(exc):
+        if writer_params(dsn) and no_writer(exc):
             raise NotWriter("database unavailable: no host of JOBFENCE_DATABASE_URL takes "
                             "writes (each is a replica or read-only, or cannot be reached): "
                             f"{_first_line(exc)}") from exc
@@ -129,61 +118,6 @@ def connect(
         conn.prepare_threshold = None
     watch(conn)
     return conn
-
-
-def _no_writer(exc: psycopg.Error) -> bool:
-    """Whether libpq refused every host for being read-only (target_session_attrs)."""
-    text = str(exc)
-    return "read-only" in text or "hot standby" in text
-
-
-# Connections jobfence must not use again (they answered that they take no writes, or a
-# commit on them was not confirmed replicated), and connections whose last statement's
-# commit the server reported with a cancelled synchronous-replication wait. Weak: a
-# connection forgotten by its owner leaves them.
-_stale: weakref.WeakSet[Connection] = weakref.WeakSet()
-_unreplicated: weakref.WeakSet[Connection] = weakref.WeakSet()
-
-
-def watch(conn: Connection) -> None:
-    """Listen on ``conn`` for the WARNING with which PostgreSQL reports a commit whose wait
-    for its synchronous standby was cancelled (it then reports success): the next check
-    (``execute``, ``transaction``, ``pipeline``) raises ``Unreplicated`` instead."""
-    ref = weakref.ref(conn)
-
-    def on_notice(diag: psycopg.errors.Diagnostic) -> None:
-        text = f"{diag.message_primary or ''} {diag.message_detail or ''}"
-        if "synchronous replication" in text or "replicated to the standby" in text:
-            found = ref()
-            if found is not None:
-                _unreplicated.add(found)
-
-    conn.add_notice_handler(on_notice)
-
-
-def stale(conn: Connection) -> bool:
-    """Whether ``conn`` must be replaced before its next use: closed, broken, or found on a
-    server that takes no writes (or with a commit not confirmed replicated)."""
-    return conn.closed or conn.broken or conn in _stale
-
-
-def _check_replicated(conn: Connection) -> None:
-    if conn in _unreplicated:
-        _unreplicated.discard(conn)
-        _stale.add(conn)
-        raise Unreplicated("database unavailable: the commit's wait for its synchronous "
-                           "standby was cancelled: it may not survive a failover (outcome "
-                           "unknown)")
-
-
-@contextmanager
-def _replacing(conn: Connection) -> Iterator[None]:
-    """Mark ``conn`` stale when what ran on it was refused for want of a writer."""
-    try:
-        yield
-    except NotWriter:
-        _stale.add(conn)
-        raise
 
 
 def confirm_durable(conn: Connection) -> None:
@@ -195,14 +129,14 @@ def confirm_durable(conn: Connection) -> None:
     not wait.) ``Unreplicated`` or ``NotWriter`` when it cannot be confirmed here. For an
     outcome read back after a lost connection: seen on a primary that is then lost, a
     commit is not yet a survivor."""
-    with _replacing(conn), translated():
+    with replacing(conn), translated():
         row = conn.execute(
             "SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE "
             "pg_logical_emit_message(true, 'jobfence', 'durable') END AS lsn",
             prepare=False).fetchone()
-    _check_replicated(conn)
+    check_replicated(conn)
     if row is None or row["lsn"] is None:
-        _stale.add(conn)
+        mark_stale(conn)
         raise NotWriter("database unavailable: the server is a replica: nothing can be "
                         "confirmed durable there")
 
@@ -284,7 +218,7 @@ def _hang_up(conn: Connection, done: threading.Event) -> None:
     """Shut the connection's socket down (not the descriptor: its owner closes that)."""
     if done.is_set():
         return
-    _stale.add(conn)
+    mark_stale(conn)
     with contextlib.suppress(Exception):  # already closed: nothing to hang up
         sock = socket.socket(fileno=conn.pgconn.socket)
         try:
@@ -392,54 +326,6 @@ def translated() -> Iterator[None]:
         raise translate(exc) from exc
 
 
-# -- named SQL -------------------------------------------------------------------------------
-
-
-class Queries(Mapping[str, LiteralString]):
-    """Read-only name → statement mapping of one ``.sql`` file, rendered for a schema; an
-    unknown name raises ``KeyError`` naming the file."""
-
-    def __init__(self, text: str, *, schema: str = "jobfence", source: str = "sql",
-                 names: Mapping[str, str] | None = None) -> None:
-        if (why := schema_refusal(schema)) is not None:
-            raise ConfigError(f"schema {why}")
-        self.source = source
-        self._queries: dict[str, LiteralString] = {}
-        parts = _HEADER.split(text)
-        for name, body in zip(parts[1::2], parts[2::2], strict=True):
-            if name in self._queries:
-                raise ValueError(f"{source}: query {name!r} is defined twice")
-            lines = [ln for ln in body.strip().splitlines() if not ln.startswith("--")]
-            statement = "\n".join(lines).strip().rstrip(";")
-            if not statement:
-                raise ValueError(f"{source}: query {name!r} is empty")
-            # The text comes from our own package file, the schema is a checked identifier.
-            identifiers = {k: sql.Identifier(v) for k, v in (names or {}).items()}
-            rendered = sql.SQL(statement).format(
-                schema=sql.Identifier(schema), **identifiers).as_string(None)
-            self._queries[name] = rendered
-
-    def __getitem__(self, name: str) -> LiteralString:
-        try:
-            return self._queries[name]
-        except KeyError:
-            raise KeyError(f"no query named {name!r} in {self.source}") from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._queries)
-
-    def __len__(self) -> int:
-        return len(self._queries)
-
-
-@cache
-def queries(package: str, filename: str, schema: str, **names: str) -> Queries:
-    """The named statements of ``package/filename`` for ``schema`` (and any other
-    identifiers the file names, e.g. ``worker="jobfence_worker"``), parsed once."""
-    text = resources.files(package).joinpath(filename).read_text("utf-8")
-    return Queries(text, schema=schema, source=filename, names=names)
-
-
 # -- running statements ------------------------------------------------------------------------
 
 
@@ -447,20 +333,20 @@ def execute(conn: Connection, query: LiteralString | sql.SQL | sql.Composed,
             params: Mapping[str, Any] | None = None, *, row: type[T] | None = None) -> Cursor:
     """Run one statement; psycopg errors come out as jobfence errors. With ``row``, rows
     come back as that dataclass (its fields named like the statement's columns)."""
-    with _replacing(conn), translated():
+    with replacing(conn), translated():
         # The cursor's own row factory: an application's connection keeps its own.
         cur: Cursor = conn.cursor(row_factory=dict_row if row is None else class_row(row))
         done = cur.execute(query, params)
-    _check_replicated(conn)
+    check_replicated(conn)
     return done
 
 
 @contextmanager
 def transaction(conn: Connection) -> Iterator[None]:
     """A transaction (a savepoint inside the caller's); errors translated."""
-    with _replacing(conn), translated(), conn.transaction():
+    with replacing(conn), translated(), conn.transaction():
         yield
-    _check_replicated(conn)
+    check_replicated(conn)
 
 
 @contextmanager
@@ -469,16 +355,9 @@ def pipeline(conn: Connection) -> Iterator[Callable[[], None]]:
     one round trip. Statements share one implicit transaction up to each call of the
     yielded ``sync`` (which commits them), so a statement after ``sync`` runs after that
     commit."""
-    with _replacing(conn), translated(), conn.pipeline() as p:
+    with replacing(conn), translated(), conn.pipeline() as p:
         yield p.sync
-    _check_replicated(conn)
-
-
-def literal_fill(template: LiteralString, **values: str) -> LiteralString:
-    """A statement with ``{name}`` fields filled in as SQL literals: for a statement that
-    runs without parameters (a KEDA trigger query)."""
-    filled = sql.SQL(template).format(**{k: sql.Literal(v) for k, v in values.items()})
-    return filled.as_string(None)
+    check_replicated(conn)
 
 
 def lock_params(name: str) -> dict[str, int]:
@@ -487,24 +366,6 @@ def lock_params(name: str) -> dict[str, int]:
 
 
 # -- schema administration (migrate only) ------------------------------------------------------
-
-
-def statement(template: LiteralString, *, trusted: Mapping[str, str] | None = None,
-              **identifiers: str | tuple[str, ...]) -> sql.Composed:
-    """``template`` with ``{name}`` placeholders filled in as quoted identifiers (a tuple:
-    a qualified name), and ``trusted`` ones as SQL text the server itself rendered (e.g. a
-    function's argument list from ``pg_get_function_identity_arguments``)."""
-    parts: dict[str, sql.Composable] = {
-        k: sql.Identifier(*v) if isinstance(v, tuple) else sql.Identifier(v)
-        for k, v in identifiers.items()}
-    parts.update({k: sql.SQL(v) for k, v in (trusted or {}).items()})
-    return sql.SQL(template).format(**parts)
-
-
-def literal(value: str) -> str:
-    """``value`` as quoted SQL text, for a statement that takes no parameters (``COMMENT
-    ON``)."""
-    return str(sql.Literal(value).as_string(None))
 
 
 def relation_exists(conn: Connection, schema: str, name: str) -> bool:
