@@ -133,7 +133,7 @@ chaos: $(STAMP) system-test ## fault-injection run: thousands of jobs, SIGKILL/S
 MODEL_EXAMPLES ?= 2000
 MODEL_SEED ?=
 model-check: $(STAMP) system-test ## the stateful test of a job's life against its model, at thousands of sequences (MODEL_EXAMPLES, MODEL_SEED)
-	JOBFENCE_MODEL_EXAMPLES=$(MODEL_EXAMPLES) JOBFENCE_MODEL_SEED=$(MODEL_SEED) \
+	JOBFENCE_MODEL_EXAMPLES=$(MODEL_EXAMPLES) JOBFENCE_MODEL_SEED=$(MODEL_SEED) JOBFENCE_MODEL_TIMEOUT=0 \
 	  $(PY) -m pytest -q -s -p no:cacheprovider --timeout=0 \
 	  tests/integration/test_job_life.py::test_every_sequence_of_verbs_agrees_with_the_model
 

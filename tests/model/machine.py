@@ -24,7 +24,7 @@ import os
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 from uuid import UUID
 
 from hypothesis import strategies as st
@@ -166,6 +166,8 @@ class JobLife(RuleBasedStateMachine):
 
     url: str
     """The test's own database (fresh from the template); emptied before each sequence."""
+    runs: ClassVar[dict[str, int]] = {"sequences": 0, "steps": 0, "jobs": 0}
+    """What the machines of this process did, for the long run's report."""
     found: list[str]
     """Every violation raised in the run, shrunk or not (a run's own record of what it
     found, whatever hypothesis makes of it when it replays the failing sequence)."""
@@ -187,8 +189,10 @@ class JobLife(RuleBasedStateMachine):
         self.attempts: dict[str, UUID] = {}
         self.held: dict[str, Held] = {}
         self.count = 0
+        self.runs["sequences"] += 1
 
     def teardown(self) -> None:
+        self.runs["jobs"] += len(self.model.jobs)
         self.conn.close()
 
     # -- helpers -----------------------------------------------------------------------------
@@ -602,6 +606,7 @@ class JobLife(RuleBasedStateMachine):
     def judge(self) -> None:
         """After every step: the database agrees with the model, every invariant holds, and
         every output a succeeded job lists is kept."""
+        self.runs["steps"] += 1
         self.agrees_with_the_model()
         self.invariants_hold()
         self.outputs_are_kept()
