@@ -105,3 +105,91 @@ def test_a_broken_rule_is_found(databases: Databases) -> None:
         run_model(databases, examples=200, steps=30, run_seed=DEFAULT_SEED, shrink=False,
                   prepare=lambda conn: conn.execute(FENCELESS_HEARTBEAT), found=found)
     assert any(v.startswith("heartbeat disagrees with the fence") for v in found), found
+
+
+def _do(m: JobLife, rule: str, *args: Any) -> Any:
+    """Run one rule of the machine (without hypothesis' wrapping), then judge the store as
+    the state machine does after every step."""
+    fn = getattr(JobLife, rule)
+    out = getattr(fn, "__wrapped__", fn)(m, *args)
+    m.judge()
+    return out
+
+
+def _expiry(m: JobLife) -> None:
+    j = _do(m, "enqueue", "q1", None, [False], 3, [], 0, 2)  # expires in 2 ticks
+    _do(m, "claim", "w1", "q1")
+    _do(m, "work", "w1", "fail")  # started, back to pending
+    _do(m, "advance", 2)
+    _do(m, "periodic", "lifecycle")
+    assert m.model.jobs[j].status == "pending"
+
+
+def _limit(m: JobLife) -> None:
+    _do(m, "configure", "q1", 1)
+    a = _do(m, "enqueue", "q1", None, [False], 3, [], 0, None)
+    _do(m, "enqueue", "q1", None, [False], 3, [], 0, None)
+    _do(m, "claim", "w1", "q1")
+    _do(m, "cancel", a)  # its command still stopping: it keeps its slot
+    _do(m, "claim", "w2", "q1")
+    assert "w2" not in m.held
+
+
+def _resume_after_retry(m: JobLife) -> None:
+    a = _do(m, "enqueue", "q1", None, [False, False], 1, [], 0, None)
+    _do(m, "claim", "w1", "q1")
+    _do(m, "work", "w1", "ok")  # action 0 succeeds
+    _do(m, "work", "w1", "fail")  # action 1 fails: failed, attempts spent
+    _do(m, "retry", a)
+    _do(m, "claim", "w1", "q1")
+    _do(m, "work", "w1", "sigterm")  # given back before any action
+    _do(m, "claim", "w1", "q1")
+    _do(m, "work", "w1", "ok")  # starts again from action 0
+
+
+def _retry_with_dependency(m: JobLife) -> None:
+    first = _do(m, "enqueue", "q1", None, [False], 1, [], 0, None)
+    then = _do(m, "enqueue", "q1", None, [True], 1, [first], 0, None)
+    _do(m, "cancel", first)  # the dependent fails, naming it
+    _do(m, "bulk_retry", [then])
+    _do(m, "retry", then)
+    assert m.model.jobs[then].status == "failed"
+
+
+def _outputs_of_a_resumed_job(m: JobLife) -> None:
+    a = _do(m, "enqueue", "q1", None, [True, False], 2, [], 0, None)
+    _do(m, "claim", "w1", "q1")
+    _do(m, "work", "w1", "ok")  # action 0 writes its output
+    _do(m, "work", "w1", "sigterm")
+    _do(m, "claim", "w1", "q1")
+    _do(m, "work", "w1", "ok")  # resumes at action 1: succeeded
+    _do(m, "periodic", "orphan-cleanup")  # the first attempt's output is kept
+    assert m.model.jobs[a].status == "succeeded"
+
+
+@pytest.mark.parametrize("sequence", [_expiry, _limit, _resume_after_retry,
+                                      _retry_with_dependency, _outputs_of_a_resumed_job],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_the_model_s_found_sequences(databases: Databases,
+                                     sequence: Callable[[JobLife], None]) -> None:
+    """The sequences the model found on the store before these rules were fixed (issue 39),
+    each judged after every step as the state machine judges it: expiry of a job that
+    started; a limit-1 queue running a second job while the first's cancelled command still
+    stopped; a retried job resuming after actions that succeeded before the retry; a retry
+    making a job with a cancelled dependency pending; a resumed job's output deleted by
+    orphan-cleanup."""
+    url = databases.create()
+
+    class Machine(JobLife):
+        pass
+
+    Machine.url = url
+    Machine.found = []
+    m = Machine()
+    try:
+        m.judge()
+        sequence(m)
+    finally:
+        m.teardown()
+        databases.drop(url)
+    assert m.found == []

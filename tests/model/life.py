@@ -363,7 +363,9 @@ class Life:
         return why, held == "either"
 
     def retry(self, key: str) -> set[str]:
-        """An operator's retry: a new run — attempts from zero, nothing done yet. A job
+        """An operator's retry: a new run — attempts from zero, nothing done yet, and no
+        expiry (the docs leave it open; the store drops ``expires_at``, and an operator who
+        asks a job to run again does not want it cancelled unstarted at once). A job
         with ``after`` waits for its dependencies as an enqueue does: pending once they all
         succeeded, else waiting (it may run only after them all). The statuses the job may
         be in right after it (a dependency that already failed fails it at once, or at
@@ -374,6 +376,7 @@ class Life:
         j.interruptions = 0
         j.done = {}
         j.visible_at = self.now
+        j.expires_at = None  # asked to run again: the enqueue's expires_in is spent
         if not j.after:
             self._move(j, "pending")
             return {"pending"}
