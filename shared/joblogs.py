@@ -78,15 +78,21 @@ class Logs:
         return row
 
     def attempt(self, job_id: UUID, number: int | None = None) -> Attempt:
-        """Attempt ``number`` (from 1), else the latest; NotFound when there is none."""
+        """Attempt ``number`` as ``status`` numbers them (the latest claim that ran as that
+        attempt: one given back by a snooze or a SIGTERM is followed by another of the same
+        number, and a retry counts afresh), else the latest; NotFound when there is none."""
         row = self.job(job_id)
         attempts = attempts_of(self.store.jobs.events(job_id))
         if not attempts:
             raise NotFound(f"job {job_id} has not run yet")
-        if number is not None and not 1 <= number <= len(attempts):
-            raise InvalidSpec(f"--attempt must be between 1 and {len(attempts)} for job "
-                              f"{job_id}")
-        chosen = attempts[(number or len(attempts)) - 1]
+        if number is not None:
+            numbered = [a for a in attempts if a["number"] == number]
+            if not numbered:
+                had = sorted({a["number"] for a in attempts})
+                raise InvalidSpec(f"job {job_id} has no attempt {number} (its attempts: "
+                                  f"{', '.join(str(n) for n in had)})")
+            attempts = numbered
+        chosen = attempts[-1]
         running = chosen["outcome"] == "running" and row.status == "running"
         attempt_id = chosen["attempt_id"] or (row.attempt_id if running else None)
         if attempt_id is None:

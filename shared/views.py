@@ -101,12 +101,17 @@ def action_statuses(job: JobRow, results: Sequence[ActionResult]) -> list[dict[s
 
 def attempts_of(events: Sequence[JobEvent]) -> list[dict[str, Any]]:
     """A job's attempts read from its audit trail: each claim (who claimed it, when) and how
-    it ended (the state it left ``running`` for, and why) — or still running."""
+    it ended (the state it left ``running`` for, and why) — or still running. A claim's
+    ``number`` is the attempt it ran as, as ``status`` counts them (``attempt 2/3``) and the
+    worker's output lines say: a claim after a snooze or a SIGTERM give-back (which spend no
+    attempt) has the number of the one before, and a retry counts from 1 again. (A claim
+    recorded before the database kept that number is numbered by its place.)"""
     attempts: list[dict[str, Any]] = []
     for e in events:
         if e.to_status == "running" and e.from_status != "running":
             reason = e.reason or ""
-            attempts.append({"number": len(attempts) + 1, "attempt_id": None,
+            number = e.attempt if e.attempt else len(attempts) + 1
+            attempts.append({"number": number, "attempt_id": None,
                              "claimed_by": reason.removeprefix("claimed by ")
                              if reason.startswith("claimed by ") else None,
                              "started_at": e.at, "ended_at": None, "outcome": "running",

@@ -97,8 +97,8 @@ ORDER BY action_index;
 SELECT status, count(*) AS n FROM {schema}.jobs WHERE parent_id = %(job_id)s GROUP BY status;
 
 -- events --
--- The audit trail of one job.
-SELECT event_id, from_status, to_status, attempt_id, reason, at
+-- The audit trail of one job (a claim's event with the attempt number it ran as).
+SELECT event_id, from_status, to_status, attempt_id, reason, at, attempt
 FROM {schema}.job_events WHERE job_id = %(job_id)s ORDER BY event_id;
 
 -- watch --

@@ -258,6 +258,9 @@ class JobEvent(NamedTuple):
     attempt_id: UUID | None
     reason: str | None
     at: datetime
+    attempt: int | None = None
+    """For a claim: the attempt count it ran as (``attempt N/M`` in ``status``); None for
+    other events, and for claims recorded before the database kept it."""
 
 
 class DrainState(NamedTuple):

@@ -263,3 +263,35 @@ def test_children_inherit_the_queue_and_the_schedule(dsn: str, s3_env: dict[str,
     assert json.loads(r.stdout)["succeeded"] == 6
     assert run_cli(dsn, "export-finalize", **s3_env).returncode == 0
     assert job(dsn, str(parent["job_id"]))["status"] == "succeeded"
+
+
+def test_a_resumed_jobs_earlier_outputs_survive_orphan_cleanup(
+        dsn: str, s3_env: dict[str, str], tmp_path: Path) -> None:
+    """Its first action published an output, its second failed once; the next attempt
+    skipped the first: the job succeeded with the first attempt's output, which
+    orphan-cleanup must keep, status list, and the datum manifest name."""
+    once = tmp_path / "once"
+    store, bucket = s3(s3_env), s3_env["JOBFENCE_S3_BUCKET"]
+    made = enqueue_spec(dsn, s3_env, {
+        "inputs": put_inputs(s3_env, 1), "max_attempts": 2, "actions": [
+            {"name": "command", "params": {"argv": ["sh", "-c", UPPER]}},
+            {"name": "command", "params": {"argv": [
+                "sh", "-c", f"[ -e {once} ] || {{ touch {once}; exit 1; }}"]}}]})
+    pid = str(made["job_id"])
+    r = run_cli(dsn, "worker", "--max-jobs", "2", "--idle-seconds", "5", **FAST, **s3_env)
+    assert r.returncode == 1, r.stderr  # the first attempt failed
+    [child] = _children(dsn, pid)
+    assert job(dsn, child)["status"] == "succeeded"
+    assert job(dsn, child)["attempt_count"] == 2
+    assert run_cli(dsn, "export-finalize", **s3_env).returncode == 0
+    row = job(dsn, pid)
+    [item] = manifest(s3_env, row["manifest"])["items"]  # type: ignore[misc]
+    status = json.loads(run_cli(dsn, "status", child, "-o", "json", **s3_env).stdout)
+    listed = [u for a in status["actions"] for u in (a.get("result") or {}).get("outputs", [])]
+    assert len(listed) == 1 and item["outputs"] == listed
+    r = run_cli(dsn, "orphan-cleanup", JOBFENCE_ORPHAN_OBJECT_GRACE_SECONDS="0", **s3_env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["orphaned_objects_deleted"] == 0
+    left = {f"s3://{bucket}/{o.key}" for o in store.iter_objects(bucket, "jobfence/")}
+    assert set(listed) <= left
+    assert store.get_bytes(*parse_s3_url(listed[0])) == b"DATUM 0\n"

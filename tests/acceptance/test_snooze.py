@@ -118,3 +118,25 @@ def test_exit_75_without_a_valid_snooze_file_fails_clearly(dsn: str, script: str
     assert (row["status"], row["snoozes"]) == ("failed", 0)
     assert row["error"].startswith("command exited with 75 to snooze, but "), row["error"]
     assert error in row["error"], row["error"]
+
+
+def test_logs_numbers_attempts_as_status_and_the_output_lines_do(
+        dsn: str, tmp_path: Path) -> None:
+    once = tmp_path / "once"
+    job_id = enqueue(dsn, command(
+        f'echo "claim"; [ -e {once} ] && exit 0; touch {once}; '
+        'echo 0.001 > "$JOBFENCE_SNOOZE_FILE"; exit 75'))
+    r = run_cli(dsn, "worker", "--max-jobs", "2", "--idle-seconds", "5", **FAST)
+    assert r.returncode == 0, r.stderr
+    # Both claims ran as attempt 1 (the snooze spent none): the worker's own output lines,
+    # `status`, and `logs` say so alike.
+    said = {json.loads(line)["attempt"] for line in r.stderr.splitlines()
+            if line.startswith("{") and json.loads(line).get("event") == "output"}
+    assert said == {1}
+    status = json.loads(run_cli(dsn, "status", job_id, "-o", "json").stdout)
+    assert (status["status"], status["attempt_count"]) == ("succeeded", 1)
+    shown = run_cli(dsn, "logs", job_id)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("==> attempt 1, action 1 (command): stdout")
+    assert run_cli(dsn, "logs", job_id, "--attempt", "1").stdout == shown.stdout
+    assert run_cli(dsn, "logs", job_id, "--attempt", "2").returncode == 2

@@ -1,4 +1,5 @@
--- 0034: a retried job waits for its dependencies as an enqueue makes it wait.
+-- 0034: a retried job waits for its dependencies as an enqueue makes it wait; a snoozed
+-- claim's output is kept; each claim's audit event keeps the attempt number it ran as.
 --
 -- operator_retry and operator_retry_many made a failed or cancelled job `pending` at once,
 -- whatever its `after` dependencies: it ran while a dependency was still running, or after
@@ -198,3 +199,28 @@ BEGIN
                                          p_max_snoozes);
 END;
 $$;
+
+-- Each claim's attempt number, in its audit event ------------------------------------
+-- `status` shows `attempt N/M` (the attempt count) and the worker's output lines carry that
+-- N, but `logs` numbered a job's claims one by one from its audit trail: a claim given back
+-- by a snooze or a SIGTERM spends no attempt and the next claim runs as the same attempt,
+-- and a retry starts counting afresh, so `logs --attempt 2` could be what `status` called
+-- attempt 1. The claim's event now keeps the attempt count it ran as (job_events.attempt,
+-- filled in by a trigger from the job's row, whoever wrote the event), and every surface
+-- numbers a claim by it. Events written before this migration have none (NULL).
+
+ALTER TABLE {schema}.job_events ADD COLUMN attempt integer;
+
+CREATE FUNCTION {schema}.jobfence_event_attempt() RETURNS trigger
+LANGUAGE plpgsql SET search_path = {schema}, pg_temp AS $$
+BEGIN
+    NEW.attempt := (SELECT j.attempt_count FROM {schema}.jobs j WHERE j.job_id = NEW.job_id);
+    RETURN NEW;
+END;
+$$;
+
+CREATE TRIGGER job_events_attempt
+    BEFORE INSERT ON {schema}.job_events
+    FOR EACH ROW
+    WHEN (NEW.to_status = 'running' AND NEW.from_status IS DISTINCT FROM 'running')
+    EXECUTE FUNCTION {schema}.jobfence_event_attempt();
