@@ -193,3 +193,28 @@ def test_the_model_s_found_sequences(databases: Databases,
         m.teardown()
         databases.drop(url)
     assert m.found == []
+
+
+def test_a_job_and_its_dependent_expiring_in_one_pass_are_both_expired(
+        databases: Databases) -> None:
+    """A job waiting on one that expires, itself past its own expiry in the same pass, is
+    expired too (cancelled), not failed for its dependency: the long run's seed 31415926
+    found the model deciding otherwise."""
+    url = databases.create()
+
+    class Machine(JobLife):
+        pass
+
+    Machine.url = url
+    Machine.found = []
+    m = Machine()
+    try:
+        first = _do(m, "enqueue", "q1", None, [False], 1, [], 0, 1)
+        then = _do(m, "enqueue", "q1", None, [False], 1, [first], 0, 1)
+        _do(m, "advance", 1)
+        _do(m, "periodic", "lifecycle")
+        assert m.model.jobs[then].status == "cancelled"
+    finally:
+        m.teardown()
+        databases.drop(url)
+    assert m.found == []

@@ -423,9 +423,11 @@ class Life:
         cancelled "expired before start"."""
         gone = [j for j in self.jobs.values() if j.status in ("waiting", "pending")
                 and j.expires_at is not None and self.now >= j.expires_at and not j.started]
+        for j in gone:  # all of them expire, those waiting on each other too
+            self._move(j, "cancelled")
+            j.attempt = None
         for j in gone:
-            if j.status in ("waiting", "pending"):  # a settle above may have failed it
-                self._end(j, "cancelled")
+            self._settle(j)
         return [j.key for j in gone]
 
     def finalize(self, parent: str) -> bool:
