@@ -96,14 +96,20 @@ LANGUAGE sql SECURITY DEFINER SET search_path = jobfence, pg_temp AS $$
 $$"""
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)
 def test_a_broken_rule_is_found(databases: Databases) -> None:
     """The test can fail: with one function of its own database replaced by a broken one,
     the state machine finds a sequence that shows it."""
+    # The claim takes jobs ready at the same instant in whatever order the server finds
+    # them, so one seed's sequences can differ from run to run: a search that found it on
+    # one machine missed it on another. A few seeds, stopping at the first that finds it.
     found: list[str] = []
-    with pytest.raises(BaseException):
-        run_model(databases, examples=200, steps=30, run_seed=DEFAULT_SEED, shrink=False,
-                  prepare=lambda conn: conn.execute(FENCELESS_HEARTBEAT), found=found)
+    for run_seed in range(DEFAULT_SEED, DEFAULT_SEED + 5):
+        try:
+            run_model(databases, examples=200, steps=30, run_seed=run_seed, shrink=False,
+                      prepare=lambda conn: conn.execute(FENCELESS_HEARTBEAT), found=found)
+        except BaseException:  # what it found is judged below
+            break
     assert any(v.startswith("heartbeat disagrees with the fence") for v in found), found
 
 
