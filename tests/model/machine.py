@@ -36,6 +36,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from psycopg import sql
 
 from bench.chaos_checks import CHECKS
 from devtools.memory_objects import MemoryObjectStore
@@ -114,9 +115,9 @@ INVARIANTS = {
 }
 
 ALL_CHECKS = " UNION ALL ".join(
-    f"(SELECT %s::text AS name, to_jsonb(x) AS found FROM ({sql.strip().rstrip(';')}) x"
+    f"(SELECT %s::text AS name, to_jsonb(x) AS found FROM ({q.strip().rstrip(';')}) x"
     " LIMIT 1)".replace("%s::text", "'" + name.replace("'", "''") + "'")
-    for name, sql in [*INVARIANTS.items(), *((n, CHECKS[n]) for n in AUDIT_CHECKS)])
+    for name, q in [*INVARIANTS.items(), *((n, CHECKS[n]) for n in AUDIT_CHECKS)])
 """Every check above in one statement: the first violation of each."""
 
 # A queue's slots in use: running claims, and cancelled attempts still stopping.
@@ -153,8 +154,8 @@ class Held:
     todo: list[int] | None = None
 
 
-def _sql_of(conn: Any, sql: str, *args: Any) -> list[dict[str, Any]]:
-    return [dict(r) for r in conn.execute(sql, args or None).fetchall()]
+def _sql_of(conn: Any, query: str, *args: Any) -> list[dict[str, Any]]:
+    return [dict(r) for r in conn.execute(query, args or None).fetchall()]
 
 
 class JobLife(RuleBasedStateMachine):
@@ -209,8 +210,8 @@ class JobLife(RuleBasedStateMachine):
         self.found.append(message)
         raise violation(what)(message)
 
-    def _sql(self, sql: str, *args: Any) -> list[dict[str, Any]]:
-        return _sql_of(self.conn, sql, *args)
+    def _sql(self, query: str, *args: Any) -> list[dict[str, Any]]:
+        return _sql_of(self.conn, query, *args)
 
     def _finalize_inline(self, key: str, attempt: str) -> None:
         """The worker's inline finalization of the parent of the child its attempt ended."""
@@ -700,10 +701,10 @@ def empty(conn: Any) -> None:
         SELECT table_name::text FROM information_schema.tables
         WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'""")
         if r["table_name"] not in KEPT]
-    conn.execute("TRUNCATE " + ", ".join(f'"{t}"' for t in tables))
+    conn.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(map(sql.Identifier, tables))))
 
 
-_SHIFT: dict[str, str] = {}
+_SHIFT: dict[str, sql.Composed] = {}
 
 
 def shift_clock(conn: Any, seconds: float) -> None:
@@ -718,11 +719,13 @@ def shift_clock(conn: Any, seconds: float) -> None:
                 WHERE c.table_schema = current_schema() AND t.table_type = 'BASE TABLE'
                   AND c.data_type = 'timestamp with time zone'
                 GROUP BY c.table_name"""):
-            _SHIFT[c["table_name"]] = ", ".join(
-                f'"{col}" = "{col}" - make_interval(secs => %(s)s)' for col in c["cols"])
+            _SHIFT[c["table_name"]] = sql.SQL("UPDATE {} SET {}").format(
+                sql.Identifier(c["table_name"]), sql.SQL(", ").join(
+                    sql.SQL("{col} = {col} - make_interval(secs => %(s)s)").format(
+                        col=sql.Identifier(col)) for col in c["cols"]))
     with conn.transaction():
-        for table, sets in _SHIFT.items():
-            conn.execute(f'UPDATE "{table}" SET {sets}', {"s": seconds})
+        for update in _SHIFT.values():
+            conn.execute(update, {"s": seconds})
 
 
 def seed_from_env() -> int | None:
