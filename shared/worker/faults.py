@@ -9,6 +9,11 @@ by guard, and the guard goes on at its next tick. The counts go to the database 
 heartbeat that follows (``jobfence_worker_guard_faults``, by queue and guard: a counter that
 adds up across short-lived pods), and are kept here until a write of them succeeds.
 
+The command sidecar (a second container of the worker's pod, without database access)
+counts its own guards' faults the same way and hands them over with the answer that ends
+each request (``faults``): the worker adds them to its own (``adopt``), so that they reach
+the database with its next heartbeat.
+
 The guards' names are a fixed set (``GUARDS``): a metric label never grows with what a job
 does.
 """
@@ -27,6 +32,9 @@ log = get_logger("jobfence.worker")
 
 GUARDS = ("heartbeat", "stop_check", "watchdog", "tree_kill", "output", "sidecar")
 """Every guard whose faults are counted: the label values of the metric."""
+
+MAX_ADOPTED = 1_000_000
+"""The most faults one answer of the command sidecar may hand over for one guard."""
 
 
 class Faults:
@@ -51,6 +59,19 @@ class Faults:
             log.error("guard_fault", guard=guard, error_type=type(exc).__name__,
                       error=repr(exc)[:500], job_ids=[str(j) for j in jobs], faults=count,
                       message="the guard goes on at its next tick")
+
+    def adopt(self, counts: object) -> None:
+        """Faults another process of this worker's pod noted (and logged) and handed over:
+        counted here as if they were ours. Anything but ``{guard: 1..MAX_ADOPTED}`` is
+        ignored — a count is no reason to stop either."""
+        if not isinstance(counts, dict):
+            return
+        valid = {g: n for g, n in counts.items() if g in GUARDS and type(n) is int
+                 and 0 < n <= MAX_ADOPTED}
+        if valid:
+            with self._lock:
+                self._pending.update(valid)
+                self.total.update(valid)
 
     def take(self) -> dict[str, int]:
         """The counts not yet written, now owed by the caller (``restore`` if unwritten)."""

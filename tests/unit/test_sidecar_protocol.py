@@ -22,7 +22,11 @@ from hypothesis import strategies as st
 
 from jobfence.actions.child import ChildNotStarted, ChildOutput, Tail
 from jobfence.errors import ConfigError
+from jobfence.fsboundary import BoundaryError
 from jobfence.jobuids import SameUser
+from jobfence.worker.faults import GUARDS, MAX_ADOPTED, Faults
+from jobfence.worker.sidecar import link as sidecar_link
+from jobfence.worker.sidecar import serve
 from jobfence.worker.sidecar.link import SidecarLink, SidecarSpace
 from jobfence.worker.sidecar.protocol import Channel, ProtocolError, parse_request
 from jobfence.worker.sidecar.serve import SidecarServer
@@ -268,3 +272,42 @@ def test_many_jobs_children_run_at_once_and_each_ends_alone(link: SidecarLink) -
         assert c.ended()
     for space in spaces:
         space.close()
+
+
+def test_the_runners_guard_faults_are_counted_by_the_worker(
+        link: SidecarLink, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner has no database: what its guards noted comes back with the answer that
+    ends a request — a child's exit, a refusal — and the worker counts it as its own
+    (invariant 15). In process the two share a module: each gets a counter of its own."""
+    runner, worker = Faults(), Faults()
+    monkeypatch.setattr(serve, "FAULTS", runner)
+    monkeypatch.setattr(sidecar_link, "FAULTS", worker)
+    runner.note("tree_kill", ProcessLookupError("a tick of the runner's tree kill raised"))
+    space = SidecarSpace(link, uuid.uuid4())
+    space.open()
+    child = space.start(["true"], {"PATH": os.defpath}, ChildOutput().add)
+    assert wait_for(lambda: child.wait(0.1) is not None)
+    child.close()
+    assert worker.take() == {"tree_kill": 1} and not runner.pending()
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("a bug in the runner")
+
+    monkeypatch.setattr(SidecarServer, "_answer", broken)  # noted there, the request refused
+    with pytest.raises(BoundaryError, match="a bug in the runner"):
+        space.read_file("report.json", 100)
+    assert worker.take() == {"sidecar": 1} and worker.total == {"tree_kill": 1, "sidecar": 1}
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+                    lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner)))
+@settings(max_examples=300)
+def test_faults_handed_over_are_counted_only_as_guards_and_bounded_counts(
+        counts: object) -> None:
+    faults = Faults()
+    faults.adopt(counts)
+    taken = faults.take()
+    assert all(g in GUARDS and 0 < n <= MAX_ADOPTED for g, n in taken.items())
+    if isinstance(counts, dict):
+        assert taken == {g: n for g, n in counts.items() if g in GUARDS and type(n) is int
+                         and 0 < n <= MAX_ADOPTED}

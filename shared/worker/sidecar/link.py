@@ -189,6 +189,7 @@ def _call(link: SidecarLink, seconds: float = REPLY_SECONDS,
     channel = link.request(**message)
     reply, fds = _reply(link, channel, seconds)
     if "error" in reply:
+        FAULTS.adopt(reply.get("faults"))
         close_all(fds)
         channel.close()
         raise BoundaryError(str(reply["error"]))
@@ -334,6 +335,7 @@ class SidecarChild:
         try:
             while (message := self._channel.receive()) is not None:
                 if "exit" in message:
+                    FAULTS.adopt(message.get("faults"))
                     self._code = int(message["exit"])
                     self._usage = Usage.reported(message.get("usage"))
                     return

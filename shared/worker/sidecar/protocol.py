@@ -46,8 +46,10 @@ message is the request:
   close and kills the child's group and every process the child left behind (the runner
   is their subreaper).
 
-Any request may be answered ``{"error": WHY}``. The sidecar serves each channel on a
-thread of its own: a worker running many jobs has as many children there.
+Any request may be answered ``{"error": WHY}``. An ``exit`` or an ``error`` also carries
+``"faults": {GUARD: N}`` when the runner's own guards noted faults since its last such
+answer (``jobfence.worker.faults``): the worker counts them with its own. The sidecar serves
+each channel on a thread of its own: a worker running many jobs has as many children there.
 """
 
 from __future__ import annotations

@@ -175,7 +175,7 @@ class SidecarServer:
     @staticmethod
     def _refuse(channel: Channel, why: str) -> None:
         with contextlib.suppress(Exception):
-            channel.send(error=why)
+            _send_with_faults(channel, {"error": why})
         with contextlib.suppress(Exception):
             channel.close()
 
@@ -283,11 +283,10 @@ class SidecarServer:
         # what left its group (setsid, daemons): its own only, while others run here
         self._kill_tree(child, attempt, reap_children=True)
         used = child.usage()
-        with contextlib.suppress(OSError):
-            if used is None:
-                channel.send(exit=code)
-            else:
-                channel.send(exit=code, usage=used.as_dict())
+        ended: dict[str, Any] = {"exit": code}
+        if used is not None:
+            ended["usage"] = used.as_dict()
+        _send_with_faults(channel, ended)
         channel.close()
         follower.join(timeout=1)
         log.debug("command_exited", pid=child.pid, exit_code=code)
@@ -309,3 +308,14 @@ class SidecarServer:
             if message is None:
                 return
 
+
+def _send_with_faults(channel: Channel, message: dict[str, Any]) -> None:
+    """Send the answer that ends a request with the faults this runner's guards noted since
+    the last one (the worker counts them with its own: invariant 15); kept for the next
+    answer when this one cannot be sent."""
+    faults = FAULTS.take()
+    try:
+        channel.send(**({**message, "faults": faults} if faults else message))
+    except BaseException:
+        FAULTS.restore(faults)
+        raise
