@@ -3,8 +3,8 @@ sends are evaluated by the server (``limit``/``continue`` followed to the end), 
 its installation's worker pods whatever selector it is configured with, and a listing that
 cannot be completed — a continue token expired by an etcd compaction (410 Gone) — is a
 ClusterError, so that no pass acts on half a picture. (Refusals by the real authorizer:
-tests/cluster/test_rbac.py; the transport's retries on injected faults:
-tests/unit/test_kube_transport.py.)"""
+tests/cluster/test_rbac.py; the transport's retries on faults in front of the real server:
+tests/contract/test_kube_faults.py.)"""
 
 from __future__ import annotations
 
