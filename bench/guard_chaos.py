@@ -65,6 +65,9 @@ class Outcome:
     cancels: int = 0
     cancels_reached: int = 0
     slowest_cancel_seconds: float = 0.0
+    slowest_commit_to_gone_seconds: float = 0.0
+    """From the cancel's commit (its audit row's time) to the command seen gone: what
+    invariant 12's second is about, without the ``jobfence cancel`` process's own start."""
     daemons: int = 0
     daemons_alive: int = 0
     worker_exit: int | None = None
@@ -80,6 +83,8 @@ class Outcome:
                 ("heartbeat connections killed", str(self.kills)),
                 ("cancels reaching their command", f"{self.cancels_reached} / {self.cancels}"),
                 ("slowest cancel to command gone", f"{self.slowest_cancel_seconds:.2f} s"),
+                ("slowest cancel's commit to command gone",
+                 f"{self.slowest_commit_to_gone_seconds:.2f} s"),
                 ("daemons left alive", f"{self.daemons_alive} / {self.daemons}"),
                 ("worker exit code", str(self.worker_exit)),
                 ("wall time", f"{self.seconds:.0f} s"),
@@ -193,8 +198,15 @@ def run(dsn: str, env_of: Callable[[str], dict[str, str]], work: Path, *, jobs: 
                     out.problems.append(f"cancel {job_id}: exit {r.returncode} {r.stderr[-300:]}")
                 if _wait(lambda p=pid: not _alive(p), timeout=10):  # type: ignore[misc]
                     out.cancels_reached += 1
+                gone = time.time()
                 out.slowest_cancel_seconds = max(out.slowest_cancel_seconds,
                                                  time.monotonic() - t0)
+                committed = conn_k.execute(
+                    "SELECT extract(epoch FROM at)::float8 AS at FROM job_events "
+                    "WHERE job_id = %s AND to_status = 'cancelled'", (job_id,)).fetchone()
+                if committed is not None:
+                    out.slowest_commit_to_gone_seconds = max(
+                        out.slowest_commit_to_gone_seconds, gone - committed["at"])
             # keep the worker busy (and its connection killed) until the kills are done
             while out.kills < kills and worker.poll() is None:
                 time.sleep(0.1)

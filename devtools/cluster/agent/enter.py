@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import shutil
@@ -168,7 +169,15 @@ class Mounts:
         read-only; the volumes stay as the container mounted them."""
         mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY)
         for where in [*self.rebased, *self.overlaid, *self.covered]:
-            mount(None, where, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+            try:
+                mount(None, where, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+            except OSError as exc:
+                # Hidden since by a volume mounted above it (an emptyDir on /tmp over a
+                # covered /tmp/x, where the checkout is in a folder only root may enter):
+                # its path is now a plain directory of the volume, and nothing of it is
+                # left to seal.
+                if exc.errno != errno.EINVAL or os.path.ismount(where):
+                    raise
 
 
 def _top_level_missing(target: str) -> bool:
