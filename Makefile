@@ -103,8 +103,9 @@ lint: $(STAMP) ## ruff, mypy and the import-linter contracts (the layers in docs
 	$(VENV)/bin/mypy
 	PYTHONPATH=build/src $(VENV)/bin/lint-imports
 
-test: lint postgres-check controlplane otelcol keda image ## lint, type-check, and run every test on a real PostgreSQL and a real Kubernetes control plane
+test: lint postgres-check controlplane otelcol keda image image-archive ## lint, type-check, and run every test on a real PostgreSQL and a real Kubernetes control plane (then the node's own tests on a real kubelet with containerd, running the image)
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	JOBFENCE_TEST_NODE=kubelet $(PY) -m pytest $(PYTEST_ARGS) tests/cluster/test_node.py
 
 demo: $(STAMP) system-demo ## run the main story end to end on embedded defaults
 	$(PY) -m demo.run
