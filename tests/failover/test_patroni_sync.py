@@ -4,11 +4,13 @@ a heartbeat's deadline hangs up instead of cancelling; a terminal write whose co
 dies while its COMMIT waits for the standby is read back on the writer and counted only
 once durable; a switchover and a node loss are ridden out without losing an acknowledged
 write; a URL whose hosts are all replicas is refused at once (exit 4), and a worker sent to
-a replica never claims."""
+a replica never claims; an enqueue whose answer was lost in a failover is made exactly once
+when it is sent again with its idempotency key."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -240,3 +242,40 @@ def test_migrate_on_the_synchronous_cluster_warns_of_nothing(cluster: PatroniClu
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert "warning" not in done.stderr
+
+
+def test_an_enqueue_whose_answer_was_lost_in_a_failover_is_made_once_by_its_key(
+        cluster: PatroniCluster, url: str) -> None:
+    """An enqueue's COMMIT waits for a standby that cannot answer; the client is killed
+    there (it never learns the outcome) and the primary is lost. Run again with the same
+    idempotency key on the new primary, it answers one job — the first one, if its commit
+    reached a standby after all, else a new one — and there is exactly one."""
+    key = f"lost-answer-{time.monotonic_ns()}"
+    spec = json.dumps({"actions": [{"name": "sleep", "params": {"seconds": 0}}],
+                       "idempotency_key": key})
+    env = cli_env(url)
+    old = cluster.leader()
+    assert old is not None
+    with standbys_frozen(cluster):
+        first = subprocess.Popen([*JOBFENCE, "enqueue", "--spec", "-"], env=env,
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        try:
+            first.communicate(spec, timeout=3.0)
+        except subprocess.TimeoutExpired:  # its commit waits for a standby: as it should
+            pass
+        assert first.returncode is None, first.returncode
+        first.kill()
+        first.communicate()
+        cluster.kill(old)
+    cluster.wait_until(lambda: cluster.leader() not in (None, old), 120,
+                       "no new leader after the node loss")
+    again = subprocess.run([*JOBFENCE, "enqueue", "--spec", "-"], env=env, input=spec,
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert again.returncode == 0, again.stderr
+    answered = json.loads(again.stdout)
+    with db.connect(url) as c:
+        rows = c.execute("SELECT job_id FROM jobfence.jobs WHERE idempotency_key = %s",
+                         (key,)).fetchall()
+    assert [str(r["job_id"]) for r in rows] == [answered["job_id"]]
+    cluster.start_member(old)
