@@ -5,7 +5,8 @@ dies while its COMMIT waits for the standby is read back on the writer and count
 once durable; a switchover and a node loss are ridden out without losing an acknowledged
 write; a URL whose hosts are all replicas is refused at once (exit 4), and a worker sent to
 a replica never claims; an enqueue whose answer was lost in a failover is made exactly once
-when it is sent again with its idempotency key."""
+when it is sent again with its idempotency key; a statement to a frozen primary is hung up
+on at its deadline."""
 
 from __future__ import annotations
 
@@ -279,3 +280,27 @@ def test_an_enqueue_whose_answer_was_lost_in_a_failover_is_made_once_by_its_key(
                          (key,)).fetchall()
     assert [str(r["job_id"]) for r in rows] == [answered["job_id"]]
     cluster.start_member(old)
+
+
+def test_a_statement_to_a_frozen_primary_is_hung_up_on_at_its_deadline(
+        cluster: PatroniCluster, url: str, store: Store) -> None:
+    """A zombie primary (every process stopped, its sockets open) answers nothing: a
+    heartbeat's deadline hangs up (StoreUnavailable) instead of waiting on the socket, and
+    the connection is known stale — the worker's guard then stops its command in time."""
+    enqueue_one(store)
+    [claim] = store.attempts.claim(worker_id="frozen", lease_seconds=60)
+    c = db.connect(url)
+    leader = cluster.leader()
+    assert leader is not None
+    try:
+        cluster.freeze(leader)
+        try:
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable), db.deadline(c, 1.0):
+                Store(c).attempts.heartbeat_many([(claim.job_id, claim.attempt_id)], 60)
+            assert time.monotonic() - started < 10
+            assert db.stale(c)
+        finally:
+            cluster.thaw(leader)
+    finally:
+        c.close()
