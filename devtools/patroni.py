@@ -476,3 +476,14 @@ class PatroniCluster(ThrowawayServer):
         if candidate:
             body["candidate"] = candidate
         _rest(f"http://127.0.0.1:{leader.rest_port}/switchover", body, timeout=60)
+
+    def failover(self, candidate: str | None = None) -> None:
+        """An operator's failover to ``candidate`` (the first healthy standby when None),
+        as ``patronictl failover --candidate NAME --force`` asks for it: Patroni's REST
+        ``/failover``, which names no leader and promotes the candidate at once."""
+        leader = self.leader()
+        if leader is None:
+            raise PatroniError("no leader to fail over from")
+        name = candidate or next(m.name for m in self.members if m is not leader)
+        _rest(f"http://127.0.0.1:{leader.rest_port}/failover", {"candidate": name},
+              timeout=60)

@@ -163,17 +163,20 @@ def test_a_terminal_write_cut_off_in_its_commit_is_counted_once_durable(
         completer.close()
 
 
-def test_a_switchover_is_ridden_out_by_the_writes_in_flight(
-        cluster: PatroniCluster, url: str, store: Store) -> None:
+@pytest.mark.parametrize("change", ["switchover", "failover"])
+def test_a_change_of_leader_is_ridden_out_by_the_writes_in_flight(
+        cluster: PatroniCluster, url: str, store: Store, change: str) -> None:
+    """A planned switchover (``patronictl switchover``) and an operator's failover to a
+    named standby (``patronictl failover``)."""
     completer = Completer(settings(url), "default")
     try:
         enqueue_one(store)
         [claim] = completer.claim(1)
         guard = Guard(claim, completer.settings)
         before = cluster.leader()
-        cluster.switchover()
+        getattr(cluster, change)()
         cluster.wait_until(lambda: cluster.leader() not in (None, before), 60,
-                           "no new leader after the switchover")
+                           f"no new leader after the {change}")
         renewed = completer.write(guard, lambda s: s.attempts.heartbeat(
             job_id=claim.job_id, attempt_id=claim.attempt_id, lease_seconds=60))
         assert renewed is not None
