@@ -468,8 +468,10 @@ BEGIN
 END;
 $$;
 
--- Give a running attempt's job back (the worker was told to stop, e.g. SIGTERM): pending
--- now, its attempt not counted, until it was interrupted p_max_interruptions times.
+-- Give a running attempt's job back (its worker was told to stop, e.g. SIGTERM): pending
+-- now, the attempt not counted while the job was interrupted fewer than
+-- p_max_interruptions times; after that it counts, and the job fails once its attempts
+-- are exhausted (fenced).
 CREATE OR REPLACE FUNCTION {schema}.worker_interrupt(p_job_id uuid, p_attempt_id uuid,
                                                     p_reason text,
                                                     p_max_interruptions integer)

@@ -64,7 +64,8 @@ CREATE TRIGGER jobs_audit_insert AFTER INSERT ON {schema}.jobs
     FOR EACH STATEMENT EXECUTE FUNCTION {schema}.jobfence_audit_insert();
 
 -- The audit trail of a statement's changed jobs: one event per row whose status or fence
--- changed. The attempt is the one the row held before, else the one it holds now.
+-- changed (the attempt it held before, else the one it holds now); the watchers of a job
+-- that finished told; what the statement adds to the job metrics.
 CREATE OR REPLACE FUNCTION {schema}.jobfence_audit_update() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp
 SET enable_nestloop = off AS $$
