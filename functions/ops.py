@@ -49,6 +49,7 @@ def migrate_main(argv: list[str]) -> int:
         out: dict[str, object] = {"function": "migrate", "schema": settings.schema_name,
                                   "installation": report.installation,
                                   "applied": list(report.applied), "version": report.current,
+                                  "functions": list(report.functions),
                                   "roles": {"created": list(roles.created),
                                             "missing": list(roles.missing),
                                             "granted": roles.granted, "owner": roles.owner}}

@@ -378,12 +378,18 @@ def move_objects(conn: Connection, *, source: str, target: str, tables: Sequence
                  functions: Sequence[tuple[str, LiteralString]]) -> None:
     """Move named tables (their indexes, constraints, triggers and owned sequences go with
     them) and functions (name, argument types — this package's own constants) from one
-    schema to another, in the caller's transaction."""
+    schema to another, in the caller's transaction; those the source lacks are skipped (a
+    release older than the one that made them)."""
     for table in tables:
         if relation_exists(conn, source, table):
             execute(conn, sql.SQL("ALTER TABLE {} SET SCHEMA {}").format(
                 sql.Identifier(source, table), sql.Identifier(target)))
     for name, args in functions:
+        found = execute(conn, sql.SQL("SELECT to_regprocedure({}) IS NOT NULL AS found").format(
+            sql.Literal(sql.SQL("{}({})").format(sql.Identifier(source, name), sql.SQL(args))
+                        .as_string(None)))).fetchone()
+        if not (found and found["found"]):
+            continue
         execute(conn, sql.SQL("ALTER FUNCTION {}({}) SET SCHEMA {}").format(
             sql.Identifier(source, name), sql.SQL(args), sql.Identifier(target)))
 

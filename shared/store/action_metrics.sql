@@ -1,6 +1,7 @@
 -- Action metrics: runs by outcome, run time and resource usage, by queue and action. The
 -- trigger on job_action_results appends what each statement adds; the periodic passes fold
--- it into the totals the exposition reads (migration 0029 says how).
+-- it into the totals the exposition reads (the trigger: action_metrics.functions.sql;
+-- migration 0029 says why).
 -- Named statements, run by the method of the same name in store/action_metrics.py. {schema}
 -- is the installation's schema (JOBFENCE_SCHEMA), filled in as a quoted identifier.
 

@@ -2,8 +2,8 @@
 -- Named statements, run by the method of the same name in store/attempts.py. {schema} is
 -- the installation's schema (JOBFENCE_SCHEMA), filled in as a quoted identifier.
 --
--- Each statement calls one of the worker's functions (store/schema/0014_least_privilege.sql):
--- they check the fence inside the database, and they are all the worker's role may run.
+-- Each statement calls one of the worker's functions (attempts.functions.sql): they check
+-- the fence inside the database, and they are all the worker's role may run.
 
 -- claim --
 -- Claim up to %(limit)s ready jobs of a queue in one statement: fresh fence, lease,

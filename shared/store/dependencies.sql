@@ -16,7 +16,7 @@ ON CONFLICT DO NOTHING;
 
 -- settle --
 -- Settle what waited on jobs that just became terminal, transitively, at most %(budget)s
--- dependents (store/schema/0014_least_privilege.sql: settle_dependents).
+-- dependents (dependencies.functions.sql: settle_dependents).
 SELECT * FROM {schema}.settle_dependents(%(job_ids)s::uuid[], %(budget)s::integer);
 
 -- resolve --

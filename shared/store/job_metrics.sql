@@ -1,6 +1,6 @@
 -- Job metrics: what the audit trigger (and lifecycle, for its lateness) appends per
--- statement, folded into the totals the exposition reads (migrations 0015 and 0020 say
--- how).
+-- statement, folded into the totals the exposition reads (the trigger: jobs.functions.sql,
+-- the histograms: job_metrics.functions.sql; migrations 0015 and 0020 say why).
 -- Named statements, run by the method of the same name in store/job_metrics.py. {schema}
 -- is the installation's schema (JOBFENCE_SCHEMA), filled in as a quoted identifier.
 

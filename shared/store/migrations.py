@@ -12,6 +12,15 @@ every object ``{schema}.name`` (braces of its own doubled), as the named stateme
 every function it creates pins ``search_path = {schema}, pg_temp`` (invariant 13).
 Migrations must be additive: a rolling deploy runs old and new pods against the same schema.
 
+Migrations keep tables, columns, indexes and data; from 0038 on they define no function.
+The live definition of every function, trigger and view is in ``store/<noun>.functions.sql``
+(``FUNCTION_FILES``), a template like the migrations: once they are applied, each file whose
+text changed since it last ran here is run again, all of them in one transaction under the
+same lock, as the owner role, and its digest recorded (``jobfence_function_files``). A file
+is idempotent (CREATE OR REPLACE; DROP ... IF EXISTS first where a signature changes), and
+the roles' grants that end every migrate give the re-created functions their privileges.
+A database that a newer release migrated further keeps that release's functions.
+
 ``JOBFENCE_SCHEMA`` never names a schema jobfence did not create: ``public``,
 ``information_schema`` and ``pg_*`` are refused by the settings, and an existing schema
 without jobfence's bookkeeping table is refused here, before anything is written — taking it
@@ -29,6 +38,7 @@ version it had reached.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -57,6 +67,39 @@ LEGACY_FUNCTIONS: tuple[tuple[str, LiteralString], ...] = (
 """What releases before 0009 created, by name (functions with their argument types)."""
 
 
+FUNCTION_FILES = (
+    "control", "job_metrics", "jobs", "dependencies", "parents", "attempts", "queues",
+    "triggers", "schedules", "maintenance", "traces", "action_metrics",
+)
+"""The nouns whose ``<noun>.functions.sql`` defines their database functions, in the order
+they run: a file may use what the files before it define (a SQL function's body is checked
+as it is created)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionFile:
+    """One noun's database functions, triggers and views (``<noun>.functions.sql``)."""
+
+    name: str
+    sql: LiteralString
+
+    @property
+    def digest(self) -> str:
+        """What tells a changed file from the one last run (the template's SHA-256)."""
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+    def rendered(self, schema: str) -> db.Composed:
+        return db.statement(self.sql, schema=schema)
+
+
+def function_files() -> list[FunctionFile]:
+    """Every function file shipped with this version, in the order they run."""
+    store = resources.files("jobfence.store")
+    return [FunctionFile(f"{noun}.functions.sql",
+                         store.joinpath(f"{noun}.functions.sql").read_text("utf-8"))
+            for noun in FUNCTION_FILES]
+
+
 @dataclass(frozen=True, slots=True)
 class Migration:
     version: int
@@ -83,6 +126,8 @@ class MigrateReport:
     same time included)."""
     roles: RolesReport = field(default_factory=RolesReport)
     """The group roles this run created, or could not create (then nothing was granted)."""
+    functions: tuple[str, ...] = ()
+    """The function files this run re-created (their text had changed)."""
 
 
 def available() -> list[Migration]:
@@ -159,6 +204,40 @@ class Migrations:
             self.record(mig)
         return True
 
+    def function_digests(self) -> dict[str, str]:
+        return {r["file"]: r["digest"]
+                for r in db.execute(self.conn, self.sql["function_digests"])}
+
+    def record_function_file(self, file: FunctionFile) -> None:
+        db.execute(self.conn, self.sql["record_function_file"],
+                   {"file": file.name, "digest": file.digest})
+
+    def forget_function_files(self, files: list[FunctionFile]) -> None:
+        db.execute(self.conn, self.sql["forget_function_files"],
+                   {"files": [f.name for f in files]})
+
+    def apply_functions(self, owner: Roles | None = None) -> tuple[str, ...]:
+        """Run every function file whose text changed since it last ran here, all in one
+        transaction (as the owner role when ``owner`` is given): the names of those run.
+        Nothing when the schema has a migration this release does not ship: its functions
+        are a newer release's, which this one's must not replace."""
+        files = function_files()
+        with db.transaction(self.conn):
+            self.lock()
+            if owner is not None:
+                owner.become_owner()
+            self.use_schema()
+            if max(self.applied(), default=0) > len(available()):
+                return ()
+            known = self.function_digests()
+            changed = [f for f in files if known.get(f.name) != f.digest]
+            for file in changed:
+                # Our own package file, never input; the schema is a checked identifier.
+                db.execute(self.conn, file.rendered(self.schema))
+                self.record_function_file(file)
+            self.forget_function_files(files)
+        return tuple(f.name for f in changed)
+
 
 def migrate(conn: Connection, schema: str = "jobfence",
             installation: str | None = None) -> MigrateReport:
@@ -192,6 +271,7 @@ def migrate(conn: Connection, schema: str = "jobfence",
             owner.take_ownership()
     applied = tuple(f"{mig.version:04d}_{mig.name}" for mig in available()
                     if m.apply(mig, owner))
+    functions = m.apply_functions(owner)
     if not missing:
         with db.transaction(conn):
             m.lock()
@@ -202,4 +282,5 @@ def migrate(conn: Connection, schema: str = "jobfence",
                          installation=identity.installation,
                          current=store.control.schema_version(),
                          roles=RolesReport(created=created, missing=missing,
-                                           owner=roles.names["owner"] if owner else None))
+                                           owner=roles.names["owner"] if owner else None),
+                         functions=functions)

@@ -42,3 +42,17 @@ SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = %(schema)s) AS found;
 SELECT n.nspname AS schema
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = to_regclass('jobfence_schema_migrations');
+
+-- function_digests --
+-- The text each function file had when it was last run here (by its SHA-256).
+SELECT file, digest FROM {schema}.jobfence_function_files;
+
+-- record_function_file --
+-- A function file was run (same transaction as the file itself).
+INSERT INTO {schema}.jobfence_function_files AS f (file, digest)
+VALUES (%(file)s, %(digest)s)
+ON CONFLICT (file) DO UPDATE SET digest = excluded.digest, applied_at = now();
+
+-- forget_function_files --
+-- Files this release no longer ships (their functions are dropped by a migration).
+DELETE FROM {schema}.jobfence_function_files WHERE NOT file = ANY(%(files)s::text[]);

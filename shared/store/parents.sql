@@ -13,7 +13,7 @@ LIMIT %(limit)s;
 
 -- summary --
 -- A parent: its status and inputs, whether a child is still active, and (once none is) its
--- children's counts by status, in one read (0023_parents_in_seconds.sql).
+-- children's counts by status, in one read (parents.functions.sql).
 SELECT * FROM {schema}.jobfence_parent_summary(%(parent_id)s::uuid);
 
 -- children_page --

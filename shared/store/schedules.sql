@@ -1,5 +1,6 @@
 -- Schedules of users' own work: what `jobfence schedule` changes and the `schedules` pass
--- reads and fires (migration 0021 says how a tick is enqueued exactly once).
+-- reads and fires (scheduler_fire in schedules.functions.sql; migration 0021 says how a
+-- tick is enqueued exactly once).
 -- Named statements, run by the method of the same name in store/schedules.py. {schema} is
 -- the installation's schema (JOBFENCE_SCHEMA), filled in as a quoted identifier.
 

@@ -1,0 +1,114 @@
+-- Database functions settling what waited on other jobs (store/dependencies.py runs them
+-- through dependencies.sql).
+--
+-- {{schema}} is the installation's schema, filled in as a quoted identifier (braces of the
+-- file's own doubled). `jobfence migrate` re-creates this whole file, in one transaction with
+-- the other changed files and as the owner role, after the migrations and before the roles'
+-- grants, whenever its text changed (store/migrations.py): edit a function here, never in a
+-- migration. Every statement must be safe to run again: CREATE OR REPLACE, and DROP ... IF
+-- EXISTS first where a signature, a return type or an argument's name changes (see
+-- docs/DEVELOPERS.md). Each function's history before 0038 is in store/schema/.
+
+-- Settle waiting jobs whose dependencies are all decided: pending once they all
+-- succeeded, failed (naming the dependency) when one failed, was cancelled or is gone.
+-- Run after an enqueue's commit, so that a dependency finishing meanwhile is seen by one
+-- side or the other.
+CREATE OR REPLACE FUNCTION {schema}.resolve_waiting(p_job_ids uuid[])
+RETURNS TABLE (job_id uuid, status text, parent_id uuid)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    started uuid[] := '{{}}';
+    failed uuid[] := '{{}}';
+    made record;
+BEGIN
+    FOR made IN WITH verdict AS (
+        SELECT ids.job_id, v.active, v.failure
+        FROM unnest(p_job_ids) AS ids (job_id)
+        CROSS JOIN LATERAL (
+            SELECT count(*) FILTER (WHERE s.status IN ('waiting', 'pending', 'running'))
+                       AS active,
+                min(CASE
+                    WHEN s.status IS NULL THEN 'dependency ' || dep.depends_on || ' missing'
+                    WHEN s.status IN ('failed', 'cancelled')
+                        THEN 'dependency ' || dep.depends_on || ' ' || s.status
+                END) AS failure,
+                count(*) AS deps
+            FROM {schema}.job_dependencies dep
+            CROSS JOIN LATERAL (SELECT (SELECT d.status FROM {schema}.jobs d
+                                        WHERE d.job_id = dep.depends_on) AS status) s
+            WHERE dep.job_id = ids.job_id
+        ) v
+        WHERE v.deps > 0
+    ), written AS (
+        UPDATE {schema}.jobs j SET
+            status = CASE WHEN v.failure IS NOT NULL THEN 'failed'
+                          WHEN j.is_parent THEN 'running' ELSE 'pending' END,
+            visible_at = greatest(now(), coalesce(j.run_at, now())),
+            finished_at = CASE WHEN v.failure IS NOT NULL THEN now() END,
+            retain_until = CASE WHEN v.failure IS NOT NULL THEN now() + j.ttl END,
+            started_at = CASE WHEN v.failure IS NULL AND j.is_parent THEN now() END,
+            reason = coalesce(v.failure, 'dependencies succeeded'),
+            error = v.failure
+        FROM verdict v
+        WHERE j.job_id = v.job_id AND j.status = 'waiting'
+          AND (v.failure IS NOT NULL OR v.active = 0)
+        RETURNING j.job_id, j.status, j.parent_id, j.is_parent
+    ) SELECT * FROM written
+    LOOP
+        job_id := made.job_id; status := made.status; parent_id := made.parent_id;
+        RETURN NEXT;
+        IF made.is_parent AND made.status = 'running' THEN
+            started := started || made.job_id;
+        ELSIF made.is_parent AND made.status = 'failed' THEN
+            failed := failed || made.job_id;
+        END IF;
+    END LOOP;
+    RETURN QUERY
+    UPDATE {schema}.jobs c SET status = 'pending',
+        visible_at = greatest(now(), coalesce(c.run_at, now())), reason = 'parent started'
+    WHERE c.parent_id = ANY(started) AND c.status = 'waiting'
+    RETURNING c.job_id, c.status, c.parent_id;
+    RETURN QUERY
+    UPDATE {schema}.jobs c SET status = 'cancelled', finished_at = now(),
+        retain_until = now() + c.ttl,
+        reason = 'parent failed before starting', error = 'parent failed before starting'
+    WHERE c.parent_id = ANY(failed) AND c.status = 'waiting'
+    RETURNING c.job_id, c.status, c.parent_id;
+END;
+$$;
+
+-- Settle what waited on jobs that just became terminal, up to a budget of jobs, walking
+-- dependents of dependents (the rest is left to export-finalize's safety net).
+CREATE OR REPLACE FUNCTION {schema}.settle_dependents(p_job_ids uuid[], p_budget integer)
+RETURNS TABLE (job_id uuid, status text, parent_id uuid)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    frontier uuid[] := p_job_ids;
+    budget integer := least(greatest(p_budget, 0), 100000);
+    waiting_ids uuid[];
+    made record;
+    next_frontier uuid[];
+BEGIN
+    WHILE cardinality(frontier) > 0 AND budget > 0 LOOP
+        SELECT coalesce(array_agg(DISTINCT d.job_id), '{{}}') INTO waiting_ids FROM (
+            SELECT dep.job_id FROM {schema}.job_dependencies dep
+            WHERE dep.depends_on = ANY(frontier)
+              AND (SELECT j.status FROM {schema}.jobs j WHERE j.job_id = dep.job_id)
+                  = 'waiting'
+            LIMIT budget) d;
+        EXIT WHEN cardinality(waiting_ids) = 0;
+        budget := budget - cardinality(waiting_ids);
+        next_frontier := '{{}}';
+        FOR made IN SELECT * FROM {schema}.resolve_waiting(waiting_ids) LOOP
+            job_id := made.job_id; status := made.status; parent_id := made.parent_id;
+            RETURN NEXT;
+            IF made.status IN ('succeeded', 'failed', 'cancelled') THEN
+                next_frontier := next_frontier || made.job_id;
+            END IF;
+        END LOOP;
+        frontier := next_frontier;
+    END LOOP;
+END;
+$$;
