@@ -12,7 +12,7 @@ import select
 import socket
 import threading
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, LiteralString, TypeVar
 
@@ -363,35 +363,6 @@ def pipeline(conn: Connection) -> Iterator[Callable[[], None]]:
 def lock_params(name: str) -> dict[str, int]:
     """Advisory-lock keys for a lock name (e.g. a function's name)."""
     return {"namespace": LOCK_NAMESPACE, "key": zlib.crc32(name.encode()) & 0x7FFFFFFF}
-
-
-# -- schema administration (migrate only) ------------------------------------------------------
-
-
-def relation_exists(conn: Connection, schema: str, name: str) -> bool:
-    row = execute(conn, "SELECT to_regclass(%(name)s) IS NOT NULL AS found",
-                  {"name": sql.Identifier(schema, name).as_string(None)}).fetchone()
-    return bool(row and row["found"])
-
-
-def move_objects(conn: Connection, *, source: str, target: str, tables: Sequence[str],
-                 functions: Sequence[tuple[str, LiteralString]]) -> None:
-    """Move named tables (their indexes, constraints, triggers and owned sequences go with
-    them) and functions (name, argument types — this package's own constants) from one
-    schema to another, in the caller's transaction; those the source lacks are skipped (a
-    release older than the one that made them)."""
-    for table in tables:
-        if relation_exists(conn, source, table):
-            execute(conn, sql.SQL("ALTER TABLE {} SET SCHEMA {}").format(
-                sql.Identifier(source, table), sql.Identifier(target)))
-    for name, args in functions:
-        found = execute(conn, sql.SQL("SELECT to_regprocedure({}) IS NOT NULL AS found").format(
-            sql.Literal(sql.SQL("{}({})").format(sql.Identifier(source, name), sql.SQL(args))
-                        .as_string(None)))).fetchone()
-        if not (found and found["found"]):
-            continue
-        execute(conn, sql.SQL("ALTER FUNCTION {}({}) SET SCHEMA {}").format(
-            sql.Identifier(source, name), sql.SQL(args), sql.Identifier(target)))
 
 
 # -- notifications --------------------------------------------------------------------------

@@ -45,7 +45,7 @@ from importlib import resources
 from typing import LiteralString
 
 from jobfence import db
-from jobfence.db import Connection
+from jobfence.db import Connection, schemas
 from jobfence.errors import ConfigError
 from jobfence.store import Store
 from jobfence.store.roles import Roles, RolesReport
@@ -176,7 +176,7 @@ class Migrations:
     def refuse_foreign_schema(self) -> None:
         """ConfigError (nothing written) when the schema exists but jobfence did not create
         it: an application's schema must never be taken over."""
-        if self.schema_exists() and not db.relation_exists(
+        if self.schema_exists() and not schemas.relation_exists(
                 self.conn, self.schema, "jobfence_schema_migrations"):
             raise ConfigError(
                 f"JOBFENCE_SCHEMA is {self.schema!r}, a schema that exists and was not created "
@@ -250,14 +250,14 @@ def migrate(conn: Connection, schema: str = "jobfence",
         m.lock()
         m.refuse_foreign_schema()
         relocated = None
-        if not db.relation_exists(conn, schema, "jobfence_schema_migrations"):
+        if not schemas.relation_exists(conn, schema, "jobfence_schema_migrations"):
             relocated = m.legacy_location()
             # Only when it may be missing: CREATE SCHEMA IF NOT EXISTS needs CREATE on the
             # database even when the schema is there, which the owner role's login (the
             # migrate Job's) need not have.
             m.create_schema()
         if relocated:
-            db.move_objects(conn, source=relocated, target=schema, tables=LEGACY_TABLES,
+            schemas.move_objects(conn, source=relocated, target=schema, tables=LEGACY_TABLES,
                             functions=LEGACY_FUNCTIONS)
         m.use_schema()
         m.table_create()
