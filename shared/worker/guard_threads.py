@@ -90,6 +90,8 @@ class Guards:
         self._closing = False
         self._terminated = False
         self._threads: list[threading.Thread] = []
+        self._idlers = 0
+        """Guard threads waiting for a first guard (``_idle``): only they need a wake-up."""
         self._next_beat = clock() + settings.heartbeat
         self._next_check = clock() + settings.stop_check_seconds
         self._next_flush = clock()
@@ -120,7 +122,10 @@ class Guards:
                         self._start(t)
                 except Exception as exc:  # no thread, no guard: nothing may run unguarded
                     broken = exc
-            if idle:  # the threads wait for a first guard; a later one needs no wake-up
+            # Only a thread waiting for a first guard is woken: the watchdog between ticks
+            # looks again within a quarter second anyway, and a worker running one job at
+            # a time would otherwise wake it for every job.
+            if idle and self._idlers:
                 self._cond.notify_all()
         if broken is not None:
             self._broken("heartbeat", broken)
@@ -215,7 +220,11 @@ class Guards:
         """Wait while there is nothing to guard; False once closing."""
         with self._cond:
             while not self._closing and not self._guards:
-                self._cond.wait()
+                self._idlers += 1
+                try:
+                    self._cond.wait()
+                finally:
+                    self._idlers -= 1
                 self._next_beat = self.clock() + self.settings.heartbeat
             return not self._closing
 
