@@ -88,10 +88,9 @@ class Guards:
         self._cond = threading.Condition()
         self._guards: dict[UUID, Guard] = {}
         self._closing = False
+        self._closed = threading.Event()  # set by close: ends the watchdog's wait between ticks
         self._terminated = False
         self._threads: list[threading.Thread] = []
-        self._idlers = 0
-        """Guard threads waiting for a first guard (``_idle``): only they need a wake-up."""
         self._next_beat = clock() + settings.heartbeat
         self._next_check = clock() + settings.stop_check_seconds
         self._next_flush = clock()
@@ -122,10 +121,7 @@ class Guards:
                         self._start(t)
                 except Exception as exc:  # no thread, no guard: nothing may run unguarded
                     broken = exc
-            # Only a thread waiting for a first guard is woken: the watchdog between ticks
-            # looks again within a quarter second anyway, and a worker running one job at
-            # a time would otherwise wake it for every job.
-            if idle and self._idlers:
+            if idle:  # threads waiting for a first guard; not the watchdog between ticks
                 self._cond.notify_all()
         if broken is not None:
             self._broken("heartbeat", broken)
@@ -155,6 +151,7 @@ class Guards:
         faults not yet written go now."""
         with self._cond:
             self._closing = True
+            self._closed.set()
             self._cond.notify_all()
         for t in self._threads:
             if t is not threading.current_thread() and t.is_alive():
@@ -220,11 +217,7 @@ class Guards:
         """Wait while there is nothing to guard; False once closing."""
         with self._cond:
             while not self._closing and not self._guards:
-                self._idlers += 1
-                try:
-                    self._cond.wait()
-                finally:
-                    self._idlers -= 1
+                self._cond.wait()
                 self._next_beat = self.clock() + self.settings.heartbeat
             return not self._closing
 
@@ -411,9 +404,7 @@ class Guards:
                 g.kill_again()
             if due is not None:
                 wake = min(wake, due)
-        with self._cond:
-            if not self._closing:
-                self._cond.wait(max(0.0, min(wake - self.clock(), 0.25)))
+        self._closed.wait(max(0.0, min(wake - self.clock(), 0.25)))
         return healthy
 
 
