@@ -276,7 +276,7 @@ class Guards:
             if not ok:
                 time.sleep(FAULT_PAUSE_SECONDS)
         else:
-            time.sleep(wait)
+            self._closed.wait(wait)  # close ends it: a one-job worker exits at once
         now = self.clock()
         if now >= self._next_beat:
             self.beat()
