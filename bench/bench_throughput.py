@@ -9,6 +9,13 @@ that commits to a server that may lose the commit promises nothing. Each system'
 jobs / (last job's end - first job's start) over all its workers; jobfence's comes from the
 database (claims to terminal writes) and every job is checked to have succeeded on its first
 and only claim, individually fenced.
+
+The default pool runs one job per process (``jobfence worker`` as its manifest starts it:
+one claim, then exit): its column starts a fresh process per job, as KEDA starts a pod
+per job, in as many lanes as processes. Each figure is the median of alternated rounds (each
+round measures pgbench, then every jobfence configuration, in turn), so that a disturbance
+of the shared machine hits all of them alike. ``--against PYTHON`` measures an earlier
+checkout's jobfence in the same rounds, alternated with this one: before and after.
 """
 
 from __future__ import annotations
@@ -17,9 +24,12 @@ import json
 import os
 import re
 import resource
+import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -75,22 +85,37 @@ class Run(NamedTuple):
 
 
 def jobfence(bench: Bench, pg: EmbeddedPostgres, procs: int, jobs: int,
-             concurrency: int = 1) -> Run:
+             concurrency: int | None = 1, command: Sequence[str] = JOBFENCE) -> Run:
     """Jobs per second at the shipped log settings (a line per job at info), and the CPU
-    each job cost the workers and the server."""
-    dsn = create_database(pg, f"jobfence_{procs}_{concurrency}")
+    each job cost the workers and the server. ``concurrency`` None: one job per process
+    (the default pool), ``procs`` lanes each starting a fresh worker per job."""
+    dsn = create_database(pg, f"jobfence_{procs}_{concurrency or 0}")
     env = bench.deployed_env(dsn)
     spec = [{"actions": [{"name": "sleep", "params": {"seconds": 0}}]}] * jobs
-    subprocess.run([*JOBFENCE, "enqueue", "--spec", "-"], input=json.dumps(spec), env=env,
+    subprocess.run([*command, "enqueue", "--spec", "-"], input=json.dumps(spec), env=env,
                    cwd=REPO, capture_output=True, text=True, check=True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     server = server_cpu_seconds(pg)
-    workers = [subprocess.Popen([*JOBFENCE, "worker", "--max-jobs", str(jobs),
-                                 "--concurrency", str(concurrency)], env=env,
-                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-               for _ in range(procs)]
-    for w in workers:
-        w.wait()
+    if concurrency is None:
+        def lane(n: int) -> None:
+            for _ in range(n):  # as a pod of the default pool: one claim, then exit
+                subprocess.run([*command, "worker"], env=env, cwd=REPO, check=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        lanes = [threading.Thread(target=lane, args=(jobs // procs + (i < jobs % procs),))
+                 for i in range(procs)]
+        for t in lanes:
+            t.start()
+        for t in lanes:
+            t.join()
+    else:
+        workers = [subprocess.Popen([*command, "worker", "--max-jobs", str(jobs),
+                                     "--concurrency", str(concurrency)], env=env,
+                                    cwd=REPO, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+                   for _ in range(procs)]
+        for w in workers:
+            w.wait()
     time.sleep(0.3)  # the backends of the workers' connections end and are reaped
     server = server_cpu_seconds(pg) - server
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -126,16 +151,32 @@ def peer(pg: EmbeddedPostgres, system: str, batch: int, procs: int, jobs: int) -
     return jobs / span
 
 
+def median_run(runs: Sequence[Run]) -> Run:
+    return Run(*(statistics.median(getattr(r, f) for r in runs) for f in Run._fields))
+
+
+MODES: dict[str, int | None] = {"per process": None, "×1": 1, "×10": 10}
+"""jobfence's configurations: one job per process (the default pool: a fresh process per
+job), one job at a time in a process that keeps claiming, ten at once (the draining pool's
+shipped ``concurrency: 10``)."""
+
+
 def run(bench: Bench) -> Section:
     jobs = 1500 if bench.quick else 8000
+    per_process = 30 if bench.quick else 100
+    """Jobs of the one-job-per-process runs: each costs a process start."""
+    rounds = bench.rounds or (1 if bench.quick else 3)
     seconds = 3 if bench.quick else 10
     with_peers = peers_installed()
+    versions: dict[str, Sequence[str]] = {"": JOBFENCE}
+    if bench.against:
+        versions = {"before: ": bench.against, "after: ": JOBFENCE}
     header = ["processes", "pgbench -N tps"]
-    header += [f"jobfence ×{c} jobs/s (vs pgbench)" for c in CONCURRENCY]
+    header += [f"{v}jobfence {m} jobs/s (vs pgbench)" for v in versions for m in MODES]
     if with_peers:
         header += ["procrastinate", "pgqueuer (batch 10)", "pgqueuer (batch 1)",
                    "jobfence ×10 vs pgqueuer 10"]
-    header += [f"CPU/job ×{c}: worker + server" for c in CONCURRENCY]
+    header += [f"{v}CPU/job {m}: worker + server" for v in versions for m in MODES]
     s = Section("Throughput of no-op jobs (durable server)",
                 "python -m bench.run --only throughput", header)
     with EmbeddedPostgres(durable=True) as pg:
@@ -145,8 +186,17 @@ def run(bench: Bench) -> Section:
                             "PGUSER": "postgres", "PATH": "/usr/bin:/bin"},
                        capture_output=True, check=True)
         for n in PROCESSES:
-            tps = pgbench(pg, n, seconds)
-            ours = {c: jobfence(bench, pg, n, jobs, c) for c in CONCURRENCY}
+            tps_runs: list[float] = []
+            runs: dict[tuple[str, str], list[Run]] = {(v, m): [] for v in versions
+                                                      for m in MODES}
+            for _ in range(rounds):  # alternated: a disturbance hits every column alike
+                tps_runs.append(pgbench(pg, n, seconds))
+                for v, command in versions.items():
+                    for m, c in MODES.items():
+                        runs[v, m].append(jobfence(bench, pg, n, per_process if c is None
+                                                   else jobs, c, command))
+            tps = statistics.median(tps_runs)
+            ours = {k: median_run(r) for k, r in runs.items()}
             row: list[Any] = [n, f"{tps:,.0f}"]
             row += [f"{r.rate:,.0f} ({r.rate / tps:.2f}×)" for r in ours.values()]
             if with_peers:
@@ -155,21 +205,26 @@ def run(bench: Bench) -> Section:
                 pq1 = peer(pg, "pgqueuer", 1, n, jobs)
                 row += [f"{pr:,.0f} ({pr / tps:.2f}×)", f"{pq10:,.0f} ({pq10 / tps:.2f}×)",
                         f"{pq1:,.0f} ({pq1 / tps:.2f}×)",
-                        f"{ours[CONCURRENCY[-1]].rate / pq10:.2f}×"]
+                        f"{ours[list(versions)[-1], '×10'].rate / pq10:.2f}×"]
             row += [f"{r.worker_ms:.2f} + {r.server_ms:.2f} ms" for r in ours.values()]
             s.rows.append(row)
-    s.notes.append(f"{jobs:,} jobs per run; pgbench for {seconds} s per client count. "
-                   "Target: jobfence ≥ 0.6 × pgbench with 2 processes, at the shipped "
-                   "settings: JSON logs at level info, one `job_succeeded` line per job "
-                   "(the claim and each action log at debug). ×1 and ×10: each worker "
-                   "process runs one job at a time, or ten at once (`--concurrency 10`).")
+    s.notes.append(f"{jobs:,} jobs per run ({per_process} for one job per process); pgbench "
+                   f"for {seconds} s per client count; medians of {rounds} alternated "
+                   "round(s). Target: jobfence ≥ 0.6 × pgbench with 2 processes, at the "
+                   "shipped settings: JSON logs at level info, a `job_claimed` and a "
+                   "`job_succeeded` line per job (each action logs at debug). Per process: "
+                   "a fresh `jobfence worker` per job, as the default pool's pods run (its "
+                   "rate and CPU include the process start); ×1 and ×10: each worker "
+                   "process keeps claiming, one job at a time or ten at once "
+                   "(`--concurrency 10`).")
     s.notes.append("Each jobfence job is claimed with a fresh `attempt_id` (`FOR UPDATE SKIP "
                    "LOCKED`) and finished by a write matched on its own job and attempt. A "
                    "worker claims for all its free slots in one statement; the terminal "
                    "writes of the jobs that finished while the last round trip was in "
-                   "flight go out as one statement (`worker_finish_many`), with the claims "
-                   "of the next jobs in the same transaction: one round trip and one commit "
-                   "for as many jobs. pgqueuer's default mode dequeues and acknowledges 10 "
+                   "flight go out as one statement (`worker_finish_many`; one alone as the "
+                   "single-row `worker_finish`, no JSON), with the claims of the next jobs "
+                   "in the same transaction: one round trip and one commit for as many "
+                   "jobs. pgqueuer's default mode dequeues and acknowledges 10 "
                    "jobs per round trip.")
     s.notes.append("CPU per job: the worker processes' user + system time (getrusage of "
                    "the benchmark's children) and the server's (the postmaster's own and "

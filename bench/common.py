@@ -71,9 +71,16 @@ def create_database(pg: EmbeddedPostgres, name: str, *, migrated: bool = True) -
 class Bench:
     """One server for the whole run; a fresh migrated database per benchmark."""
 
-    def __init__(self, pg: EmbeddedPostgres, quick: bool) -> None:
+    def __init__(self, pg: EmbeddedPostgres, quick: bool,
+                 against: Sequence[str] | None = None, rounds: int | None = None) -> None:
         self.pg = pg
         self.quick = quick
+        self.against = list(against) if against else None
+        """Another jobfence's command (``python -m jobfence.functions.cli`` of an earlier
+        checkout's environment), measured beside this one where a benchmark supports it:
+        before and after, alternated in one run."""
+        self.rounds = rounds
+        """Alternated rounds where a benchmark takes medians (None: its own default)."""
         self._n = 0
 
     def database(self, *, migrated: bool = True) -> str:

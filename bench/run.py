@@ -93,6 +93,12 @@ def main() -> int:
     p.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), help="run only these")
     p.add_argument("--quick", action="store_true", help="smaller sizes (smoke run)")
     p.add_argument("--out", type=Path, default=OUT, help="where to write the results")
+    p.add_argument("--against", metavar="PYTHON",
+                   help="also measure the jobfence installed in this interpreter's "
+                        "environment (an earlier checkout), alternated with this one, where "
+                        "a benchmark supports it (throughput)")
+    p.add_argument("--rounds", type=int, metavar="N",
+                   help="alternated rounds of the benchmarks that take medians")
     p.add_argument("--list", action="store_true",
                    help="import every benchmark, print their names, measure nothing")
     args = p.parse_args()
@@ -106,7 +112,8 @@ def main() -> int:
     sections: list[Section] = []
     started = time.monotonic()
     with postgres() as pg:
-        bench = Bench(pg, args.quick)
+        against = [args.against, "-m", "jobfence.functions.cli"] if args.against else None
+        bench = Bench(pg, args.quick, against, args.rounds)
         for name in names:
             print(f"bench: {name} ...", file=sys.stderr, flush=True)
             t0 = time.monotonic()

@@ -114,7 +114,7 @@ class Usage:
             cpu = float(said["cpu_seconds"])
             peak = None if said.get("peak_memory_bytes") is None \
                 else int(said["peak_memory_bytes"])
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):  # inf, nan: no usage
             return None
         if not 0 <= cpu < 1e9 or (peak is not None and not 0 <= peak < 1 << 50):
             return None

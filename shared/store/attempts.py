@@ -85,10 +85,17 @@ class Attempts(Noun):
         (a write whose fence was lost matches nothing; the others are written), and — in
         the same transaction, so in the same round trip and commit — the claim of up to
         ``claim.limit`` ready jobs, each with a fresh fence. The jobs written, and the
-        claims. Their dependents are settled in the same round trip, after the commit."""
-        rows = json.dumps([w.row() for w in writes], default=str)
+        claims. Their dependents are settled in the same round trip, after the commit.
+
+        A batch of one — every terminal write of a worker running one job at a time — goes
+        as the single-row write (``finish``): the same fenced update, outcome and audit,
+        without a JSON array built here and taken apart by the server."""
         with db.pipeline(self.conn) as sync:
-            fin = self._execute("finish_many", {"rows": rows})
+            if len(writes) == 1:
+                fin = self._execute("finish", writes[0].params())
+            else:
+                fin = self._execute("finish_many", {
+                    "rows": json.dumps([w.row() for w in writes], default=str)})
             nxt = (db.execute(self.conn, self.sql["claim"], self._claim_params(
                 claim.worker_id, claim.lease_seconds, claim.queue, claim.limit), row=Claim)
                 if claim is not None and claim.limit > 0 else None)

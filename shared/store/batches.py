@@ -34,12 +34,20 @@ class TerminalWrite:
     error: str | None = None
     error_detail: str | None = None
 
-    def row(self) -> dict[str, Any]:
+    def params(self) -> dict[str, Any]:
+        """The parameters of the single-row terminal write (``finish``): a batch of one
+        is sent as that, its values as they are, with no JSON around them."""
         status = "succeeded" if self.succeeded else "failed"
-        action = self.outcome.params("action_") if self.outcome else NO_OUTCOME
-        if action["action_result"] is not None:  # JSON text: nested as the value it holds
-            action = {**action, "action_result": json.loads(action["action_result"])}
-        return {"job_id": str(self.job_id), "attempt_id": str(self.attempt_id),
-                "status": status, "reason": storable_text(self.reason or status),
+        return {"job_id": self.job_id, "attempt_id": self.attempt_id, "status": status,
+                "reason": storable_text(self.reason or status),
                 "error": storable_text(self.error),
-                "error_detail": storable_text(self.error_detail, MAX_DETAIL_CHARS), **action}
+                "error_detail": storable_text(self.error_detail, MAX_DETAIL_CHARS),
+                **(self.outcome.params("action_") if self.outcome else NO_OUTCOME)}
+
+    def row(self) -> dict[str, Any]:
+        """This write as one element of ``finish_many``'s JSON array."""
+        row = self.params()
+        row["job_id"], row["attempt_id"] = str(self.job_id), str(self.attempt_id)
+        if row["action_result"] is not None:  # JSON text: nested as the value it holds
+            row["action_result"] = json.loads(row["action_result"])
+        return row

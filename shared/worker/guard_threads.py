@@ -88,6 +88,7 @@ class Guards:
         self._cond = threading.Condition()
         self._guards: dict[UUID, Guard] = {}
         self._closing = False
+        self._closed = threading.Event()  # set by close: ends the watchdog's wait between ticks
         self._terminated = False
         self._threads: list[threading.Thread] = []
         self._next_beat = clock() + settings.heartbeat
@@ -120,7 +121,7 @@ class Guards:
                         self._start(t)
                 except Exception as exc:  # no thread, no guard: nothing may run unguarded
                     broken = exc
-            if idle:  # the threads wait for a first guard; a later one needs no wake-up
+            if idle:  # threads waiting for a first guard; not the watchdog between ticks
                 self._cond.notify_all()
         if broken is not None:
             self._broken("heartbeat", broken)
@@ -150,6 +151,7 @@ class Guards:
         faults not yet written go now."""
         with self._cond:
             self._closing = True
+            self._closed.set()
             self._cond.notify_all()
         for t in self._threads:
             if t is not threading.current_thread() and t.is_alive():
@@ -274,7 +276,7 @@ class Guards:
             if not ok:
                 time.sleep(FAULT_PAUSE_SECONDS)
         else:
-            time.sleep(wait)
+            self._closed.wait(wait)  # close ends it: a one-job worker exits at once
         now = self.clock()
         if now >= self._next_beat:
             self.beat()
@@ -402,9 +404,7 @@ class Guards:
                 g.kill_again()
             if due is not None:
                 wake = min(wake, due)
-        with self._cond:
-            if not self._closing:
-                self._cond.wait(max(0.0, min(wake - self.clock(), 0.25)))
+        self._closed.wait(max(0.0, min(wake - self.clock(), 0.25)))
         return healthy
 
 

@@ -65,6 +65,32 @@ def test_finish_many_writes_the_rows_whose_fence_holds_and_claims_with_them(
     assert again == set() and more == []
 
 
+@pytest.mark.parametrize("succeeded", [True, False])
+def test_a_batch_of_one_is_written_as_a_batch_is(store: Store, succeeded: bool) -> None:
+    """A worker running one job at a time sends each terminal write alone (the single-row
+    statement): the same fence, outcome, reason, error and audit as in a batch."""
+    [a, b] = [enqueue_one(store) for _ in range(2)]
+    [claim] = store.attempts.claim(worker_id="w", lease_seconds=60, limit=1)
+    outcome = ActionOutcome(index=0, name="sleep", succeeded=succeeded, started_at=NOW,
+                            result={"slept_seconds": 0}, error=None if succeeded else "boom")
+    write = TerminalWrite(claim.job_id, claim.attempt_id, succeeded, outcome,
+                          error=None if succeeded else "boom")
+    stale = TerminalWrite(claim.job_id, (b if claim.job_id == a else a), succeeded, outcome)
+    assert store.attempts.finish_many([stale]) == (set(), [])  # another's id: no match
+    written, nxt = store.attempts.finish_many(
+        [write], claim=ClaimRequest("w", 60, "default", 1))
+    assert written == {claim.job_id}
+    assert [c.job_id for c in nxt] == [b if claim.job_id == a else a]
+    assert nxt[0].attempt_id != claim.attempt_id
+    status = "succeeded" if succeeded else "failed"
+    assert terminal_events(store, claim.job_id) == [status]
+    [row] = store.jobs.action_results([claim.job_id])
+    assert (row.status, row.result) == (status, {"slept_seconds": 0})
+    again, more = store.attempts.finish_many([write])
+    assert again == set() and more == []
+    assert terminal_events(store, claim.job_id) == [status]
+
+
 def test_interrupt_many_gives_back_each_row_on_its_own_fence(store: Store) -> None:
     jobs = [enqueue_one(store) for _ in range(3)]
     claims = store.attempts.claim(worker_id="w", lease_seconds=60, limit=3)
