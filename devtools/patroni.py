@@ -23,24 +23,19 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import hashlib
 import json
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import time
 import urllib.request
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Self
 
+from devtools import readable_site
 from devtools.embedded_pg import ThrowawayServer, find_bindir, free_port
 
 PG_SETTINGS = {
@@ -100,74 +95,16 @@ def _patroni_command(run_as: dict[str, Any]) -> tuple[list[str], dict[str, str]]
         f"patroni[psycopg3,etcd3]) into an environment that user can read, or provide {system}")
 
 
-def _distributions(root: str, extras: Sequence[str]) -> set[str]:
-    """``root`` and every distribution it needs with ``extras``, by name."""
-    seen: set[str] = set()
-    todo: list[tuple[str, tuple[str, ...]]] = [(root, tuple(extras))]
-    while todo:
-        name, wanted = todo.pop()
-        try:
-            dist = metadata.distribution(name)
-        except metadata.PackageNotFoundError:
-            continue
-        key = dist.metadata["Name"].lower()
-        if key in seen:
-            continue
-        seen.add(key)
-        for req in dist.requires or ():
-            spec, _, marker = req.partition(";")
-            if marker and not any(_marker_holds(marker, e) for e in ("", *wanted)):
-                continue
-            dep = re.split(r"[\s\[<>=!~(]", spec.strip(), maxsplit=1)[0]
-            inner = re.search(r"\[([^\]]*)\]", spec)
-            todo.append((dep, tuple(e.strip() for e in inner.group(1).split(","))
-                         if inner else ()))
-    return seen
-
-
-def _marker_holds(marker: str, extra: str) -> bool:
-    from packaging.markers import Marker
-    return bool(Marker(marker).evaluate({"extra": extra}))
-
-
 def _readable_site(run_as: dict[str, Any]) -> str:
     """Where the postgres user can import Patroni from: this environment's site-packages
     when that user can read it, else a copy of Patroni's own distributions (not the whole
     environment) in a root-owned, world-readable folder outside a checkout that only root
     may enter (as root's home is), made once per set of versions."""
     site = sysconfig.get_paths()["purelib"]
-    if not run_as or (os.access(site, os.R_OK | os.X_OK) and _others_may_enter(site)):
+    if not run_as or (os.access(site, os.R_OK | os.X_OK) and readable_site.others_may_enter(site)):
         return site
-    names = sorted(_distributions("patroni", ("psycopg3", "etcd3")))
-    stamp = hashlib.sha256(" ".join(
-        f"{n}={metadata.version(n)}" for n in names).encode()).hexdigest()[:16]
-    dest = Path(tempfile.gettempdir()) / f"jobfence-patroni-site-{stamp}"
-    if (dest / ".complete").exists():
-        return str(dest)
-    work = Path(tempfile.mkdtemp(prefix="jobfence-patroni-site-"))
-    for name in names:
-        for f in metadata.distribution(name).files or ():
-            src = Path(str(f.locate()))
-            if src.is_file() and not str(f).startswith(".."):
-                target = work / str(f)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, target)
-    for d, _, files in os.walk(work):
-        os.chmod(d, 0o755)  # noqa: S103 - read-only for others, by design (see above)
-        for name in files:
-            os.chmod(os.path.join(d, name), 0o644)
-    (work / ".complete").touch()
-    try:
-        work.rename(dest)
-    except OSError:  # made meanwhile by another test process
-        shutil.rmtree(work, ignore_errors=True)
-    return str(dest)
-
-
-def _others_may_enter(path: str) -> bool:
-    """Whether every folder above ``path`` lets other users through."""
-    p = Path(path).resolve()
-    return all(q.stat().st_mode & 0o001 for q in (p, *p.parents))
+    return readable_site.copy("jobfence-patroni-site", sorted(
+        readable_site.distributions("patroni", ("psycopg3", "etcd3"))))
 
 
 def _rest(url: str, body: dict[str, Any] | None = None, *,

@@ -15,6 +15,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
+from devtools import readable_site
 from devtools.sqlconn import connect
 from tests.support import JOBFENCE, REPO, cli_env, run_cli
 
@@ -110,14 +111,28 @@ SYSTEM_PYTHON = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or 
 interpreter's directory."""
 
 
+def _readable_jobfence() -> str:
+    """jobfence and the distributions it runs on, copied where every user can read them:
+    for a checkout (and its environment) in a folder only root may enter."""
+    names = sorted(readable_site.distributions("jobfence") - {"jobfence"})
+    installed = Path(sysconfig.get_paths()["purelib"])
+    return readable_site.copy("jobfence-site", names, {
+        "jobfence": REPO / "shared", "jobfence/functions": REPO / "functions",
+        **{d.name: d for d in installed.glob("jobfence-*.dist-info")}})
+
+
 @cache
 def jobfence_as(uid: int) -> tuple[str, ...]:
     """The CLI as ``uid`` can run it: this interpreter when it may, else the system's with
-    this environment's packages (the same Python minor version)."""
+    this environment's packages (the same Python minor version) — or with a readable copy of
+    them where this environment lives in a folder ``uid`` may not enter."""
     site = sysconfig.get_paths()["purelib"]
-    code = (f"import site, sys; site.addsitedir({site!r}); "
-            "from jobfence.functions.cli import main; sys.exit(main(sys.argv[1:]))")
-    for python in (sys.executable, SYSTEM_PYTHON):
+    candidates = [(sys.executable, site), (SYSTEM_PYTHON, site)]
+    if not readable_site.others_may_enter(site):
+        candidates.append((SYSTEM_PYTHON, _readable_jobfence()))
+    for python, where in candidates:
+        code = (f"import site, sys; site.addsitedir({where!r}); "
+                "from jobfence.functions.cli import main; sys.exit(main(sys.argv[1:]))")
         argv = (python, "-c", code)
         try:
             r = subprocess.run([*argv, "--version"], user=uid, group=uid, extra_groups=[],
