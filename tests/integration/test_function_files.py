@@ -117,12 +117,12 @@ def test_the_files_alone_define_every_function_and_trigger(
         dropped = conn.execute(
             "SELECT count(*) FROM pg_proc WHERE pronamespace = %s::regnamespace",
             (SCHEMA,)).fetchone()
-        conn.execute(f"""DO $$ DECLARE f regprocedure; BEGIN
+        conn.execute("""DO $$ DECLARE f regprocedure; BEGIN
             FOR f IN SELECT oid::regprocedure FROM pg_proc
-                     WHERE pronamespace = '{SCHEMA}'::regnamespace LOOP
+                     WHERE pronamespace = 'jobfence'::regnamespace LOOP
                 EXECUTE format('DROP FUNCTION %s CASCADE', f);
             END LOOP; END $$""")
-        conn.execute(f"DELETE FROM {SCHEMA}.jobfence_function_files")
+        conn.execute("DELETE FROM jobfence.jobfence_function_files")
         assert dropped is not None and dropped[0] >= 60
         assert conn.execute("SELECT count(*) FROM pg_proc WHERE pronamespace = "
                             "%s::regnamespace", (SCHEMA,)).fetchone() == (0,)
@@ -172,9 +172,9 @@ def test_a_database_a_newer_release_migrated_keeps_that_releases_functions(
     with connect(url) as conn:
         migrate(conn)
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"INSERT INTO {SCHEMA}.jobfence_schema_migrations VALUES (%s, 'newer')",
+        conn.execute("INSERT INTO jobfence.jobfence_schema_migrations VALUES (%s, 'newer')",
                      (len(available()) + 1,))
-        conn.execute(f"UPDATE {SCHEMA}.jobfence_function_files SET digest = 'newer'")
+        conn.execute("UPDATE jobfence.jobfence_function_files SET digest = 'newer'")
     record_ddl(url)
     with connect(url) as conn:
         report = migrate(conn)
