@@ -36,11 +36,10 @@ OVERLAY ?= build/deploy
 CLUSTER_DIR ?= build/cluster
 # The local cluster's ports on 127.0.0.1 (make cluster-up CLUSTER_API_PORT=...).
 export CLUSTER_API_PORT CLUSTER_ETCD_PORT CLUSTER_ETCD_PEER_PORT CLUSTER_PG_PORT
-# The local cluster's node: kubelet (containerd and a kubelet, in network namespace
-# CLUSTER_NETNS) or agent (the node agent stand-in).
-CLUSTER_NODE ?= agent
+# The network namespace the local cluster makes and runs in (its node: containerd and a
+# kubelet running IMAGE).
 CLUSTER_NETNS ?= jobfence
-export CLUSTER_NODE CLUSTER_NETNS
+export CLUSTER_NETNS
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[1m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -84,12 +83,9 @@ keda: ## build the KEDA operator (once; cached)
 kubectl: ## build only kubectl (what make deploy and make render use)
 	@$(PYTHON) -m devtools.controlplane build kubectl
 
-# With a real node, the image (IMAGE) and the pause image are imported into its containerd.
-NODE_IMAGES := $(if $(filter kubelet,$(CLUSTER_NODE)),image-archive)
-NODE_IMAGE_ARGS := $(if $(NODE_IMAGES),--image-archive build/image/jobfence.tar --image-archive build/image/pause.tar)
-
-cluster-up: $(STAMP) controlplane keda system-cluster $(NODE_IMAGES) ## start a local control plane, the KEDA operator, a node (CLUSTER_NODE=kubelet: kubelet and containerd running IMAGE) and a PostgreSQL (build/cluster)
-	@$(PY) -m devtools.cluster up --dir '$(CLUSTER_DIR)' $(NODE_IMAGE_ARGS)
+# The image (IMAGE) and the pause image are imported into the node's containerd.
+cluster-up: $(STAMP) controlplane keda system-cluster image-archive ## start a local control plane, the KEDA operator, a node (a kubelet and containerd running IMAGE) and a PostgreSQL (build/cluster)
+	@$(PY) -m devtools.cluster up --dir '$(CLUSTER_DIR)' --image-archive build/image/jobfence.tar --image-archive build/image/pause.tar
 
 cluster-shell: ## a shell inside the local cluster's network namespace (kubectl, jobfence and psql reach it)
 	@nsenter --net=/var/run/netns/$(CLUSTER_NETNS) -- $${SHELL:-bash}
@@ -103,14 +99,15 @@ lint: $(STAMP) ## ruff, mypy and the import-linter contracts (the layers in docs
 	$(VENV)/bin/mypy
 	PYTHONPATH=build/src $(VENV)/bin/lint-imports
 
-test: lint postgres-check controlplane otelcol keda image image-archive ## lint, type-check, and run every test on a real PostgreSQL and a real Kubernetes control plane (then the node's own tests on a real kubelet with containerd, running the image)
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
-	JOBFENCE_TEST_NODE=kubelet $(PY) -m pytest $(PYTEST_ARGS) tests/cluster/test_node.py
+# The tests that stop the session's kubelet run after the others, in a session of their own.
+test: lint postgres-check controlplane otelcol keda image image-archive ## lint, type-check, and run every test on a real PostgreSQL and a real Kubernetes cluster (a kubelet and containerd running the image)
+	JOBFENCE_TEST_IMAGE_ARCHIVES=as-written $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m 'not stops_node' $(PYTEST_ARGS)
+	JOBFENCE_TEST_IMAGE_ARCHIVES=as-written $(PY) -m pytest -m stops_node $(PYTEST_ARGS)
 
 demo: $(STAMP) system-demo ## run the main story end to end on embedded defaults
 	$(PY) -m demo.run
 
-demo-cluster: $(STAMP) controlplane keda system-demo ## the story on the real control plane and KEDA operator (root; DEMO_ARGS=--keep leaves the cluster up)
+demo-cluster: $(STAMP) controlplane keda system-cluster image-archive ## the story on the real control plane and KEDA operator (root; DEMO_ARGS=--keep leaves the cluster up)
 	$(PY) -m demo.cluster $(DEMO_ARGS)
 
 # The benchmarks' own virtualenv: jobfence plus the peers it is measured against.

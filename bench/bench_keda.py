@@ -2,7 +2,7 @@
 the Python model of KEDA (devtools/platform.py).
 
 The real run: a local cluster as ``make cluster-up`` starts it (the control plane, the KEDA
-operator, the node agent, its PostgreSQL), the base deployed as ``make deploy`` applies it
+operator, a node — containerd and a kubelet running the image — and its PostgreSQL), the base deployed as ``make deploy`` applies it
 (its CronJobs suspended, so that only the pool works), and the shipped draining pool as
 manifests/pools.yaml declares it: its ``pollingInterval``, ``maxReplicaCount`` and worker
 arguments. 500 jobs of 100 ms are enqueued just after KEDA ran the pool's query (seen in
@@ -10,8 +10,8 @@ arguments. 500 jobs of 100 ms are enqueued just after KEDA ran the pool's query 
 a full interval away, and stops at the last job's finish (both the database's clock).
 
 Pod start: for each pod, from its Job's creation (the API's timestamp, whole seconds) to its
-first claim — the Job controller, the node agent's binding and process start, Python's
-imports. Ideal: jobs × duration ÷ pods + pod start + one poll.
+first claim — the Job controller, the scheduler, the kubelet's sandbox, network and
+containers (the command sidecar first), Python's imports. Ideal: jobs × duration ÷ pods + pod start + one poll.
 
 The model run: the same pool and jobs on LocalPlatform, whose pods are processes started
 after a simulated 2 s (bench_pools.POD_START); the clock starts at its first poll (as it
@@ -35,7 +35,8 @@ from typing import Any
 
 from bench.bench_pools import DURATION, POD_START, shipped
 from bench.common import JOBFENCE, REPO, Bench, Section
-from devtools import controlplane, keda
+from devtools import controlplane, image, keda
+from devtools.cluster import network
 from devtools.cluster.plane import NAMESPACE, Plane, Ports
 from devtools.deploy import Kubectl, apply, overlay
 from devtools.embedded_pg import free_port
@@ -114,39 +115,46 @@ def real_run(pool: Pool, jobs: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="jobfence-bench-keda-") as tmp:
         ports = Ports(api=free_port(), etcd=free_port(), etcd_peer=free_port(),
                       postgres=free_port())
-        plane = Plane(Path(tmp) / "cluster", ports, quiet=True)
-        started = time.monotonic()
-        plane.up()
-        up = time.monotonic() - started
+        plane = Plane(Path(tmp) / "cluster", ports, quiet=True, netns="jobfence-bench",
+                      images=tuple(image.archive()))
         where = REPO / "build" / "bench-keda-deploy"
-        try:
-            kubectl = Kubectl(kubectl_path, kubeconfig=str(plane.kubeconfig))
-            overlay(namespace=NAMESPACE, image="localhost/jobfence:0.1.0", where=where,
-                    config={"JOBFENCE_S3_BUCKET": ""}, extra_patches=(SUSPENDED,))
-            apply(kubectl, timeout=300, where=where)
-            state = plane.state() or {}
-            admin, urls = state["postgres"]["url"], state["postgres"]["urls"]
-            t0 = next_poll(admin, pool.queue)
-            enqueue(urls["operator"], pool.queue, jobs)
-            wait_done(admin, jobs)
-            last, firsts = outcome(admin, jobs)
-            out = kubectl.run("-n", NAMESPACE, "get", "jobs", "-l",
-                              f"scaledjob.keda.sh/name=jobfence-worker-{pool.name}",
-                              "-o", "json")
-            made = json.loads(out.stdout)["items"]
-            starts = []
-            for job in made:
-                name = job["metadata"]["name"]
-                mine = [t for w, t in firsts.items() if w.startswith(f"{name}-")]
-                if mine:
-                    starts.append((min(mine) - stamp(job["metadata"]["creationTimestamp"])
-                                   ).total_seconds())
-            return {"took": (last - t0).total_seconds(), "pods": len(made),
-                    "claiming": len(starts), "pod_start": statistics.median(starts),
-                    "up": up}
-        finally:
-            plane.down(quiet=True)
-            shutil.rmtree(where, ignore_errors=True)
+        with network.returning():
+            started = time.monotonic()
+            plane.up()
+            up = time.monotonic() - started
+            return _measure(plane, pool, jobs, kubectl_path, where, up)
+
+
+def _measure(plane: Plane, pool: Pool, jobs: int, kubectl_path: str, where: Path,
+             up: float) -> dict[str, Any]:
+    try:
+        kubectl = Kubectl(kubectl_path, kubeconfig=str(plane.kubeconfig))
+        overlay(namespace=NAMESPACE, image="localhost/jobfence:0.1.0", where=where,
+                config={"JOBFENCE_S3_BUCKET": ""}, extra_patches=(SUSPENDED,))
+        apply(kubectl, timeout=300, where=where)
+        state = plane.state() or {}
+        admin, urls = state["postgres"]["url"], state["postgres"]["urls"]
+        t0 = next_poll(admin, pool.queue)
+        enqueue(urls["operator"], pool.queue, jobs)
+        wait_done(admin, jobs)
+        last, firsts = outcome(admin, jobs)
+        out = kubectl.run("-n", NAMESPACE, "get", "jobs", "-l",
+                          f"scaledjob.keda.sh/name=jobfence-worker-{pool.name}",
+                          "-o", "json")
+        made = json.loads(out.stdout)["items"]
+        starts = []
+        for job in made:
+            name = job["metadata"]["name"]
+            mine = [t for w, t in firsts.items() if w.startswith(f"{name}-")]
+            if mine:
+                starts.append((min(mine) - stamp(job["metadata"]["creationTimestamp"])
+                               ).total_seconds())
+        return {"took": (last - t0).total_seconds(), "pods": len(made),
+                "claiming": len(starts), "pod_start": statistics.median(starts),
+                "up": up}
+    finally:
+        plane.down(quiet=True)
+        shutil.rmtree(where, ignore_errors=True)
 
 
 def model_run(bench: Bench, pool: Pool, jobs: int) -> dict[str, Any]:
@@ -223,7 +231,7 @@ def run(bench: Bench) -> Section:
                  "took", "ideal", "vs ideal", "target"])
     real = real_run(pool, jobs)
     model = model_run(bench, pool.model_copy(update={"queue": "bench"}), jobs)
-    for name, r, target in (("real KEDA operator 2.20 (local cluster, node agent)", real,
+    for name, r, target in (("real KEDA operator 2.20 (local cluster, kubelet)", real,
                              "≤ 1.5×"),
                             ("Python model (devtools/platform.py)", model, "—")):
         ideal = jobs * DURATION / pool.max_pods + r["pod_start"] + pool.polling_interval

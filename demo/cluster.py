@@ -1,18 +1,19 @@
 """`make demo-cluster`: the demo's story on the real control plane.
 
 A local cluster as `make cluster-up` starts it (etcd, kube-apiserver, the controllers, the
-KEDA operator, the node agent standing in for the kubelet, a PostgreSQL), in its own
-directory (build/demo-cluster) and on free ports, so that it runs beside a `make
-cluster-up`; jobfence deployed as `make deploy` deploys it, with the console component.
+KEDA operator, a node — containerd and a kubelet running the image — and a PostgreSQL), in
+its own directory (build/demo-cluster) and network namespace (jobfence-demo), so that it
+runs beside a `make cluster-up`; jobfence deployed as `make deploy` deploys it, with the
+console component.
 Then, each step shown as `kubectl` shows it:
 
 1. two pools scale from zero as work arrives: KEDA runs each pool's trigger query and
    creates Jobs, their pods claim the jobs, and the pools go back to zero;
-2. a worker pod deleted mid-job: SIGTERM, the worker gives the job back, another pod runs
-   it (attempt 2);
-3. a worker's node stops answering and its pod is force-deleted: nothing gives the job
-   back — reconciliation, a CronJob run by hand, finds the claim's pod gone and reclaims
-   it;
+2. a worker pod deleted mid-job: the kubelet sends SIGTERM, tini passes it on, the worker
+   gives the job back, another pod runs it;
+3. a worker pod stops answering (its processes frozen) and is force-deleted: nothing gives
+   the job back — reconciliation, a CronJob run by hand, finds the claim's pod gone and
+   reclaims it;
 4. a paused queue holds its work (KEDA starts nothing for it) until resumed;
 5. the console (`jobfence serve`, as the console's pod runs it, with its ServiceAccount's
    token) asked with a person's real ServiceAccount token;
@@ -20,13 +21,15 @@ Then, each step shown as `kubectl` shows it:
 
 What differs from the shipped manifests, in the demo's overlay only: the pools poll every
 3 s (shipped: 10 s), reconciliation judges a claim at once (shipped: after 15 s), and the
-CronJobs are suspended (the demo runs them by hand). Needs root (the node agent) and the
-binaries `make controlplane` and `make keda` build; `--keep` leaves the cluster up.
+CronJobs are suspended (the demo runs them by hand). Needs root (the node, its network
+namespace), the binaries `make controlplane` and `make keda` build and the image archives
+`make image-archive` writes; `--keep` leaves the cluster up.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -42,7 +45,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from devtools import controlplane
+from devtools import controlplane, image
 from devtools.cluster.plane import NAMESPACE, Plane, Ports
 from devtools.deploy import Kubectl, apply, overlay
 from devtools.embedded_pg import free_port
@@ -55,6 +58,7 @@ REPO = Path(__file__).resolve().parent.parent
 ROOT = REPO / "build" / "demo-cluster"
 OVERLAY = REPO / "build" / "demo-cluster-deploy"
 POLLING = 3
+NETNS = "jobfence-demo"
 TTY = sys.stdout.isatty()
 BOLD, DIM, GREEN, RESET = (("\033[1m", "\033[2m", "\033[32m", "\033[0m") if TTY
                            else ("",) * 4)
@@ -205,11 +209,11 @@ class Story:
         self.ids["lost"] = job
         pod = self.running_on(job)
         uid = json.loads(self.k("get", "pod", pod, "-o", "json", show=False))["metadata"]["uid"]
-        note(f"job {job} runs on pod {pod}; its node stops answering (its processes frozen) "
-             "and the pod is force-deleted")
-        for container in ("jobfence", "command-runner"):
-            pid = int((self.plane.agent_root / "pods" / uid / f"{container}.pid").read_text())
-            os.killpg(os.getpgid(pid), signal.SIGSTOP)
+        note(f"job {job} runs on pod {pod}; the pod stops answering (its processes frozen) "
+             "and is force-deleted")
+        for pid in self.plane.node.pids_of_pod(uid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
         self.k("delete", "pod", pod, "--grace-period=0", "--force", "--wait=false")
         note("nothing gave the job back: it is still `running`, claimed by a pod that is "
              "gone")
@@ -308,12 +312,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--keep", action="store_true", help="leave the cluster up at the end")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
-        print("demo-cluster: the node agent runs containers as their users: run as root",
-              file=sys.stderr)
+        print("demo-cluster: the node (containerd, the kubelet) and its network namespace "
+              "take root: run as root", file=sys.stderr)
+        return 2
+    archives = (image.OUT / "jobfence.tar", image.OUT / "pause.tar")
+    if not all(a.is_file() for a in archives):
+        print("demo-cluster: no image archives in build/image: `make image-archive` writes "
+              "them", file=sys.stderr)
         return 2
     say("A local cluster (build/demo-cluster), with the KEDA operator")
     plane = Plane(ROOT, Ports(api=free_port(), etcd=free_port(), etcd_peer=free_port(),
-                              postgres=free_port()))
+                              postgres=free_port()), netns=NETNS, images=archives)
     plane.down(quiet=True)
     began = time.monotonic()
     plane.up()

@@ -5,8 +5,9 @@
   functions as processes on this machine).
 * ``controlplane``: etcd, kube-apiserver, kube-controller-manager and kubectl, built once
   from a pinned wrapper Go module and cached (``make controlplane``).
-* ``cluster``: a local control plane with a node agent standing in for the kubelet
-  (``make cluster-up``/``cluster-down``; the tests' control plane).
+* ``cluster``: a local cluster — the control plane, a node (containerd and a kubelet
+  running the image) in a network namespace of its own, the KEDA operator
+  (``make cluster-up``/``cluster-down``; the tests' cluster).
 * ``deploy``: ``make render`` and ``make deploy`` (the overlay, the checks, the apply).
 * ``kube_api``: a fake Kubernetes API server the official client can talk to, for the
   transport's unit tests (faults on demand).

@@ -40,13 +40,16 @@ class Pod:
     another pod that took the name since the listing."""
     job_uid: str | None = None
     """The owner Job's uid, for the same reason."""
+    reason: str | None = None
+    """Why it ended, when it did not end well: the pod's own reason (Evicted...) and each
+    container that ended abnormally ("jobfence: OOMKilled, exit 137")."""
 
     def row(self) -> dict[str, object]:
         return {"name": self.name, "phase": self.phase,
                 "created_at": self.created_at.isoformat() if self.created_at else None,
                 "started_at": self.started_at.isoformat() if self.started_at else None,
                 "job_name": self.job_name, "deleting": self.deleting, "uid": self.uid,
-                "job_uid": self.job_uid}
+                "job_uid": self.job_uid, "reason": self.reason}
 
 
 @dataclass(frozen=True, slots=True)

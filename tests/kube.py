@@ -3,9 +3,8 @@
 One control plane per test session, whatever the number of test processes: the session's
 first process to need it starts it (``devtools.cluster.plane``, without its own PostgreSQL
 — each test brings its database) under a file lock in ``JOBFENCE_TEST_CLUSTER_DIR``; the
-other processes attach to it. Its node is the node agent, or with
-``JOBFENCE_TEST_NODE=kubelet`` a real one (containerd and a kubelet running the image,
-``localhost/jobfence:VERSION``, imported from its archive) in a network namespace the
+other processes attach to it. Its node is a real one (containerd and a kubelet running the
+image, ``localhost/jobfence:VERSION``, imported from its archive) in a network namespace the
 session makes before any test process starts and runs in (``configure_session``): the
 tests, their PostgreSQL servers and the cluster reach each other on 127.0.0.1, the pods
 reach the servers on the node's bridge (``devtools.cluster.network``). The session's main
@@ -50,9 +49,7 @@ from tests.support import REPO
 T = TypeVar("T")
 DIR_ENV, OWNER_ENV = "JOBFENCE_TEST_CLUSTER_DIR", "JOBFENCE_TEST_CLUSTER_OWNER"
 NETNS_ENV = "JOBFENCE_TEST_CLUSTER_NETNS"
-REAL_NODE = os.environ.get("JOBFENCE_TEST_NODE") == "kubelet"
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager",
-              "node" if REAL_NODE else "node-agent", "crds")
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "node", "crds")
 IMAGE = "localhost/jobfence:0.1.0"
 """The image the manifests name (`make image` builds it under this name)."""
 Obj = dict[str, Any]
@@ -83,7 +80,7 @@ def configure_session() -> None:
         # The cluster's network namespace, entered now: every test process runs in it.
         # Without root (or the node's programs) the cluster's tests say why when they start.
         name = f"jft-{os.getpid()}"
-        if REAL_NODE and os.geteuid() == 0 and not missing_programs() \
+        if os.geteuid() == 0 and not missing_programs() \
                 and not network.exists(name):
             from devtools.cluster import crds
 
@@ -159,10 +156,8 @@ class ControlPlane:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
     def container_log(self, namespace: str, pod: Obj | str, container: str = "jobfence") -> str:
-        """What a container wrote: from the node agent's files, or from the kubelet's
-        (kept until the pod's containers are removed: read them before), in order."""
-        if not REAL_NODE:
-            return self._agent_log(namespace, pod, container)
+        """What a container wrote, from the kubelet's files (kept until the pod's containers
+        are removed: read them before, or ``follow_log``), in order."""
         logs = self.plane.node.pod_logs
         if isinstance(pod, dict):
             name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
@@ -172,18 +167,6 @@ class ControlPlane:
         return "".join(cri_log_text(f) for d in dirs
                        for f in sorted((d / container).glob("*.log"),
                                        key=lambda f: int(f.stem) if f.stem.isdigit() else 0))
-
-    def _agent_log(self, namespace: str, pod: Obj | str, container: str) -> str:
-        logs = self.plane.agent_root / "logs"
-        if isinstance(pod, dict):
-            name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
-            path = logs / f"{namespace}_{name}_{uid}" / f"{container}.log"
-            return path.read_text() if path.exists() else ""
-        out = []
-        for d in sorted(logs.glob(f"{namespace}_{pod}_*")):
-            if (d / f"{container}.log").exists():
-                out.append((d / f"{container}.log").read_text())
-        return "".join(out)
 
 
 def session_cluster() -> ControlPlane:
@@ -203,7 +186,7 @@ def session_cluster() -> ControlPlane:
             ports = Ports(api=free_port(), etcd=free_port(), etcd_peer=free_port(), postgres=0)
             owner = int(os.environ.get(OWNER_ENV) or os.getpid())
             plane = Plane(root, ports, COMPONENTS, owner=owner, quiet=True, netns=netns,
-                          images=image_archives() if REAL_NODE else ())
+                          owns_netns=True, images=image_archives())
             plane.up()
         else:
             plane = Plane(root, Ports(**state["ports"]), COMPONENTS, quiet=True, netns=netns)
@@ -341,6 +324,39 @@ class Installation:
         with connect(self.dsn, schema=self.schema) as conn:
             return list(conn.execute(query, params).fetchall())
 
+    def story(self, job_id: str) -> Obj:
+        """What became of a job and of the installation's pods: for a failing test's message."""
+        pods = []
+        for p in self.pods():
+            status = p.get("status") or {}
+            pods.append({"name": p["metadata"]["name"], "phase": status.get("phase"),
+                         "containers": [(c.get("name"), c.get("state")) for c in [
+                             *(status.get("initContainerStatuses") or []),
+                             *(status.get("containerStatuses") or [])]],
+                         "log": self.cluster.container_log(self.namespace, p)[-1500:],
+                         "sidecar": self.cluster.container_log(self.namespace, p,
+                                                               "command-runner")[-800:]})
+        return {"job": self.sql("SELECT status, attempt_count, claimed_by, error FROM jobs "
+                                "WHERE job_id = %s", job_id),
+                "events": self.sql("SELECT from_status, to_status, reason FROM job_events "
+                                   "WHERE job_id = %s ORDER BY event_id", job_id),
+                "results": self.sql("SELECT status, error, result FROM job_action_results "
+                                    "WHERE job_id = %s", job_id),
+                "pods": pods}
+
+    def wait_status(self, job_id: str, *statuses: str, attempts: int = 0,
+                    timeout: float = 120) -> Obj:
+        """Poll until the job's status is one of ``statuses`` after at least ``attempts``
+        attempts; fail with its story."""
+        try:
+            return wait_for(lambda: next((r for r in self.sql(
+                "SELECT status, attempt_count, claimed_by, error FROM jobs WHERE job_id = %s",
+                job_id) if r["status"] in statuses and r["attempt_count"] >= attempts), None),
+                what=f"job {job_id} {'/'.join(statuses)}", timeout=timeout, interval=0.5)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{json.dumps(self.story(job_id), default=str, indent=1)}"
+                                 ) from None
+
     def worker_job(self, name: str, pool: str = "default", **overrides: Any) -> Obj:
         """A worker Job as KEDA makes one from the pool's ScaledJob (its jobTargetRef)."""
         with self.api() as api:
@@ -369,10 +385,8 @@ def role_urls(dsn: str, schema: str = "jobfence") -> dict[str, str]:
     from psycopg.conninfo import make_conninfo
 
     ensure_logins(dsn, schema)
-    urls = {kind: as_login(dsn, login_name(schema, kind)) for kind in KINDS}
-    if REAL_NODE:
-        urls = {kind: make_conninfo(url, host=network.GATEWAY) for kind, url in urls.items()}
-    return urls
+    return {kind: make_conninfo(as_login(dsn, login_name(schema, kind)), host=network.GATEWAY)
+            for kind in KINDS}
 
 
 TEST_CONFIG = {
@@ -450,10 +464,10 @@ __all__ = [
 ]
 
 
-# -- pods on a node no agent runs ------------------------------------------------------------
+# -- pods on a node no kubelet runs ----------------------------------------------------------
 
 REMOTE_NODE = "elsewhere"
-"""A node name no agent serves: a pod bound to it is never run here, and its status is what
+"""A node name no kubelet serves: a pod bound to it is never run here, and its status is what
 the test writes, as that node's kubelet would (the API server does not check)."""
 
 WORKER_LABELS = {"app.kubernetes.io/name": "jobfence", "app.kubernetes.io/component": "worker"}
@@ -494,7 +508,7 @@ def pod_body(name: str, *, labels: dict[str, str], node: str | None = None,
 def remote_pod(api: Rest, namespace: str, name: str, *, labels: dict[str, str],
                phase: str = "Running", started: str = "2026-01-01T00:00:00Z",
                owner: Obj | None = None) -> Obj:
-    """A pod bound to a node no agent runs, its status ``phase`` since ``started``."""
+    """A pod bound to a node no kubelet runs, its status ``phase`` since ``started``."""
     api.post(f"/api/v1/namespaces/{namespace}/pods",
              pod_body(name, labels=labels, node=REMOTE_NODE, owner=owner))
     return api.patch(f"/api/v1/namespaces/{namespace}/pods/{name}/status",
@@ -561,11 +575,38 @@ def enqueue_command(dsn: str, argv: list[str], schema: str = "jobfence", **job: 
                                actions=[{"name": "command", "params": {"argv": argv}}], **job))
 
 
-def container_pid(cluster: ControlPlane, pod: Obj, container: str) -> int:
-    """The host PID of a container's PID 1 (the node agent's init)."""
-    path = cluster.plane.agent_root / "pods" / pod["metadata"]["uid"] / f"{container}.pid"
-    return int(wait_for(lambda: path.exists() and path.read_text().strip(),
-                        what=f"{container}'s pid file"))
+def pod_pids(cluster: ControlPlane, pod: Obj) -> set[int]:
+    """The host PIDs of a pod's processes (its containers' and its sandbox's), from its
+    cgroup on the node."""
+    return wait_for(lambda: cluster.plane.node.pids_of_pod(pod["metadata"]["uid"]),
+                    what="the pod's processes")
+
+
+class LogFollower:
+    """``kubectl logs -f`` of one container, from now until the container ends: what it
+    wrote, even after the kubelet removed its files with the pod."""
+
+    def __init__(self, cluster: ControlPlane, namespace: str, pod: str,
+                 container: str) -> None:
+        self._proc = subprocess.Popen(
+            [str(cluster.kubectl), "--kubeconfig", str(cluster.kubeconfig), "-n", namespace,
+             "logs", "-f", pod, "-c", container], stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL, text=True)
+        self._text: str | None = None
+
+    def text(self, timeout: float = 60) -> str:
+        if self._text is None:
+            try:
+                self._text, _ = self._proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._text, _ = self._proc.communicate()
+        return self._text
+
+
+def follow_log(cluster: ControlPlane, namespace: str, pod: str,
+               container: str = "jobfence") -> LogFollower:
+    return LogFollower(cluster, namespace, pod, container)
 
 
 def kubeconfig_for(cluster: ControlPlane, namespace: str, account: str, where: Path) -> Path:

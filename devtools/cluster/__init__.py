@@ -3,7 +3,7 @@
 
 * ``plane``: the components, their flags and order, their files; up, down, healthy.
 * ``certs``: the CA, serving and client certificates, the ServiceAccount key (per cluster).
-* ``agent``: the node agent, the stand-in for the kubelet.
+* ``node``: containerd and a kubelet running the image; ``network``: its namespace and bridge.
 * ``crds``: the KEDA and prometheus-operator CRDs, from their pinned Go modules.
 * ``database``: the cluster's own PostgreSQL (jobfence migrated, a login per role).
 * ``rest``: a small JSON client of the API for the dev tools.

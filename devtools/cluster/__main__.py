@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from devtools.cluster import network
-from devtools.cluster.plane import COMPONENTS, DEFAULT_ROOT, NETNS, NODE_COMPONENTS, Plane, Ports
+from devtools.cluster.plane import COMPONENTS, DEFAULT_ROOT, NETNS, Plane, Ports
 from devtools.cluster.processes import ClusterError
 
 
@@ -38,11 +38,8 @@ def main(argv: list[str]) -> int:
                            default=_port("CLUSTER_ETCD_PEER_PORT", defaults.etcd_peer))
             p.add_argument("--pg-port", type=int,
                            default=_port("CLUSTER_PG_PORT", defaults.postgres))
-            p.add_argument("--node", choices=("kubelet", "agent"),
-                           default=os.environ.get("CLUSTER_NODE") or "agent",
-                           help="a real kubelet with containerd (in network namespace "
-                                "--netns), or the node agent stand-in")
-            p.add_argument("--netns", default=os.environ.get("CLUSTER_NETNS") or NETNS)
+            p.add_argument("--netns", default=os.environ.get("CLUSTER_NETNS") or NETNS,
+                           help="the network namespace the cluster makes and runs in")
             p.add_argument("--image-archive", type=Path, action="append", default=[],
                            help="an image archive to import into the node's containerd")
         if name == "watch":
@@ -53,7 +50,7 @@ def main(argv: list[str]) -> int:
         if args.command == "up":
             Plane(root, Ports(api=args.api_port, etcd=args.etcd_port,
                               etcd_peer=args.etcd_peer_port, postgres=args.pg_port),
-                  NODE_COMPONENTS if args.node == "kubelet" else COMPONENTS,
+                  COMPONENTS,
                   netns=args.netns,
                   images=tuple(a.resolve() for a in args.image_archive)).up()
         elif args.command == "down":

@@ -41,9 +41,9 @@ class Identity:
 ADMIN = Identity("admin", "jobfence-admin", ("system:masters",))
 CONTROLLER_MANAGER = Identity("controller-manager", "system:kube-controller-manager")
 SCHEDULER = Identity("scheduler", "system:kube-scheduler")
-"""The node agent binds pods as the scheduler would, with the scheduler's own identity."""
+"""kube-scheduler's identity."""
 KUBELET_CLIENT = Identity("apiserver-kubelet-client", "kube-apiserver-kubelet-client")
-"""The API server's identity towards a node (``kubectl logs``): the agent serves only it."""
+"""The API server's identity towards a kubelet (``kubectl logs``, ``exec``)."""
 
 
 def node(name: str) -> Identity:

@@ -16,9 +16,11 @@ The namespace has no route out, so no pod's traffic can leave it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 from devtools.cluster.certs import NODE_IP, SERVICE_IP
@@ -92,6 +94,23 @@ def enter(name: str) -> None:
             raise ClusterError(f"cannot enter network namespace {name}: {os.strerror(err)}")
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def returning() -> Iterator[None]:
+    """Whatever namespace the block enters (a cluster's ``up``), this thread is back in the
+    one it was in after it: for a process that starts a cluster, measures it and goes on
+    (the benchmarks)."""
+    fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        yield
+    finally:
+        try:
+            if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+                raise ClusterError("cannot return to this process's network namespace: "
+                                   f"{os.strerror(ctypes.get_errno())}")
+        finally:
+            os.close(fd)
 
 
 def nsenter(name: str) -> list[str]:

@@ -5,7 +5,7 @@ Everything listens on 127.0.0.1. The files live in one directory (``build/cluste
 ``make cluster-up``, a temporary one for the tests): ``pki/`` (the CA, the serving and
 client certificates and the ServiceAccount key, made fresh each time), ``kubeconfig`` (the
 admin's), ``env``, ``state.json`` (what runs, to stop it later), ``logs/``, ``etcd/`` and
-``agent/`` (the pods' volumes and their containers' logs). ``down`` stops what ``up``
+``node/`` (containerd's and the kubelet's files, the pods' logs). ``down`` stops what ``up``
 started and deletes the directory.
 
 The components, in order (a cluster may leave some out: the tests bring their own
@@ -18,8 +18,10 @@ kube-apiserver              RBAC and the Node authorizer, ServiceAccount tokens,
                             an audit log of deletes of pods and Jobs
 kube-controller-manager     the controllers jobfence's objects need (``CONTROLLERS``), each
                             with its own ServiceAccount's credentials, as in a real cluster
-node-agent                  the stand-in for the kubelet (``devtools.cluster.agent``), its
-                            logs endpoint reached by the API server (``kubectl logs``)
+node                        containerd and runc from Debian, a kubelet and kube-scheduler
+                            built from the same pinned Kubernetes (``devtools.cluster.node``),
+                            in the cluster's own network namespace
+                            (``devtools.cluster.network``), running the image
 postgres                    a throwaway PostgreSQL with jobfence migrated, a login per role and
                             the role Secrets the manifests read, in namespace ``jobfence``
 crds                        KEDA's CRDs (ScaledJob, TriggerAuthentication...) and
@@ -36,6 +38,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -62,23 +65,17 @@ INSTALLATION = "jobfence"
 """The base's ``JOBFENCE_INSTALLATION`` (manifests/config.yaml): the cluster's database is
 migrated with it, so that ``make deploy`` of the base works as it is."""
 
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "node-agent", "postgres",
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "node", "postgres",
               "crds", "keda")
-NODE_COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "node", "postgres",
-                   "crds", "keda")
-"""With a real node (``node``: containerd, the kubelet and kube-scheduler) instead of the
-node agent."""
 NETNS = "jobfence"
 """The network namespace of ``make cluster-up``'s cluster (a test session makes its own)."""
 CONTROLLERS = ("job-controller", "cronjob-controller", "garbage-collector-controller",
                "ttl-after-finished-controller", "namespace-controller",
                "serviceaccount-controller", "serviceaccount-token-controller",
                "root-ca-certificate-publisher-controller",
-               "clusterrole-aggregation-controller")
-"""No node-lifecycle controller under the node agent: nothing sends the heartbeats it would
-judge, and it would taint the node and evict its pods. With a real kubelet it runs
-(``NODE_CONTROLLERS``): it lifts the taint a node registers with once the node is Ready."""
-NODE_CONTROLLERS = (*CONTROLLERS, "node-lifecycle-controller")
+               "clusterrole-aggregation-controller", "node-lifecycle-controller")
+"""The node-lifecycle controller lifts the taint a node registers with once the node is
+Ready, and marks a node that stops reporting NotReady."""
 
 AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
@@ -122,6 +119,9 @@ class Plane:
     netns: str = NETNS
     """The network namespace a real node's cluster runs in (made by ``up`` unless this
     process runs in it already: a test session's)."""
+    owns_netns: bool = False
+    """The namespace was made for this cluster by its caller (a test session's): ``down``
+    deletes it, as it deletes one ``up`` made (the session's watchdog, too)."""
     images: tuple[Path, ...] = ()
     """Image archives imported into the node's containerd at ``up`` (nothing is pulled):
     the pause image's among them (``devtools.image.archive``)."""
@@ -155,10 +155,6 @@ class Plane:
     @property
     def logs(self) -> Path:
         return self.root / "logs"
-
-    @property
-    def agent_root(self) -> Path:
-        return self.root / "agent"
 
     @property
     def api_port(self) -> int:
@@ -195,9 +191,6 @@ class Plane:
     def preflight(self) -> dict[str, Path]:
         """Everything that can be checked before anything starts: nothing is half-started
         when one of these fails."""
-        if os.geteuid() != 0 and "node-agent" in self.components:
-            raise ClusterError("the node agent runs each container in namespaces of its own "
-                               "and as its runAsUser, which takes root: run cluster-up as root")
         names = ["etcd", "kube-apiserver", "kube-controller-manager", "kubectl"]
         if self.real_node:
             if os.geteuid() != 0:
@@ -273,6 +266,8 @@ class Plane:
                 if not network.exists(self.netns):
                     network.create(self.netns)
                     state["netns_created"] = True
+                elif self.owns_netns:
+                    state["netns_created"] = True
                 state["netns"] = self.netns
                 self._write_state(state)
                 network.enter(self.netns)
@@ -316,10 +311,6 @@ class Plane:
                         self._controller_manager(binaries["kube-controller-manager"]))
             self._step("kube-controller-manager ready", lambda: wait_until(
                 self._controllers_ready, what="kube-controller-manager", timeout=90, proc=cm))
-        if "node-agent" in self.components:
-            agent = record("node-agent", self._node_agent())
-            self._step(f"node agent ready (node {NODE})", lambda: wait_until(
-                self._node_ready, what="the node agent", timeout=60, proc=agent))
         if self.real_node:
             self._start_node(binaries, record)
         if "crds" in self.components:
@@ -366,16 +357,6 @@ class Plane:
         ca.kubelet_serving(NODE)
         shutil.copyfile(self.component_kubeconfig(certs.ADMIN), self.kubeconfig)
         (self.pki / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
-
-    def node_identity(self, name: str) -> Path:
-        """The client certificate and kubeconfig of another node (a second node agent)."""
-        ca = certs.Authority.load(self.pki)
-        who = certs.node(name)
-        ca.kubelet_serving(name)
-        crt, key = ca.client(who)
-        _kubeconfig(self.component_kubeconfig(who), self.server, ca.ca_file, crt, key,
-                    user=who.user)
-        return self.component_kubeconfig(who)
 
     def start_keda(self, where: Path, *, watch_namespace: str, binary: Path | None = None,
                    kubectl: Path | None = None, log_level: str = "info"
@@ -439,6 +420,32 @@ class Plane:
             self._node_schedulable, what="the kubelet", timeout=120, proc=kubelet))
         node.restore_sysctls()
 
+    def stop_kubelet(self) -> None:
+        """The node goes away: its kubelet killed (SIGKILL, no goodbye), its containers left
+        running under containerd as a machine cut off from the network leaves them."""
+        state = self.state() or {}
+        row = state.get("processes", {}).get("kubelet")
+        if row is None:
+            raise ClusterError("no kubelet runs in this cluster")
+        started = Started(**row)
+        if started.alive():
+            os.kill(started.pid, signal.SIGKILL)
+        wait_until(lambda: not started.alive(), what="the kubelet gone", timeout=30)
+
+    def start_kubelet(self) -> None:
+        """The node back: a kubelet again with the same files (it finds the containers of
+        pods deleted meanwhile and stops them); returns once the node is Ready."""
+        state = self.state()
+        if state is None:
+            raise ClusterError(f"no cluster in {self.root}")
+        kubelet = self.node.start_kubelet(
+            controlplane.path("kubelet"), self.component_kubeconfig(certs.node(NODE)),
+            self.pki, self.logs)
+        state["processes"]["kubelet"] = kubelet.row()
+        self._write_state(state)
+        wait_until(self._node_schedulable, what="the kubelet", timeout=120, proc=kubelet)
+        self.node.restore_sysctls()
+
     def _node_schedulable(self) -> bool:
         """Ready, and without the taints a node registers with (the node-lifecycle
         controller lifts them)."""
@@ -489,16 +496,13 @@ class Plane:
         return start([
             str(binary), f"--kubeconfig={self.component_kubeconfig(certs.CONTROLLER_MANAGER)}",
             "--leader-elect=false", "--secure-port=0", "--use-service-account-credentials",
-            f"--controllers={','.join(NODE_CONTROLLERS if self.real_node else CONTROLLERS)}",
+            f"--controllers={','.join(CONTROLLERS)}",
+            # A node that stops reporting is NotReady within 20 s (Kubernetes' default: 50 s;
+            # the kubelet renews its lease every 10 s).
+            "--node-monitor-period=2s", "--node-monitor-grace-period=20s",
             f"--service-account-private-key-file={p / 'sa.key'}",
             f"--root-ca-file={p / 'ca.crt'}", "--cluster-name=jobfence-local", "--v=0"],
             log=self.logs / "kube-controller-manager.log")
-
-    def _node_agent(self) -> Started:
-        return start([sys.executable, "-m", "devtools.cluster.agent", "--dir", str(self.root),
-                      "--node", NODE, "--api-port", str(self.ports.api)],
-                     log=self.logs / "node-agent.log", cwd=REPO,
-                     env={**os.environ, "PYTHONPATH": str(REPO)})
 
     def _api_ready(self) -> bool:
         with self.admin() as api:
@@ -575,8 +579,8 @@ The local cluster is up (node {NODE}, API server {self.server}).
   kubectl -n {NAMESPACE} get scaledjobs,jobs,pods      # the pools KEDA scales
   kubectl -n {NAMESPACE} create job --from=cronjob/jobfence-sweeper once
   kubectl -n {NAMESPACE} logs job/once
-Containers' output also in {rel}/agent/logs/; the components' logs in {rel}/logs/ and
-KEDA's in {rel}/keda/operator.log.
+The components' logs in {rel}/logs/ and KEDA's in {rel}/keda/operator.log (no node:
+nothing runs pods).
 `make cluster-down` stops it all and removes {rel}.""", flush=True)
 
     # -- state -----------------------------------------------------------------------------
@@ -590,13 +594,13 @@ KEDA's in {rel}/keda/operator.log.
                 return False
         try:
             return self._api_ready() and (
-                not {"node-agent", "node"} & set(self.components) or self._node_ready())
+                not self.real_node or self._node_ready())
         except Exception:
             return False
 
     def down(self, *, quiet: bool = False) -> bool:
-        """Stop everything ``up`` started (the node agent first: its pods' processes die
-        with it), stop PostgreSQL, delete the directory. False if nothing was there."""
+        """Stop everything ``up`` started (the node first: its pods' processes die with
+        it), stop PostgreSQL, delete the directory. False if nothing was there."""
         state = self.state()
         if state is None and not self.root.exists():
             return False
@@ -604,7 +608,7 @@ KEDA's in {rel}/keda/operator.log.
         for row in self.root.glob("keda*/process.json"):  # the tests' operators too
             with contextlib.suppress(OSError, ValueError, TypeError):
                 stop(Started(**json.loads(row.read_text())))
-        for name in ("watch", "keda-operator", "node-agent", "kubelet", "kube-scheduler"):
+        for name in ("watch", "keda-operator", "kubelet", "kube-scheduler"):
             if name in processes and not (name == "watch" and _is_self(processes[name])):
                 stop(Started(**processes[name]))
         node = Node(self.root, (state or {}).get("netns") or self.netns, NODE)

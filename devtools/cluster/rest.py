@@ -1,8 +1,8 @@
-"""A small JSON client of the Kubernetes API for the dev tools (the node agent, cluster-up,
-the tests' helpers): raw paths and dicts, client-certificate or bearer-token identities,
+"""A small JSON client of the Kubernetes API for the dev tools (cluster-up, the tests'
+helpers): raw paths and dicts, client-certificate or bearer-token identities,
 watches as a stream of events. The product itself talks to Kubernetes through the official
-client in ``jobfence.adapters.kube``; this one exists so that the stand-ins can say exactly
-what a kubelet or a scheduler sends (preconditions, field selectors, status subresources).
+client in ``jobfence.adapters.kube``; this one lets a test say exactly what it sends
+(preconditions, field selectors, status subresources: a remote node's pod status).
 """
 
 from __future__ import annotations

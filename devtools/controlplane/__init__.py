@@ -74,7 +74,7 @@ COMPONENTS = (
     Component("kube-scheduler", "k8s.io/kubernetes/cmd/kube-scheduler",
               "the scheduler (binds pods to the node)"),
     Component("kubelet", "k8s.io/kubernetes/cmd/kubelet",
-              "the node's agent (runs pods through containerd)"),
+              "the node's kubelet (runs pods through containerd)"),
 )
 NAMES = tuple(c.name for c in COMPONENTS)
 

@@ -172,6 +172,12 @@ class CommandAction:
                 raise
             raise ActionFailed(f"command exited with {code} to snooze, but {why_not}",
                                result["stderr_tail"], result)
+        if code != 0 and used is not None and used.oom_killed:
+            limit = used.memory_limit_bytes
+            raise ActionFailed(
+                "command killed by the kernel's out-of-memory killer: its container's memory "
+                "limit" + (f" ({limit / 2**20:.0f} MiB)" if limit else "") + " reached",
+                detail=result["stderr_tail"], result=result)
         if code != 0:
             stderr = result["stderr_tail"]
             last = stderr.strip().splitlines()[-1] if stderr.strip() else ""

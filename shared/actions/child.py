@@ -100,10 +100,18 @@ class Usage:
     cpu_seconds: float
     peak_memory_bytes: int | None
     """None where it was not seen (a command that ended within a few milliseconds)."""
+    oom_killed: bool = False
+    """Killed (SIGKILL, of it or of a process it waited for) while the kernel's
+    out-of-memory killer struck in its memory cgroup: its container's limit reached."""
+    memory_limit_bytes: int | None = None
+    """That cgroup's limit, when it was killed so."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"cpu_seconds": round(self.cpu_seconds, 3),
-                "peak_memory_bytes": self.peak_memory_bytes}
+        out: dict[str, Any] = {"cpu_seconds": round(self.cpu_seconds, 3),
+                               "peak_memory_bytes": self.peak_memory_bytes}
+        if self.oom_killed:
+            out.update(oom_killed=True, memory_limit_bytes=self.memory_limit_bytes)
+        return out
 
     @classmethod
     def reported(cls, said: object) -> Usage | None:
@@ -114,11 +122,15 @@ class Usage:
             cpu = float(said["cpu_seconds"])
             peak = None if said.get("peak_memory_bytes") is None \
                 else int(said["peak_memory_bytes"])
+            limit = None if said.get("memory_limit_bytes") is None \
+                else int(said["memory_limit_bytes"])
         except (KeyError, TypeError, ValueError, OverflowError):  # inf, nan: no usage
             return None
-        if not 0 <= cpu < 1e9 or (peak is not None and not 0 <= peak < 1 << 50):
+        if not 0 <= cpu < 1e9 or any(v is not None and not 0 <= v < 1 << 50
+                                     for v in (peak, limit)):
             return None
-        return cls(cpu, peak)
+        oom = said.get("oom_killed") is True
+        return cls(cpu, peak, oom, limit if oom else None)
 
 
 class Child(Protocol):

@@ -107,7 +107,34 @@ def pod_from_json(obj: dict[str, Any]) -> Pod:
                created_at=_time(meta.get("creationTimestamp")),
                started_at=_time(status.get("startTime")), job_name=owner.get("name"),
                deleting=meta.get("deletionTimestamp") is not None, uid=meta.get("uid"),
-               job_uid=owner.get("uid"))
+               job_uid=owner.get("uid"), reason=ended_badly(status))
+
+
+def ended_badly(status: dict[str, Any]) -> str | None:
+    """Why a pod ended, if it did not end well: its own reason (``Evicted``...) and each
+    container terminated with a reason other than Completed or a non-zero exit code
+    (``jobfence: OOMKilled, exit 137``); None when nothing ended badly."""
+    parts = [str(status["reason"])] if status.get("reason") else []
+    # A sidecar (an init container that keeps running) is stopped by the kubelet once the
+    # worker ended, whatever its exit code: only its being OOMKilled is news.
+    listed = [(c, sidecar) for key, sidecar in (("initContainerStatuses", True),
+                                                ("containerStatuses", False))
+              for c in _dicts(status.get(key))]
+    for c, sidecar in listed:
+        ended = _dict(_dict(c.get("state")).get("terminated"))
+        reason, code = ended.get("reason"), ended.get("exitCode")
+        if ended and (reason == "OOMKilled" or (not sidecar and (
+                reason not in (None, "Completed") or code not in (None, 0)))):
+            parts.append(f"{c.get('name')}: {reason or 'Error'}, exit {code}")
+    return "; ".join(parts)[:500] or None
+
+
+def _dict(value: object) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _dicts(value: object) -> list[dict[str, Any]]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
 def delete_options(uid: str | None, grace_seconds: int,

@@ -15,16 +15,16 @@ DELETE FROM {schema}.pod_snapshots WHERE snapshot_id = %(snapshot)s;
 -- Add one page of listed pods to the pass's snapshot (a pod listed twice keeps its last
 -- state).
 INSERT INTO {schema}.pod_snapshots (snapshot_id, name, phase, created_at, started_at,
-    job_name, deleting, uid, job_uid)
+    job_name, deleting, uid, job_uid, reason)
 SELECT %(snapshot)s, x.name, x.phase, x.created_at, x.started_at, x.job_name, x.deleting,
-    x.uid, x.job_uid
+    x.uid, x.job_uid, left(x.reason, 500)
 FROM jsonb_to_recordset(%(pods)s::jsonb) AS x (
     name text, phase text, created_at timestamptz, started_at timestamptz, job_name text,
-    deleting boolean, uid text, job_uid text)
+    deleting boolean, uid text, job_uid text, reason text)
 ON CONFLICT (snapshot_id, name) DO UPDATE SET phase = excluded.phase,
     created_at = excluded.created_at, started_at = excluded.started_at,
     job_name = excluded.job_name, deleting = excluded.deleting, uid = excluded.uid,
-    job_uid = excluded.job_uid;
+    job_uid = excluded.job_uid, reason = excluded.reason;
 
 -- now --
 -- The database's clock, or the injected one: when a listing began.
@@ -41,7 +41,8 @@ WITH dead AS (
         (p.name IS NULL OR p.started_at > j.claimed_at + interval '1 second') AS missing,
         CASE WHEN p.name IS NULL OR p.started_at > j.claimed_at + interval '1 second'
              THEN 'worker pod ' || j.claimed_by || ' disappeared'
-             ELSE 'worker pod ' || j.claimed_by || ' is ' || p.phase END AS why,
+             ELSE 'worker pod ' || j.claimed_by || ' is ' || p.phase
+                  || coalesce(' (' || p.reason || ')', '') END AS why,
         -- A pod whose node stopped answering may still run the command: its attempt is
         -- kept as stopping (invariant 12) until its lease has run out.
         coalesce(p.phase = 'Unknown' AND p.started_at <= j.claimed_at + interval '1 second',

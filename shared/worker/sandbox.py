@@ -33,6 +33,7 @@ import ctypes
 import functools
 import os
 import pwd
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -42,6 +43,7 @@ from typing import Any, Protocol
 from uuid import UUID
 
 from jobfence.actions.child import ChildNotStarted, JobSpace, SpacePaths, Usage
+from jobfence.worker import memcg
 from jobfence.worker.proctree import (
     DIE_WITH_PARENT,
     TreeMemory,
@@ -69,12 +71,15 @@ class LocalChild:
     """A child of this process in a session of its own, its output handed to ``sink`` as
     it comes. Its exit is collected with ``wait4``, which says the CPU time it (and every
     descendant it waited for) used; its peak memory is watched while it runs
-    (``TreeMemory``)."""
+    (``TreeMemory``); a SIGKILL while the out-of-memory killer struck in its memory cgroup
+    is told apart (``jobfence.worker.memcg``)."""
 
     def __init__(self, argv: Sequence[str], cwd: Path, env: Mapping[str, str],
                  popen_args: Mapping[str, Any], sink: Callable[[str, bytes], None], *,
                  sample_seconds: float = 0.5) -> None:
         own_rss = TreeMemory.own_rss()  # what the child's image holds until it execs
+        self._memcg = memcg.own()
+        self._oom_before = self._memcg.oom_kills() if self._memcg else None
         try:
             with starting_child() as register:
                 self._proc = subprocess.Popen(
@@ -115,8 +120,11 @@ class LocalChild:
                 self._proc.returncode = os.waitstatus_to_exitcode(status)
                 child_waited(self._proc.pid)
                 if rusage is not None:
+                    oom = self._oom_killed(self._proc.returncode)
                     self._usage = Usage(rusage.ru_utime + rusage.ru_stime,
-                                        self._peak.at_exit(rusage.ru_maxrss * 1024))
+                                        self._peak.at_exit(rusage.ru_maxrss * 1024), oom,
+                                        self._memcg.limit_bytes() if oom and self._memcg
+                                        else None)
                 return self._proc.returncode
             self._peak.sample()
             left = None if deadline is None else deadline - time.monotonic()
@@ -124,6 +132,15 @@ class LocalChild:
                 return None
             time.sleep(pause if left is None else min(pause, left))
             pause = min(pause * 2, 0.05)
+
+    def _oom_killed(self, code: int) -> bool:
+        """Killed by SIGKILL (it, or the process its shell waited for: 128 + 9) while the
+        out-of-memory killer's count in its cgroup rose since it started."""
+        if code not in (-signal.SIGKILL, 128 + signal.SIGKILL) or self._memcg is None \
+                or self._oom_before is None:
+            return False
+        after = self._memcg.oom_kills()
+        return after is not None and after > self._oom_before
 
     def kill(self) -> bool:
         """SIGKILL its group; False once it was closed (its group's id may be another's)."""

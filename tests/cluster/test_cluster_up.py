@@ -1,34 +1,41 @@
 """What a new user does from a fresh clone: `make cluster-up`, then `make deploy
 KUBECONFIG=build/cluster/kubeconfig`, then a CronJob run by hand that completes; and
 `make cluster-down`, which leaves nothing behind. Bad input says so in one line with exit
-2 and starts nothing: no Go to build the control plane with, a port already taken, a
-Secret the manifests read that is missing. (A cluster of its own, beside the session's, in
-a directory and on ports of its own.)"""
+2 and starts nothing: no Go to build the control plane with, the network namespace taken,
+not root, a Secret the manifests read that is missing. (A cluster of its own, beside the
+session's, in a directory and a network namespace of its own: what talks to it runs in
+that namespace, as `make cluster-shell` runs a person's shell.)"""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import socket
 import subprocess
+import sys
 from pathlib import Path
 
-import psycopg
+import pytest
 
-from devtools.cluster.processes import Started
+from devtools.cluster import network
+from devtools.cluster.plane import Plane
+from devtools.cluster.processes import ClusterError, Started
 from devtools.embedded_pg import free_port
 from tests.kube import REPO, ControlPlane
 
 MAKE_TIMEOUT = 600
 
 
-def make(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """make as a person runs it (not as a sub-make of `make test`)."""
+def make(*args: str, env: dict[str, str] | None = None,
+         netns: str | None = None) -> subprocess.CompletedProcess[str]:
+    """make as a person runs it (not as a sub-make of `make test`), in network namespace
+    ``netns`` if given."""
     env = {k: v for k, v in (env or os.environ).items()
            if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
-    return subprocess.run(["make", "--no-print-directory", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=MAKE_TIMEOUT, check=False)
+    inside = network.nsenter(netns) if netns else []
+    return subprocess.run([*inside, "make", "--no-print-directory", *args], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=MAKE_TIMEOUT,
+                          check=False)
 
 
 def ours(stderr: str) -> list[str]:
@@ -42,23 +49,28 @@ def ports() -> list[str]:
 
 
 def kubectl(where: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(REPO / "build" / "bin" / "kubectl"), "--kubeconfig",
+    """The kubectl `make cluster-up` puts on the env's PATH: it enters the namespace."""
+    return subprocess.run([str(where / "bin" / "kubectl"), "--kubeconfig",
                            str(where / "kubeconfig"), *args], capture_output=True, text=True,
                           timeout=120, check=False)
 
 
 def test_cluster_up_deploy_and_a_manual_run_then_down_leaves_nothing(tmp_path: Path) -> None:
-    where = tmp_path / "cluster"
-    up = make("cluster-up", f"CLUSTER_DIR={where}", *ports())
+    where, netns = tmp_path / "cluster", f"jft-up-{os.getpid()}"
+    up = make("cluster-up", f"CLUSTER_DIR={where}", f"CLUSTER_NETNS={netns}", *ports())
     assert up.returncode == 0, up.stdout + up.stderr
     assert "make deploy KUBECONFIG=" in up.stdout
     state = json.loads((where / "state.json").read_text())
     assert "keda-operator" in state["processes"]  # the KEDA operator runs with it
-    again = make("cluster-up", f"CLUSTER_DIR={where}", *ports())  # idempotent
+    assert {"containerd", "kubelet", "kube-scheduler"} <= set(state["processes"])
+    again = make("cluster-up", f"CLUSTER_DIR={where}", f"CLUSTER_NETNS={netns}", *ports())
     assert again.returncode == 0 and "already up" in again.stdout, again.stdout + again.stderr
     try:
+        node = json.loads(kubectl(where, "get", "node", "-o", "json").stdout)
+        [info] = [n["status"]["nodeInfo"] for n in node["items"]]
+        assert info["containerRuntimeVersion"].startswith("containerd://"), info
         deployed = make("deploy", f"KUBECONFIG={where / 'kubeconfig'}",
-                        f"OVERLAY=build/test-deploy-up-{os.getpid()}")
+                        f"OVERLAY=build/test-deploy-up-{os.getpid()}", netns=netns)
         assert deployed.returncode == 0, deployed.stdout + deployed.stderr
         assert "jobfence-migrate complete" in deployed.stdout
         made = kubectl(where, "-n", "jobfence", "create", "job",
@@ -71,10 +83,13 @@ def test_cluster_up_deploy_and_a_manual_run_then_down_leaves_nothing(tmp_path: P
                    for line in (where / "env").read_text().splitlines()
                    if line.startswith("export "))
         assert env["KUBECONFIG"] == str(where / "kubeconfig")
-        with psycopg.connect(env["JOBFENCE_DATABASE_URL"]) as conn:
-            runs = conn.execute("SELECT function, trigger, status FROM jobfence.function_runs "
-                                "WHERE trigger = 'manual'").fetchall()
-        assert runs == [("sweeper", "manual", "succeeded")]
+        runs = subprocess.run(
+            [*network.nsenter(netns), sys.executable, "-c",
+             "import sys, psycopg; print(psycopg.connect(sys.argv[1]).execute("
+             "\"SELECT function, trigger, status FROM jobfence.function_runs "
+             "WHERE trigger = 'manual'\").fetchall())", env["JOBFENCE_DATABASE_URL"]],
+            capture_output=True, text=True, timeout=60, check=False)
+        assert runs.stdout.strip() == "[('sweeper', 'manual', 'succeeded')]", runs.stderr
     finally:
         down = make("cluster-down", f"CLUSTER_DIR={where}")
     assert down.returncode == 0, down.stdout + down.stderr
@@ -82,6 +97,11 @@ def test_cluster_up_deploy_and_a_manual_run_then_down_leaves_nothing(tmp_path: P
     for row in state["processes"].values():
         assert not Started(**row).alive()
     assert not Path(state["postgres"]["root"]).exists()
+    assert not network.exists(netns)
+    assert not Path(f"/run/jobfence/{netns}").exists()
+    assert not any(Path("/sys/fs/cgroup").glob(f"*/jobfence-{netns}"))  # its cgroups
+    assert not [line for line in Path("/proc/self/mountinfo").read_text().splitlines()
+                if str(where) in line]
 
 
 def test_without_go_cluster_up_says_so_in_one_line_and_starts_nothing(tmp_path: Path) -> None:
@@ -95,17 +115,29 @@ def test_without_go_cluster_up_says_so_in_one_line_and_starts_nothing(tmp_path: 
     assert not where.exists()
 
 
-def test_a_taken_port_is_named_in_one_line_and_nothing_is_started(tmp_path: Path) -> None:
-    where = tmp_path / "cluster"
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        out = make("cluster-up", f"CLUSTER_DIR={where}", *ports(), f"CLUSTER_API_PORT={port}")
-    assert out.returncode == 2
-    [line] = ours(out.stderr)
-    assert f"port {port}" in line and "CLUSTER_API_PORT" in line, out.stderr
-    assert not where.exists()
+def test_a_taken_network_namespace_is_named_in_one_line_and_nothing_is_started(
+        tmp_path: Path) -> None:
+    where, netns = tmp_path / "cluster", f"jft-taken-{os.getpid()}"
+    network.create(netns)  # another cluster's, or anyone's
+    try:
+        out = make("cluster-up", f"CLUSTER_DIR={where}", f"CLUSTER_NETNS={netns}", *ports())
+        assert out.returncode == 2
+        [line] = ours(out.stderr)
+        assert f"network namespace {netns} exists already" in line, out.stderr
+        assert not where.exists()
+        assert network.exists(netns)  # not ours to remove
+    finally:
+        network.delete(netns)
+
+
+def test_without_root_cluster_up_says_so_and_starts_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    plane = Plane(tmp_path / "cluster", netns=f"jft-noroot-{os.getpid()}")
+    with pytest.raises(ClusterError, match="take root: run cluster-up as root"):
+        plane.up()
+    assert not (tmp_path / "cluster").exists()
+    assert not network.exists(plane.netns)
 
 
 def test_make_deploy_names_each_missing_secret_and_applies_nothing(

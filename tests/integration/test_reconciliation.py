@@ -71,6 +71,21 @@ def test_claim_whose_pod_is_dead_is_status_drift(store: Store, dsn: str,
     assert row.reason == f"worker pod worker-a is {phase}"
 
 
+def test_a_pod_that_ended_badly_gives_its_reason_to_the_failed_attempt(
+        store: Store, dsn: str) -> None:
+    """A worker container OOMKilled: the attempt's error and the job's last reason say so,
+    then the retry policy runs out as for any failure."""
+    job_id, _ = claim_by(store, "worker-a", max_attempts=1)
+    at = datetime.now(UTC) - timedelta(minutes=5)
+    oom = Pod("worker-a", "Failed", created_at=at, started_at=at, job_name="job-worker-a",
+              reason="jobfence: OOMKilled, exit 137")
+    report = run(store, dsn, MemoryCluster([oom]))
+    assert (report.status_drift_detected, report.failed) == (1, 1)
+    row = store.jobs.get(job_id)
+    assert row is not None and row.status == "failed"
+    assert row.error == "worker pod worker-a is Failed (jobfence: OOMKilled, exit 137)"
+
+
 @pytest.mark.parametrize("phase", ["Running", "Pending"])
 def test_claim_whose_pod_is_alive_is_left_alone(store: Store, dsn: str,
                                                 phase: str) -> None:

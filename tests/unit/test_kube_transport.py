@@ -8,11 +8,14 @@ proven in tests/contract on the real control plane, not here."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from devtools.kube_api import INSTALLATION, KubeAPI, kube_api, pod_object
-from jobfence.adapters.kube import KubernetesCluster, TokenBucket, pod_from_json
+from jobfence.adapters.kube import KubernetesCluster, TokenBucket, ended_badly, pod_from_json
 from jobfence.errors import ClusterError
 
 SELECTOR = "app.kubernetes.io/name=jobfence,app.kubernetes.io/component=worker"
@@ -82,3 +85,43 @@ def test_token_bucket_allows_a_burst_then_paces() -> None:
     for _ in range(10):
         bucket.take()
     assert sum(slept) == pytest.approx(1.0, abs=0.01)  # 10 more calls at 10/s
+
+
+def terminated(name: str, reason: str, code: int) -> dict[str, Any]:
+    return {"name": name, "state": {"terminated": {"reason": reason, "exitCode": code}}}
+
+
+def test_a_pod_that_ended_badly_says_why_a_sidecar_stopped_after_the_worker_does_not() -> None:
+    oom = pod_from_json({"metadata": {"name": "w"}, "status": {
+        "phase": "Failed",
+        "initContainerStatuses": [terminated("command-runner", "Error", 143)],
+        "containerStatuses": [terminated("jobfence", "OOMKilled", 137)]}})
+    assert oom.reason == "jobfence: OOMKilled, exit 137"
+    sidecar_oom = pod_from_json({"metadata": {"name": "w"}, "status": {
+        "phase": "Failed",
+        "initContainerStatuses": [terminated("command-runner", "OOMKilled", 137)],
+        "containerStatuses": [terminated("jobfence", "Error", 1)]}})
+    assert sidecar_oom.reason == "command-runner: OOMKilled, exit 137; jobfence: Error, exit 1"
+    evicted = pod_from_json({"metadata": {"name": "w"}, "status": {
+        "phase": "Failed", "reason": "Evicted", "containerStatuses": []}})
+    assert evicted.reason == "Evicted"
+    fine = pod_from_json({"metadata": {"name": "w"}, "status": {
+        "phase": "Succeeded",
+        "initContainerStatuses": [terminated("command-runner", "Error", 143)],
+        "containerStatuses": [terminated("jobfence", "Completed", 0)]}})
+    assert fine.reason is None
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=20), inner,
+                                                                max_size=4), max_leaves=30)
+
+
+@given(status=st.dictionaries(
+    st.sampled_from(["reason", "initContainerStatuses", "containerStatuses", "phase", "x"]),
+    json_values, max_size=5))
+@settings(max_examples=300, deadline=None)
+def test_any_status_gives_a_bounded_reason_or_none(status: dict[str, Any]) -> None:
+    reason = ended_badly(status)
+    assert reason is None or (isinstance(reason, str) and 0 < len(reason) <= 500)
