@@ -49,10 +49,18 @@ from tests.support import REPO
 T = TypeVar("T")
 DIR_ENV, OWNER_ENV = "JOBFENCE_TEST_CLUSTER_DIR", "JOBFENCE_TEST_CLUSTER_OWNER"
 NETNS_ENV = "JOBFENCE_TEST_CLUSTER_NETNS"
+OUTSIDE_ENV = "JOBFENCE_TEST_OUTSIDE_NETNS"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "node", "crds")
 IMAGE = "localhost/jobfence:0.1.0"
 """The image the manifests name (`make image` builds it under this name)."""
 Obj = dict[str, Any]
+
+
+def outside() -> list[str]:
+    """The argv prefix that runs a command in the machine's own network namespace, out of
+    the session's cluster's (nothing when the session runs in the machine's)."""
+    name = os.environ.get(OUTSIDE_ENV)
+    return network.nsenter(name) if name and network.exists(name) else []
 
 
 def wait_for(fn: Callable[[], T], *, what: str, timeout: float = 60.0,
@@ -87,8 +95,13 @@ def configure_session() -> None:
             with contextlib.suppress(Exception):  # else the cluster's start says why
                 crds.prefetch()  # nothing can be downloaded from inside the namespace
             network.create(name)
+            # The machine's own network namespace, named, for what must reach the network
+            # (pip and its package index: ``outside``).
+            subprocess.run(["ip", "netns", "attach", f"{name}-host", str(os.getpid())],
+                           capture_output=True, check=False)
             network.enter(name)
             os.environ[NETNS_ENV] = name
+            os.environ[OUTSIDE_ENV] = f"{name}-host"
 
 
 def end_session() -> None:
@@ -100,6 +113,7 @@ def end_session() -> None:
               netns=netns or "jft-none").down(quiet=True)
         if netns:
             network.delete(netns)
+            network.delete(f"{netns}-host")
         with contextlib.suppress(OSError):
             Path(where).rmdir()
         Path(f"{where}.lock").unlink(missing_ok=True)

@@ -36,6 +36,11 @@ API_PORT = 443
 """The API server's port inside the namespace: the ``kubernetes`` Service's port, so that a
 pod's in-cluster configuration reaches it at ``SERVICE_IP`` as it is."""
 CLONE_NEWNET = 0x40000000
+BRIDGE_MAC = "02:6a:66:00:00:01"
+"""The bridge's own, fixed address: unset, a Linux bridge takes the lowest of its ports'
+addresses, so each pod that comes or goes could change the gateway's MAC under the other
+pods' ARP caches, and their traffic to it would vanish until they asked again (a
+connection to PostgreSQL timing out)."""
 
 
 def path(name: str) -> Path:
@@ -68,6 +73,7 @@ def create(name: str) -> None:
         for args in (("link", "set", "lo", "up"),
                      ("addr", "add", f"{SERVICE_IP}/32", "dev", "lo"),
                      ("link", "add", BRIDGE, "type", "bridge"),
+                     ("link", "set", BRIDGE, "address", BRIDGE_MAC),
                      ("addr", "add", f"{GATEWAY}/{POD_SUBNET.split('/')[1]}", "dev", BRIDGE),
                      ("link", "set", BRIDGE, "up")):
             _ip("-n", name, *args)

@@ -2,9 +2,10 @@
 built from the same pinned Kubernetes as the API server (``devtools.controlplane``).
 
 Everything runs inside the cluster's network namespace (``devtools.cluster.network``) with
-files of its own under ``<cluster>/node`` (containerd's root, the kubelet's root and its
-pods' logs, the CNI configuration) and sockets under ``/run/jobfence/<namespace>`` (short
-paths: a unix socket's path has a limit). What this host asks of them, each tried here:
+files of its own under ``<cluster>/node`` (containerd's root, the pods' logs, the CNI
+configuration), the kubelet's under ``/var/lib/jobfence/<namespace>/kubelet`` and
+containerd's sockets under ``/run/jobfence/<namespace>`` (short paths: a unix socket's path
+has a limit). What this host asks of them, each tried here:
 
 * containerd with cgroupfs (no systemd), ``restrict_oom_score_adj`` (no CAP_SYS_RESOURCE:
   without it every sandbox fails), AppArmor off (no securityfs), network namespaces'
@@ -66,6 +67,10 @@ class Node:
         self.name = name
         self.run_dir = Path("/run/jobfence") / netns
         self.cgroup_root = f"/jobfence-{netns}"
+        self.kubelet_root = Path("/var/lib/jobfence") / netns / "kubelet"
+        """The kubelet's own directory (the pods' volumes, its sockets) at a short path, as
+        ``/var/lib/kubelet`` is: a unix socket's path has a limit of 107 bytes, which a
+        cluster directory deep in a checkout would pass."""
 
     # -- files -------------------------------------------------------------------------------
 
@@ -218,11 +223,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     def start_kubelet(self, binary: Path, kubeconfig: Path, pki: Path, logs: Path) -> Started:
         self.cgroups()
         self.save_sysctls()
-        (self.root / "kubelet").mkdir(parents=True, exist_ok=True)
+        self.kubelet_root.mkdir(parents=True, exist_ok=True)
         self.pod_logs.mkdir(parents=True, exist_ok=True)
         return start([str(binary), f"--config={self.kubelet_config(pki)}",
-                      f"--kubeconfig={kubeconfig}", f"--root-dir={self.root / 'kubelet'}",
-                      f"--cert-dir={self.root / 'kubelet' / 'pki'}",
+                      f"--kubeconfig={kubeconfig}", f"--root-dir={self.kubelet_root}",
+                      f"--cert-dir={self.kubelet_root / 'pki'}",
                       f"--hostname-override={self.name}", f"--node-ip={network.GATEWAY}",
                       "--v=1"], log=logs / "kubelet.log")
 
@@ -286,12 +291,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         directories, remove its cgroups, restore the sysctls."""
         unmount_under(self.root)
         unmount_under(self.run_dir)
+        unmount_under(self.kubelet_root.parent)
         self.restore_sysctls()
-        for hierarchy in _hierarchies():
+        # and the unified (v2) hierarchy's, where runc makes one beside the v1 ones
+        for hierarchy in [*_hierarchies(), CGROUP_FS / "unified"]:
             _rmdir_tree(hierarchy / self.cgroup_root.lstrip("/"))
         shutil.rmtree(self.run_dir, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            self.run_dir.parent.rmdir()  # /run/jobfence, when no other cluster uses it
+        shutil.rmtree(self.kubelet_root.parent, ignore_errors=True)
+        for shared in (self.run_dir.parent, self.kubelet_root.parent.parent):
+            with contextlib.suppress(OSError):
+                shared.rmdir()  # /run/jobfence, /var/lib/jobfence: when no other cluster uses it
 
 
 def restore_sysctls(node_root: Path) -> None:

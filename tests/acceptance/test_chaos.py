@@ -12,14 +12,20 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.support import REPO
 
 
+# The drain's bound is liveness on a shared two-core machine that runs the rest of the suite
+# (a kubelet and its pods among it) at the same time: generous; every safety invariant is
+# judged whatever it takes.
+@pytest.mark.timeout(600)
 def test_short_chaos_run_violates_no_invariant() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBFENCE_")}
     r = subprocess.run([sys.executable, "-m", "bench.chaos", "--jobs", "150", "--quick",
-                        "--drain-timeout", "180", "--pgbouncer"], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=400, check=False)
+                        "--drain-timeout", "300", "--pgbouncer"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=540, check=False)
     out = r.stdout
     assert r.returncode == 0, out[-4000:] + r.stderr[-3000:]
     assert "chaos: passed" in out

@@ -2,11 +2,16 @@
 the pinned Kubernetes is given, from the image imported into containerd, in the cluster's
 own network namespace. Its Node says so; a pod of the image, admitted under the
 ``restricted`` Pod Security level, runs as the image's numeric user with tini as PID 1 and
-a root filesystem that refuses writes; ``kubectl logs`` and ``exec`` go through the
-kubelet; a missing image is ``ImagePullBackOff``, explained by the pod's events."""
+a root filesystem that refuses writes, seccomp in force and no capability; ``kubectl
+logs``, ``exec`` and ``port-forward`` go through the kubelet; a missing image is
+``ImagePullBackOff``, explained by the pod's events. The shipped worker pod runs its
+worker as 10001 and its job's command as 10002, each under tini, and the kernel holds a
+command to its container's memory limit."""
 
 from __future__ import annotations
 
+import subprocess
+import urllib.request
 from typing import Any
 
 from devtools import controlplane
@@ -143,3 +148,35 @@ def test_a_command_past_its_containers_memory_limit_is_killed_and_said_so_then_r
     for r in results:
         assert r["result"]["usage"]["oom_killed"] is True, r
         assert r["result"]["usage"]["memory_limit_bytes"] == 192 * 2**20, r
+
+
+def test_port_forward_reaches_a_pod_through_the_kubelet(
+        kube: ControlPlane, namespace: str) -> None:
+    body = pod_body("web", labels={"app": "t"},
+                    command=["python3", "-m", "http.server", "8080", "--directory", "/etc"])
+    with kube.admin() as api:
+        api.post(f"/api/v1/namespaces/{namespace}/pods", body)
+    wait_for(lambda: phase_of(kube, namespace, "web")["status"].get("phase") == "Running",
+             what="the pod running", timeout=120)
+    forward = subprocess.Popen(
+        [str(kube.kubectl), "--kubeconfig", str(kube.kubeconfig), "-n", namespace,
+         "port-forward", "pod/web", ":8080"], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        assert forward.stdout is not None
+        line = forward.stdout.readline()  # "Forwarding from 127.0.0.1:PORT -> 8080"
+        port = int(line.split("127.0.0.1:")[1].split()[0])
+
+        def fetched() -> str:
+            try:
+                with urllib.request.urlopen(
+                        f"http://127.0.0.1:{port}/hostname", timeout=5) as resp:
+                    return str(resp.read().decode())
+            except OSError:
+                return ""
+
+        assert wait_for(fetched, what="an answer through port-forward", timeout=30).strip() \
+            == "web"
+    finally:
+        forward.kill()
+        forward.communicate(timeout=10)  # its pipes closed
