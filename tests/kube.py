@@ -171,7 +171,7 @@ class ControlPlane:
 
     def container_log(self, namespace: str, pod: Obj | str, container: str = "jobfence") -> str:
         """What a container wrote, from the kubelet's files (kept until the pod's containers
-        are removed: read them before, or ``follow_log``), in order."""
+        are removed: read them before, or follow them with ``LogFollower``), in order."""
         logs = self.plane.node.pod_logs
         if isinstance(pod, dict):
             name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
@@ -338,18 +338,34 @@ class Installation:
         with connect(self.dsn, schema=self.schema) as conn:
             return list(conn.execute(query, params).fetchall())
 
+    def pod_story(self, pod: Obj) -> Obj:
+        """What became of a pod: its phase and reason, its containers' states and logs (for
+        a failing test's message)."""
+        status = pod.get("status") or {}
+        return {"name": pod["metadata"]["name"], "phase": status.get("phase"),
+                "reason": status.get("reason"), "message": status.get("message"),
+                "containers": [(c.get("name"), c.get("state")) for c in [
+                    *(status.get("initContainerStatuses") or []),
+                    *(status.get("containerStatuses") or [])]],
+                "log": self.cluster.container_log(self.namespace, pod)[-1500:],
+                "sidecar": self.cluster.container_log(self.namespace, pod,
+                                                      "command-runner")[-800:]}
+
+    def claiming_pod(self, job_id: str, job_name: str, timeout: float = 120) -> Obj:
+        """Once the job runs: the Running pod of Job ``job_name`` that holds its claim."""
+        def claimed() -> Obj | None:
+            [row] = self.sql("SELECT status, claimed_by FROM jobs WHERE job_id = %s", job_id)
+            return next((p for p in self.pods_of_job(job_name)
+                         if row["status"] == "running"
+                         and p["metadata"]["name"] == row["claimed_by"]
+                         and p["status"].get("phase") == "Running"), None)
+
+        return wait_for(claimed, what=f"a pod of {job_name} running job {job_id}",
+                        timeout=timeout)
+
     def story(self, job_id: str) -> Obj:
         """What became of a job and of the installation's pods: for a failing test's message."""
-        pods = []
-        for p in self.pods():
-            status = p.get("status") or {}
-            pods.append({"name": p["metadata"]["name"], "phase": status.get("phase"),
-                         "containers": [(c.get("name"), c.get("state")) for c in [
-                             *(status.get("initContainerStatuses") or []),
-                             *(status.get("containerStatuses") or [])]],
-                         "log": self.cluster.container_log(self.namespace, p)[-1500:],
-                         "sidecar": self.cluster.container_log(self.namespace, p,
-                                                               "command-runner")[-800:]})
+        pods = [self.pod_story(p) for p in self.pods()]
         return {"job": self.sql("SELECT status, attempt_count, claimed_by, error FROM jobs "
                                 "WHERE job_id = %s", job_id),
                 "events": self.sql("SELECT from_status, to_status, reason FROM job_events "
@@ -616,11 +632,6 @@ class LogFollower:
                 self._proc.kill()
                 self._text, _ = self._proc.communicate()
         return self._text
-
-
-def follow_log(cluster: ControlPlane, namespace: str, pod: str,
-               container: str = "jobfence") -> LogFollower:
-    return LogFollower(cluster, namespace, pod, container)
 
 
 def kubeconfig_for(cluster: ControlPlane, namespace: str, account: str, where: Path) -> Path:

@@ -13,6 +13,7 @@ error of the job.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,6 +61,12 @@ def own(proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = ROOT) -> Mem
         if line.startswith("0::"):
             return _found(root, line[3:], v2=True)
     return None
+
+
+@functools.cache
+def this_process() -> MemoryCgroup | None:
+    """``own()``, found once per process (a worker does not change cgroups between jobs)."""
+    return own()
 
 
 def _found(base: Path, path: str, *, v2: bool) -> MemoryCgroup | None:

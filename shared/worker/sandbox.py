@@ -78,7 +78,7 @@ class LocalChild:
                  popen_args: Mapping[str, Any], sink: Callable[[str, bytes], None], *,
                  sample_seconds: float = 0.5) -> None:
         own_rss = TreeMemory.own_rss()  # what the child's image holds until it execs
-        self._memcg = memcg.own()
+        self._memcg = memcg.this_process()
         self._oom_before = self._memcg.oom_kills() if self._memcg else None
         try:
             with starting_child() as register:

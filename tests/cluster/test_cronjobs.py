@@ -7,7 +7,6 @@ The enqueue template enqueues its ConfigMap's spec."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 
@@ -28,7 +27,7 @@ def test_every_periodic_function_run_by_hand_completes_and_is_recorded_as_manual
         done = inst.wait_job(job)
         assert done["status"]["succeeded"] == 1, function
         pods = inst.pods_of_job(job)
-        assert len(pods) == 1, (function, [pod_story(inst, p) for p in pods])
+        assert len(pods) == 1, (function, [inst.pod_story(p) for p in pods])
         [pod] = pods
         assert pod["status"]["phase"] == "Succeeded", function
         [container] = pod["status"]["containerStatuses"]
@@ -38,15 +37,6 @@ def test_every_periodic_function_run_by_hand_completes_and_is_recorded_as_manual
     by_hand = {r["function"]: r for r in runs if r["trigger"] == "manual"}
     assert set(by_hand) == set(PERIODIC), runs
     assert {r["status"] for r in by_hand.values()} == {"succeeded"}
-
-
-def pod_story(inst: Installation, pod: dict[str, Any]) -> dict[str, Any]:
-    """What became of a pod: its phase, reason, containers' states and log."""
-    status = pod.get("status") or {}
-    return {"name": pod["metadata"]["name"], "phase": status.get("phase"),
-            "reason": status.get("reason"), "message": status.get("message"),
-            "containers": [c.get("state") for c in status.get("containerStatuses") or []],
-            "log": inst.cluster.container_log(inst.namespace, pod)[-2000:]}
 
 
 def test_the_enqueue_template_enqueues_its_spec(inst: Installation) -> None:

@@ -21,8 +21,8 @@ import time
 from tests.kube import (
     ControlPlane,
     Installation,
+    LogFollower,
     enqueue_command,
-    follow_log,
     install,
     pod_pids,
     wait_for,
@@ -33,14 +33,7 @@ GRACE = 30  # the shipped terminationGracePeriodSeconds
 
 def running_worker(inst: Installation, job_id: str, name: str) -> dict:  # type: ignore[type-arg]
     inst.worker_job(name)
-
-    def claimed() -> dict | None:  # type: ignore[type-arg]
-        [row] = inst.sql("SELECT status, claimed_by FROM jobs WHERE job_id = %s", job_id)
-        pods = [p for p in inst.pods_of_job(name) if p["status"].get("phase") == "Running"]
-        return pods[0] if row["status"] == "running" and pods \
-            and row["claimed_by"] == pods[0]["metadata"]["name"] else None
-
-    return wait_for(claimed, what="the worker pod claimed the job", timeout=90)
+    return inst.claiming_pod(job_id, name, timeout=90)
 
 
 def test_a_worker_pod_deleted_mid_job_gives_its_job_back_within_the_grace_period(
@@ -49,7 +42,7 @@ def test_a_worker_pod_deleted_mid_job_gives_its_job_back_within_the_grace_period
     job_id = enqueue_command(dsn, ["sleep", "15"])
     pod = running_worker(inst, job_id, "worker-evicted")
     name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
-    log = follow_log(kube, namespace, name)  # the kubelet removes the files with the pod
+    log = LogFollower(kube, namespace, name, "jobfence")  # the kubelet removes the files
     began = time.monotonic()
     with kube.admin() as api:
         api.delete(f"/api/v1/namespaces/{namespace}/pods/{name}")

@@ -92,14 +92,7 @@ def test_a_worker_pod_runs_the_worker_as_10001_and_its_command_as_10002_under_ti
                                    "echo pid1=$(tr '\\0' ' ' </proc/1/cmdline); "
                                    "touch /written 2>/dev/null || echo read-only; sleep 5"])
     inst.worker_job("worker-ids")
-
-    def running_pod() -> dict[str, Any] | None:
-        [row] = inst.sql("SELECT status, claimed_by FROM jobs WHERE job_id = %s", job_id)
-        return next((p for p in inst.pods_of_job("worker-ids")
-                     if p["metadata"]["name"] == row["claimed_by"]
-                     and row["status"] == "running"), None)
-
-    pod = wait_for(running_pod, what="the worker pod running the job", timeout=120)
+    pod = inst.claiming_pod(job_id, "worker-ids")
     exec_ = kube.run("-n", namespace, "exec", pod["metadata"]["name"], "-c", "jobfence", "--",
                      "sh", "-c", "id -u; tr '\\0' ' ' </proc/1/cmdline")
     assert exec_.returncode == 0, exec_.stderr

@@ -46,15 +46,8 @@ def test_a_node_lost_mid_job_is_reclaimed_by_one_pass_and_the_job_runs_once(
     inst = install(kube, namespace, dsn)
     job_id = enqueue_command(dsn, ["sleep", "20"])
     inst.worker_job("worker-on-lost-node")
-
-    def claimed() -> dict | None:  # type: ignore[type-arg]
-        [row] = inst.sql("SELECT status, claimed_by, attempt_id FROM jobs WHERE job_id = %s",
-                         job_id)
-        return row if row["status"] == "running" else None
-
-    first = wait_for(claimed, what="the job claimed", timeout=90)
-    [pod] = [p for p in inst.pods_of_job("worker-on-lost-node")
-             if p["metadata"]["name"] == first["claimed_by"]]
+    pod = inst.claiming_pod(job_id, "worker-on-lost-node", timeout=90)
+    [first] = inst.sql("SELECT claimed_by, attempt_id FROM jobs WHERE job_id = %s", job_id)
     kube.plane.stop_kubelet()
     try:
         wait_for(lambda: node_ready(kube) == "Unknown", what="the node NotReady (Unknown)",
