@@ -335,7 +335,9 @@ def main() -> int:
     faults: Counter[str] = Counter()
     kinds: Counter[str] = Counter()
     with contextlib.ExitStack() as stack:
-        pg = stack.enter_context(EmbeddedPostgres())
+        # Durable (fsync, synchronous commit): a crash stop must not lose an acknowledged
+        # commit, or checks read from the database could not see one lost.
+        pg = stack.enter_context(EmbeddedPostgres(durable=True))
         s3 = stack.enter_context(moto_server())
         work = Path(tempfile.mkdtemp(prefix="jobfence-chaos-"))  # kept when the run fails
         locks = work / "resources"  # the resource jobs' lock files: every job's user writes

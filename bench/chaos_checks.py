@@ -74,10 +74,16 @@ CHECKS: dict[str, str] = {
                 -- SIGTERM gives an attempt back (up to JOBFENCE_MAX_INTERRUPTIONS)
                 (SELECT count(*) FROM job_events e WHERE e.job_id = j.job_id
                    AND e.from_status = 'running' AND e.to_status = 'pending'
-                   AND e.reason = 'worker received SIGTERM') AS given_back
+                   AND e.reason = 'worker received SIGTERM') AS given_back,
+                -- a claim whose answer was lost gives its jobs back unspent
+                (SELECT count(*) FROM job_events e WHERE e.job_id = j.job_id
+                   AND e.from_status = 'running' AND e.to_status = 'pending'
+                   AND e.reason LIKE 'given back by %: the answer to its claim was lost')
+                   AS unanswered
             FROM jobs j WHERE NOT j.is_parent)
         SELECT * FROM c WHERE attempt_count > max_attempts
-            OR attempt_count <> claims - least(given_back, interruptions) LIMIT 5""",
+            OR attempt_count <> claims - least(given_back, interruptions) - unanswered
+        LIMIT 5""",
     "never two active jobs on one resource": """
         WITH life AS (
             SELECT j.job_id, j.resource,

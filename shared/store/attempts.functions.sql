@@ -14,8 +14,11 @@
 -- Claim up to p_limit ready jobs of a queue in one statement: fresh fence, lease,
 -- attempt_count + 1 (SKIP LOCKED; nothing while draining or the queue is paused; a
 -- queue's limit on running jobs, and its rate, held by a transaction lock taken here).
+-- p_claim_id names the claim (a fresh uuid per statement, the worker's own): a claim whose
+-- answer was lost is given back by it (worker_release_claim).
 CREATE OR REPLACE FUNCTION {schema}.worker_claim(p_queue text, p_worker_id text,
-                                                p_lease_seconds float8, p_limit integer)
+                                                p_lease_seconds float8, p_limit integer,
+                                                p_claim_id uuid)
 RETURNS TABLE (job_id uuid, attempt_id uuid, attempt_count integer, max_attempts integer,
                actions jsonb, inputs jsonb, parent_id uuid, lease_expires_at timestamptz,
                run_deadline_at timestamptz, interruptions integer)
@@ -72,6 +75,7 @@ BEGIN
             attempt_id = gen_random_uuid(),
             attempt_count = j.attempt_count + 1,
             claimed_by = p_worker_id,
+            claim_id = p_claim_id,
             claimed_at = CASE WHEN settings.rate_limit IS NULL THEN now()
                               ELSE clock_timestamp() END,
             heartbeat_at = now(),
@@ -91,6 +95,45 @@ BEGIN
     )
     SELECT c.job_id, c.attempt_id, c.attempt_count, c.max_attempts, c.actions, c.inputs,
         c.parent_id, c.visible_at, c.run_deadline_at, c.given_back FROM claimed c;
+END;
+$$;
+
+-- The claim of a worker of the previous release, which names no claim.
+CREATE OR REPLACE FUNCTION {schema}.worker_claim(p_queue text, p_worker_id text,
+                                                p_lease_seconds float8, p_limit integer)
+RETURNS TABLE (job_id uuid, attempt_id uuid, attempt_count integer, max_attempts integer,
+               actions jsonb, inputs jsonb, parent_id uuid, lease_expires_at timestamptz,
+               run_deadline_at timestamptz, interruptions integer)
+LANGUAGE sql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
+    SELECT * FROM {schema}.worker_claim(p_queue, p_worker_id, p_lease_seconds, p_limit,
+                                        NULL::uuid);
+$$;
+
+-- A claim whose answer was lost with its connection (it may or may not have committed):
+-- give back the jobs it took, and only those — matched on the claim's id and its claimer,
+-- still running under that claim's lease — pending at once, their attempts not spent
+-- (nothing ran). Nothing when the claim had not committed. Waits for the claim's own
+-- transaction when it is still committing (its rows are locked until then).
+CREATE OR REPLACE FUNCTION {schema}.worker_release_claim(p_claim_id uuid, p_worker_id text,
+                                                        p_reason text)
+RETURNS TABLE (job_id uuid, status text, parent_id uuid)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    UPDATE {schema}.jobs j SET
+        status = 'pending',
+        attempt_count = j.attempt_count - 1,
+        attempt_id = NULL,
+        claim_id = NULL,
+        visible_at = now(),
+        claimed_by = NULL,
+        run_deadline_at = NULL,
+        reason = p_reason
+    WHERE j.claimed_by = p_worker_id AND j.claim_id = p_claim_id
+      AND j.status = 'running' AND NOT j.is_parent
+      AND j.visible_at > clock_timestamp()
+    RETURNING j.job_id, j.status, j.parent_id;
 END;
 $$;
 

@@ -39,17 +39,26 @@ class Attempts(Noun):
     sql_file = "attempts.sql"
 
     def claim(self, *, worker_id: str, lease_seconds: float, queue: str = "default",
-              limit: int = 1) -> list[Claim]:
+              limit: int = 1, claim_id: UUID | None = None) -> list[Claim]:
         """Claim up to ``limit`` ready jobs of ``queue``, each with a fresh fence; [] when
-        nothing is ready, the queue is paused or at its limit, or drain mode is on."""
-        return self._rows("claim", self._claim_params(worker_id, lease_seconds, queue, limit),
-                          Claim)
+        nothing is ready, the queue is paused or at its limit, or drain mode is on.
+        ``claim_id`` names the claim, so that it can be given back (``release_claim``)
+        when its answer is lost."""
+        return self._rows("claim", self._claim_params(
+            ClaimRequest(worker_id, lease_seconds, queue, limit, claim_id)), Claim)
 
     @staticmethod
-    def _claim_params(worker_id: str, lease_seconds: float, queue: str,
-                      limit: int) -> dict[str, Any]:
-        return {"worker_id": worker_id, "lease_seconds": lease_seconds, "queue": queue,
-                "limit": limit}
+    def _claim_params(r: ClaimRequest) -> dict[str, Any]:
+        return {"worker_id": r.worker_id, "lease_seconds": r.lease_seconds, "queue": r.queue,
+                "limit": r.limit, "claim_id": r.claim_id}
+
+    def release_claim(self, *, claim_id: UUID, worker_id: str,
+                      reason: str) -> list[Transition]:
+        """Give back the jobs of a claim whose answer was lost with its connection (it may
+        have committed): pending at once, their attempts not spent. [] when it had not
+        committed, or its jobs are no longer held by that claim."""
+        return transitions(self._all("release_claim", {
+            "claim_id": claim_id, "worker_id": worker_id, "reason": storable_text(reason)}))
 
     def heartbeat(self, *, job_id: UUID, attempt_id: UUID,
                   lease_seconds: float) -> datetime | None:
@@ -96,9 +105,9 @@ class Attempts(Noun):
             else:
                 fin = self._execute("finish_many", {
                     "rows": json.dumps([w.row() for w in writes], default=str)})
-            nxt = (db.execute(self.conn, self.sql["claim"], self._claim_params(
-                claim.worker_id, claim.lease_seconds, claim.queue, claim.limit), row=Claim)
-                if claim is not None and claim.limit > 0 else None)
+            nxt = (db.execute(self.conn, self.sql["claim"], self._claim_params(claim),
+                              row=Claim)
+                   if claim is not None and claim.limit > 0 else None)
             sync()  # the terminal writes (and the claims) commit here
             self.store.dependencies.settle_cursor([w.job_id for w in writes])
         claims: list[Claim] = nxt.fetchall() if nxt is not None else []

@@ -9,9 +9,16 @@
 -- Claim up to %(limit)s ready jobs of a queue in one statement: fresh fence, lease,
 -- attempt_count + 1 (SKIP LOCKED; nothing while draining or the queue is paused; a
 -- queue's limit on running jobs — an attempt still stopping counts as running — is held
--- by a transaction lock taken inside).
+-- by a transaction lock taken inside). %(claim_id)s names the claim, for release_claim.
 SELECT * FROM {schema}.worker_claim(%(queue)s::text, %(worker_id)s::text,
-                                    %(lease_seconds)s::float8, %(limit)s::integer);
+                                    %(lease_seconds)s::float8, %(limit)s::integer,
+                                    %(claim_id)s::uuid);
+
+-- release_claim --
+-- A claim whose answer was lost with its connection: the jobs it took, pending again at
+-- once, their attempts not spent; none when it had not committed.
+SELECT * FROM {schema}.worker_release_claim(%(claim_id)s::uuid, %(worker_id)s::text,
+                                            %(reason)s::text);
 
 -- heartbeat --
 -- Renew the lease of a live attempt. NULL back: the fence is lost (cancelled, reclaimed,

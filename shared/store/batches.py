@@ -13,12 +13,14 @@ from jobfence.store.types import NO_OUTCOME, ActionOutcome
 
 
 class ClaimRequest(NamedTuple):
-    """A claim riding on a batch of terminal writes: up to ``limit`` jobs of ``queue``."""
+    """A claim of up to ``limit`` jobs of ``queue`` (alone, or riding on a batch of terminal
+    writes), named by ``claim_id`` so that it can be given back when its answer is lost."""
 
     worker_id: str
     lease_seconds: float
     queue: str
     limit: int
+    claim_id: UUID | None = None
 
 
 @dataclass(frozen=True, slots=True)

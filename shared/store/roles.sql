@@ -69,6 +69,8 @@ GRANT EXECUTE ON FUNCTION {schema}.jobfence_buckets(text) TO {maintainer}, {oper
 -- worker: the fenced verbs, and settling what waited on its own terminal writes. No table.
 GRANT EXECUTE ON FUNCTION
     {schema}.worker_claim(text, text, float8, integer),
+    {schema}.worker_claim(text, text, float8, integer, uuid),
+    {schema}.worker_release_claim(uuid, text, text),
     {schema}.worker_heartbeat(uuid, uuid, float8),
     {schema}.worker_record_action(uuid, uuid, integer, text, text, timestamptz, jsonb, text,
                                   text),

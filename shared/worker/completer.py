@@ -13,10 +13,17 @@ round trip was in flight.
 
 A write that cannot reach the database is tried again, reconnecting, while the lease
 holds (every write is fenced: a repeat is harmless); a batch whose outcome was lost with
-the connection is written again without its claims (a claim that did commit is reclaimed
-when its lease runs out), and a row that then matches nothing is looked up: had the first
-try committed it? A batch the database refuses for a reason of its own (a value it will not
-take) is written again row by row, so that only the row at fault is refused.
+the connection is written again without its claims, and a row that then matches nothing
+is looked up: had the first try committed it? A batch the database refuses for a reason of
+its own (a value it will not take) is written again row by row, so that only the row at
+fault is refused.
+
+Every claim is named (``claim_id``, a fresh uuid per claim statement). A claim whose answer
+was lost with its connection — alone or riding on a batch — may have committed: the jobs it
+took would then be held, unrun, until their leases ran out, each with an attempt spent. Its
+jobs are given back by that name as soon as the database answers again, pending at once and
+their attempts not spent (``release_claim``); tried again, at most once a second, until its
+lease would have run out (its transaction may still be committing when first asked).
 
 Connection use is serialized here (one statement at a time): the heartbeat, the stop
 checks and the SIGTERM give-back have a connection of their own (``jobfence.worker.guard``).
@@ -30,6 +37,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
+from uuid import UUID, uuid4
 
 from jobfence.db import Connection, confirm_durable, connect, deadline, stale
 from jobfence.errors import JobfenceError, StoreUnavailable
@@ -43,6 +51,10 @@ T = TypeVar("T")
 
 RETRY_SECONDS = 0.2
 """How long a write waits before it reconnects and tries again."""
+
+LOST_CLAIM_RETRY_SECONDS = 1.0
+"""How often the jobs of a claim whose answer was lost are asked for again while none was
+found (its transaction may still be committing)."""
 
 
 class WriteRefused(Exception):
@@ -82,6 +94,10 @@ class Completer:
         self._lock = threading.Lock()  # the connection: one statement at a time
         self._handed_lock = threading.Lock()
         self._handed: list[_Handed] = []
+        self._lost: dict[UUID, float] = {}
+        """Claims whose answer was lost, not given back yet: their ids, and until when
+        (monotonic) to ask — their lease, counted from the send."""
+        self._lost_asked = 0.0
         self.store = self._connect()
 
     def _connect(self) -> Store:
@@ -98,9 +114,12 @@ class Completer:
 
     def close(self) -> None:
         with self._lock:
+            if self._lost:  # a last try: the jobs of a lost claim, not held till their lease
+                with _quietly():
+                    self._give_back_lost(force=True)
             self.store.conn.close()
 
-    def _usable(self) -> Store:
+    def _fresh(self) -> Store:
         """The store, on a new connection when the last one broke (a database restart, a
         terminated backend) or was found on a server that takes no writes (a demoted
         primary): a claim after an outage the writes rode out must not fail on the
@@ -109,9 +128,61 @@ class Completer:
             self._reconnect()
         return self.store
 
+    def _usable(self) -> Store:
+        """``_fresh``, once the jobs of any claim whose answer was lost are given back."""
+        store = self._fresh()
+        if self._lost:
+            self._give_back_lost()
+        return store
+
     def request(self, limit: int) -> ClaimRequest:
+        """A claim of up to ``limit`` jobs, named afresh."""
         return ClaimRequest(self.settings.worker, self.settings.lease_seconds, self.queue,
-                            limit)
+                            limit, uuid4())
+
+    # -- claims whose answer was lost ---------------------------------------------------------
+
+    def _lost_claim(self, r: ClaimRequest, sent: float, exc: StoreUnavailable) -> None:
+        """Under the connection's lock: the answer to claim ``r`` was lost with the
+        connection; it may have committed. Its jobs are to be given back as soon as the
+        database answers."""
+        assert r.claim_id is not None
+        log.warning("claim_outcome_unknown", claim_id=str(r.claim_id), jobs=r.limit,
+                    error=str(exc))
+        self._lost[r.claim_id] = sent + r.lease_seconds
+
+    def _give_back_lost(self, force: bool = False) -> None:
+        """Under the connection's lock: give back the jobs of each lost claim that took any
+        (pending at once, attempts not spent). A claim that matched nothing is asked again,
+        at most every LOST_CLAIM_RETRY_SECONDS, until its lease would have run out (then
+        nothing of it is held: the sweeper has whatever it took). StoreUnavailable when the
+        database does not answer (kept for the next use)."""
+        now = time.monotonic()
+        if not force and now - self._lost_asked < LOST_CLAIM_RETRY_SECONDS:
+            return
+        self._lost_asked = now
+        for claim_id, until in list(self._lost.items()):
+            if now >= until:
+                del self._lost[claim_id]
+                log.info("claim_outcome_resolved", claim_id=str(claim_id), released=0)
+                continue
+            try:
+                back = self._fresh().attempts.release_claim(
+                    claim_id=claim_id, worker_id=self.settings.worker,
+                    reason=f"given back by {self.settings.worker}: the answer to its "
+                           "claim was lost")
+            except StoreUnavailable:
+                with _quietly():
+                    self._reconnect()
+                raise
+            except JobfenceError as exc:
+                del self._lost[claim_id]
+                log.warning("claim_release_refused", claim_id=str(claim_id), error=str(exc))
+                continue
+            if back:
+                del self._lost[claim_id]
+                log.info("claim_outcome_resolved", claim_id=str(claim_id),
+                         released=len(back), jobs=[str(t.job_id) for t in back])
 
     # -- claims and fenced writes ------------------------------------------------------------
 
@@ -122,9 +193,16 @@ class Completer:
         with self._lock:
             store = self._usable()
             sent = time.monotonic()
-            return [c._replace(sent=sent) for c in store.attempts.claim(
-                worker_id=r.worker_id, lease_seconds=r.lease_seconds, queue=r.queue,
-                limit=r.limit)]
+            try:
+                claims = store.attempts.claim(
+                    worker_id=r.worker_id, lease_seconds=r.lease_seconds, queue=r.queue,
+                    limit=r.limit, claim_id=r.claim_id)
+            except StoreUnavailable as exc:
+                self._lost_claim(r, sent, exc)
+                with _quietly():  # now, if the database answers again at once
+                    self._give_back_lost(force=True)
+                raise
+            return [c._replace(sent=sent) for c in claims]
 
     def read(self, fn: Callable[[Store], T]) -> T:
         """A read on the worker's connection (no retry: the caller decides)."""
@@ -181,15 +259,23 @@ class Completer:
         if not live:
             return
         asked = [h for h in live if h.wants_next]
+        riding = self.request(len(asked)) if asked else None
         sent = time.monotonic()
         try:
-            written, claims = self._usable().attempts.finish_many(
-                [h.write for h in live], claim=self.request(len(asked)) if asked else None)
+            store = self._usable()
+            sent = time.monotonic()
+            written, claims = store.attempts.finish_many([h.write for h in live],
+                                                         claim=riding)
         except StoreUnavailable as exc:
             for h in live:  # the batch may or may not have committed
                 log.warning("outcome_unknown", job_id=str(h.write.job_id),
                             attempt_id=str(h.write.attempt_id), error=str(exc))
+            if riding is not None:  # given back once the terminal writes are settled
+                self._lost_claim(riding, sent, exc)
             self._again_without_claims(live)
+            if riding is not None:
+                with _quietly():
+                    self._give_back_lost(force=True)
             return
         except JobfenceError as exc:
             log.warning("batch_refused", jobs=len(live), error=str(exc))

@@ -21,7 +21,7 @@ import contextlib
 import threading
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -38,7 +38,7 @@ from jobfence.logs import get_logger
 from jobfence.objectstore import ObjectStore
 from jobfence.settings import Settings
 from jobfence.store import ActionOutcome, Claim, RetryPolicy, TerminalWrite, Transition
-from jobfence.worker.completer import Completer, WriteRefused
+from jobfence.worker.completer import Completer, Finished, WriteRefused
 from jobfence.worker.guard import GIVEN_BACK, Guard, StopReason
 from jobfence.worker.guard_threads import Guards
 from jobfence.worker.output import LineBudget, LogTarget, Origin, Output
@@ -247,6 +247,21 @@ class Execution:
             guard, TerminalWrite(claim.job_id, claim.attempt_id, True, outcome), wants)
         if wants and done.next_claim is None:
             self.nxt.unwant()
+        # A next claim's lease runs from now: guarded from now, not once this job's parent
+        # is finalized (S3 I/O); handed on however this job ended; given back if it crashed.
+        following = None if done.next_claim is None else self.w.guards.guard(done.next_claim)
+        try:
+            return replace(self._succeeded(guard, done), next_claim=done.next_claim)
+        except BaseException:
+            if following is not None:
+                self.w.completer.write(following, lambda s: s.attempts.interrupt_many(
+                    [following.held], reason="given back: the job before it crashed",
+                    max_interruptions=self.w.settings.max_interruptions), even_if_stopped=True)
+                self.w.guards.release(following)
+            raise
+
+    def _succeeded(self, guard: Guard, done: Finished) -> Result:
+        claim = self.claim  # the slot's next claim is handed on by _finish
         if done.refused is not None:
             return self._refused(guard, done.refused)
         if not done.written:
@@ -254,7 +269,7 @@ class Execution:
         log.info("job_succeeded", job_id=str(claim.job_id), attempt_id=str(claim.attempt_id),
                  attempt=claim.attempt_count)
         self._finalize_parent()
-        return Result(claim, Outcome.SUCCEEDED, done.next_claim)
+        return Result(claim, Outcome.SUCCEEDED)
 
     def _give_back(self, guard: Guard, why: str) -> Result:
         """Give the job back, pending at once and its attempt not spent (as on SIGTERM, up

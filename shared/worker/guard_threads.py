@@ -13,8 +13,9 @@
   self-fencing, invariant 6), whose run timeout passed (``timed_out``), or whose action has
   written no output and reported no progress for its inactivity timeout (``inactive``).
 
-SIGTERM (an eviction, a drain) is not the job's fault: every job in hand is given back in one
-statement (``worker_interrupt_many``), its attempt not counted (``JOBFENCE_MAX_INTERRUPTIONS``).
+SIGTERM (an eviction, a drain) is not the job's fault: every job in hand (a claim riding on a
+terminal write is guarded as it arrives) is given back in one statement, its attempt not
+counted (``worker_interrupt_many``, ``JOBFENCE_MAX_INTERRUPTIONS``).
 
 Both threads outlive their faults (invariant 15): whatever a step of a tick raises — for one
 job, or for all (a connection lost, a byte a job controls, an ``OSError``, a bug) — is noted
@@ -49,13 +50,12 @@ log = get_logger("jobfence.worker")
 T = TypeVar("T")
 
 FAULT_RETRY_SECONDS = 0.1
-"""After a heartbeat that a fault cut short (not an unreachable database: that one is tried
-again within a second), the next one goes this soon: a fault must not cost a lease."""
+"""After a heartbeat a fault cut short (not an unreachable database: that one is tried again
+within a second), the next goes this soon: a fault must not cost a lease."""
 
 GIVE_BACK_TRIES = 3
-"""How many times the give-back (SIGTERM, or guards that failed) is tried before the jobs are
-left to their leases' end: each try is one statement, on a connection of its own if the
-guards' is busy."""
+"""How many times the give-back (SIGTERM, guards that failed) is tried before the jobs are left
+to their leases' end: one statement each, on a connection of its own if the guards' is busy."""
 
 FAULT_PAUSE_SECONDS = 0.05
 """After a step that failed at once, its thread waits this long before going on: a guard
@@ -98,9 +98,12 @@ class Guards:
     # -- executions come and go ------------------------------------------------------------
 
     def guard(self, claim: Claim) -> Guard:
-        """A guard for a new execution, kept from now until ``release``. After SIGTERM
-        (or once the guards failed) the guard is stopped at once and its job given back (a
-        claim made meanwhile)."""
+        """A guard for a claim, kept until ``release`` (the one it has if guarded already).
+        After SIGTERM (or once the guards failed) it is stopped at once and its job given
+        back (a claim made meanwhile)."""
+        with self._cond:
+            if (g := self._guards.get(claim.job_id)) and g.held == claim[:2]:
+                return g
         guard = Guard(claim, self.settings, self.clock, alone=self._alone, faults=self.faults)
         broken: BaseException | None = None
         with self._cond:
@@ -130,7 +133,7 @@ class Guards:
         return guard
 
     @staticmethod
-    def _start(thread: threading.Thread) -> None:
+    def _start(thread: threading.Thread) -> None:  # a test's way to make a start fail
         thread.start()
 
     def release(self, guard: Guard) -> None:
@@ -147,8 +150,7 @@ class Guards:
             return len(self._guards) <= 1
 
     def close(self) -> None:
-        """Stop both threads; call before the connections they use are closed. The guard
-        faults not yet written go now."""
+        """Stop both threads (before their connections close); unwritten guard faults go now."""
         with self._cond:
             self._closing = True
             self._closed.set()
@@ -175,8 +177,7 @@ class Guards:
         return StopReason.GUARDS_FAILED if self.failed.is_set() else StopReason.SIGTERM
 
     def _broken(self, name: str, exc: BaseException) -> None:
-        """A guard thread cannot run: say so loudly, give every job back at once, and every
-        claim made from now on; the worker claims no more and exits 1."""
+        """A guard thread cannot run: loudly give back every job held and every later claim."""
         self.failed.set()
         with self._cond:
             self._terminated = True
@@ -207,8 +208,7 @@ class Guards:
         else:
             return []
         for t in back:
-            log.warning("sigterm_released", job_id=str(t.job_id), status=t.status,
-                        reason=reason.value)
+            log.warning("sigterm_released", job_id=str(t.job_id), status=t.status, reason=reason)
         return back
 
     # -- the threads' supervision ------------------------------------------------------------

@@ -1,0 +1,177 @@
+"""A claim whose answer is lost, and a claim riding on a terminal write, on a real
+PostgreSQL. The answer is lost the way a network loses it: the client's socket is shut for
+reading while the server is still committing (a deferred trigger holds the COMMIT), so the
+claim commits and its answer never arrives. Its jobs are given back by the claim's name as
+soon as the database answers again — pending, their attempts not spent — not held unrun
+until their leases end. A claim that rides on a terminal write is guarded from the moment
+it arrives: its lease is renewed while the job before it finishes (a datum's parent
+finalized, S3 I/O), instead of running out unwatched."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from jobfence.db import Connection
+from jobfence.errors import StoreUnavailable
+from jobfence.settings import Settings
+from jobfence.store import Store, TerminalWrite
+from jobfence.worker import execution
+from jobfence.worker.completer import Completer
+from jobfence.worker.guard import Guard
+from jobfence.worker.loop import Worker
+from tests.factories import enqueue_one
+
+SLOW_COMMIT = """
+CREATE TABLE public.commit_pause (id int);
+CREATE FUNCTION public.commit_pause() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF EXISTS (SELECT 1 FROM public.commit_pause) THEN
+    PERFORM pg_sleep(2);
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER commit_pause AFTER UPDATE ON jobs
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.commit_pause();
+"""
+
+LOST = "the answer to its claim was lost"
+
+
+@pytest.fixture
+def completer(dsn: str) -> Iterator[Completer]:
+    c = Completer(Settings(database_url=dsn, lease_seconds=60, worker_id="w-lost"), "default")
+    yield c
+    c.close()
+
+
+def lose_next_answer(conn: Connection, completer: Completer,
+                     abort: bool = False) -> threading.Thread:
+    """The next statement of ``completer`` commits (held 2 s in its COMMIT), and its answer
+    is lost: the client's socket is shut for reading while the server still commits. With
+    ``abort``, its backend is terminated there instead: it never commits."""
+    conn.execute(SLOW_COMMIT)
+    conn.execute("INSERT INTO public.commit_pause VALUES (1)")
+    fd = completer.store.conn.pgconn.socket
+    pid = completer.store.conn.info.backend_pid
+
+    def cut() -> None:
+        time.sleep(0.7)
+        conn.execute("DELETE FROM public.commit_pause")  # later statements commit at once
+        if abort:
+            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            return
+        with socket.socket(fileno=os.dup(fd)) as s:
+            s.shutdown(socket.SHUT_RD)
+
+    t = threading.Thread(target=cut)
+    t.start()
+    return t
+
+
+def wait_for(ok: Callable[[], bool], seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not ok():
+        assert time.monotonic() < deadline, "not within the time allowed"
+        time.sleep(0.2)
+
+
+def job_row(conn: Connection, job_id: UUID) -> dict[str, Any]:
+    row = conn.execute("SELECT status, attempt_count, attempt_id, claimed_by, reason "
+                       "FROM jobs WHERE job_id = %s", (job_id,)).fetchone()
+    assert row is not None
+    return row
+
+
+def events(conn: Connection, job_id: UUID) -> list[tuple[str, str, str]]:
+    return [(r["from_status"], r["to_status"], r["reason"]) for r in conn.execute(
+        "SELECT from_status, to_status, reason FROM job_events WHERE job_id = %s "
+        "ORDER BY event_id", (job_id,)).fetchall()]
+
+
+def test_the_jobs_of_a_claim_whose_answer_was_lost_are_given_back_unspent(
+        store: Store, conn: Connection, completer: Completer) -> None:
+    job = enqueue_one(store, max_attempts=1)
+    cut = lose_next_answer(conn, completer)
+    with pytest.raises(StoreUnavailable):
+        completer.claim(1)
+    cut.join()
+    # The claim commits after its answer was lost (the worker's first give-back, at once,
+    # found it still committing): the job is held by an attempt nobody knows ...
+    wait_for(lambda: job_row(conn, job)["status"] == "running")
+    # ... until the worker's next use of its connection asks again (at most once a second).
+    wait_for(lambda: completer.read(lambda s: None) is None
+             and job_row(conn, job)["status"] == "pending")
+    row = job_row(conn, job)
+    assert (row["status"], row["attempt_count"], row["attempt_id"]) == ("pending", 0, None)
+    assert LOST in row["reason"]
+    assert [e[:2] for e in events(conn, job)][-2:] == [("pending", "running"),
+                                                        ("running", "pending")]
+    # Its one attempt is still there to spend: it is claimed and runs.
+    [claim] = completer.claim(1)
+    assert (claim.job_id, claim.attempt_count) == (job, 1)
+
+
+def test_a_claim_riding_on_a_batch_whose_answer_was_lost_is_given_back(
+        store: Store, conn: Connection, completer: Completer) -> None:
+    first = enqueue_one(store)
+    [claim] = completer.claim(1)
+    second = enqueue_one(store, max_attempts=1)
+    guard = Guard(claim, completer.settings)
+    cut = lose_next_answer(conn, completer)
+    done = completer.finish(guard, TerminalWrite(first, claim.attempt_id, True),
+                            wants_next=True)
+    cut.join()
+    assert done.written and done.next_claim is None  # its write resolved, its claim lost
+    assert job_row(conn, first)["status"] == "succeeded"
+    row = job_row(conn, second)
+    assert (row["status"], row["attempt_count"]) == ("pending", 0), row
+    assert LOST in row["reason"]
+
+
+def test_a_claim_that_never_committed_leaves_nothing_to_give_back(
+        store: Store, conn: Connection, completer: Completer) -> None:
+    """The claim's backend dies during its COMMIT: the give-back matches nothing, and no
+    other claim of the same worker is touched."""
+    held = enqueue_one(store)
+    [mine] = completer.claim(1)
+    waiting = enqueue_one(store)
+    cut = lose_next_answer(conn, completer, abort=True)
+    with pytest.raises(StoreUnavailable):
+        completer.claim(1)
+    cut.join()
+    completer.read(lambda s: None)
+    assert job_row(conn, waiting)["status"] == "pending"
+    row = job_row(conn, held)
+    assert (row["status"], row["attempt_id"]) == ("running", mine.attempt_id)
+
+
+def test_a_riding_claim_is_guarded_while_the_job_before_it_finishes(
+        dsn: str, store: Store, conn: Connection, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first job's parent finalization takes longer than a whole lease: the second job,
+    claimed with the first job's terminal write, keeps its lease (renewed by the guards)
+    and runs to its end; unguarded it would have self-fenced before it started."""
+    first = enqueue_one(store)
+    second = enqueue_one(store)
+    finalize = execution.Execution._finalize_parent
+    slow: list[UUID] = []
+
+    def slow_finalize(self: execution.Execution) -> None:
+        if not slow:
+            slow.append(self.claim.job_id)
+            time.sleep(4.5)
+        finalize(self)
+
+    monkeypatch.setattr(execution.Execution, "_finalize_parent", slow_finalize)
+    report = Worker(Settings(database_url=dsn, lease_seconds=3)).run(2)
+    assert slow == [first]
+    assert (report.claimed, report.succeeded, report.lost) == (2, 2, 0), report
+    row = job_row(conn, second)
+    assert (row["status"], row["attempt_count"]) == ("succeeded", 1)
