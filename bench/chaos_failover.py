@@ -11,11 +11,18 @@ Evidence:
   (``job_claimed``), terminal writes (``job_succeeded``) and every unknown outcome with how
   it was resolved (``outcome_unknown``, ``outcome_resolved``, ``outcome_unresolved``).
 
+Besides the database faults, the long run (``make chaos-failover``) carries the worker
+faults of ``make chaos`` at half its rate (``worker_fault_period``: SIGKILL, SIGTERM, and
+SIGSTOP past the lease then SIGCONT, of a random worker) and chains of jobs on exclusive
+resources (``resources``: each resource's next job enqueued, with an idempotency key, once
+the one before it is terminal).
+
 Judged (``judge``): acked enqueues missing from the database, acked terminal writes missing
 (the job is not succeeded by that attempt), a job acked finished by two attempts, a command
 started again after its job's finish was acked, two attempts of one job or two jobs of one
-resource running at once, jobs not terminal at the drain deadline, unknown outcomes left
-unresolved; and the audit-trail invariants of ``bench.chaos_checks``.
+resource running at once, jobs not terminal at the drain deadline, unknown outcomes (of
+terminal writes, and of claims: their jobs given back) left unresolved; and the audit-trail
+invariants of ``bench.chaos_checks``.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,9 +75,21 @@ class Run:
     pause: tuple[float, float] = (1.0, 2.5)
     """How long each job's command runs (seconds, uniform): the jobs must span the faults."""
     seed: int = 1
+    resources: int = 0
+    """Chains of jobs on exclusive resources (0: none): one job of each at a time."""
+    worker_fault_period: float | None = None
+    """Seconds between worker faults (None: none)."""
     faults: list[Fault] = field(default_factory=list)
+    worker_faults: Counter[str] = field(default_factory=Counter)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    feeding: bool = True
+    """Whether the resource chains still grow (not once the faults are done)."""
     _next_sweep: float = 0.0
+    _next_worker_fault: float = 0.0
+    _paused: list[tuple[subprocess.Popen[bytes], float]] = field(default_factory=list)
+    _chain: dict[int, tuple[int, UUID | None]] = field(default_factory=dict)
+    """Per resource: the number of its latest job, and that job's id once acknowledged."""
+    _rng: random.Random = field(default_factory=random.Random)
 
     @property
     def url(self) -> str:
@@ -83,6 +102,11 @@ class Run:
     @property
     def enqueue_log(self) -> Path:
         return self.root / "acks-enqueue.log"
+
+    @property
+    def resource_log(self) -> Path:
+        """``RESOURCE JOB`` per acknowledged job of a resource chain."""
+        return self.root / "acks-resources.log"
 
     # -- set up -------------------------------------------------------------------------
 
@@ -100,17 +124,75 @@ class Run:
         with db.connect(self.url) as conn, open(self.enqueue_log, "a") as acks:
             store = Store(conn)
             for start in range(0, self.jobs, 50):
-                batch = []
-                for _ in range(start, min(self.jobs, start + 50)):
-                    pause = f"{rng.uniform(*self.pause):.2f}"
-                    batch.append(NewJob(job_id=uuid7(), max_attempts=10, actions=[
-                        {"name": "command", "params": {
-                            "argv": ["sh", "-c", COMMAND],
-                            "env": {"SIDE": str(self.side_log), "PAUSE": pause}}}]))
+                batch = [NewJob(job_id=uuid7(), max_attempts=10,
+                                actions=self._action(rng.uniform(*self.pause)))
+                         for _ in range(start, min(self.jobs, start + 50))]
                 made = store.jobs.enqueue(batch)
                 for m in made:
                     acks.write(f"enqueued {m.job_id} {time.time():.6f}\n")
                 acks.flush()
+
+    def _action(self, pause: float) -> list[dict[str, Any]]:
+        return [{"name": "command", "params": {
+            "argv": ["sh", "-c", COMMAND],
+            "env": {"SIDE": str(self.side_log), "PAUSE": f"{pause:.2f}"}}}]
+
+    def feed_resources(self) -> None:
+        """Each resource whose latest job is terminal gets its next one (an idempotency key
+        per place in the chain: an enqueue whose answer was lost is sent again as is)."""
+        if not self.resources or not self.feeding:
+            return
+        try:
+            with db.connect(self.url, connect_timeout=2) as conn:
+                store = Store(conn)
+                for r in range(self.resources):
+                    n, job = self._chain.get(r, (0, None))
+                    if job is not None:
+                        row = conn.execute("SELECT status FROM jobfence.jobs WHERE job_id = %s",
+                                           (job,)).fetchone()
+                        if row is None or row["status"] not in TERMINAL:
+                            continue
+                        n += 1
+                    key = f"resource-{r}-{n}"
+                    [made] = store.jobs.enqueue([NewJob(
+                        job_id=uuid7(), max_attempts=10, resource=f"res-{r}",
+                        idempotency_key=key, spec_hash=key,
+                        actions=self._action(self._rng.uniform(*self.pause)))])
+                    self._chain[r] = (n, made.job_id)
+                    with open(self.enqueue_log, "a") as acks:
+                        acks.write(f"enqueued {made.job_id} {time.time():.6f}\n")
+                    with open(self.resource_log, "a") as acks:
+                        acks.write(f"res-{r} {made.job_id}\n")
+        except Exception:  # an outage: the chain grows again once the writer answers
+            return
+
+    def worker_fault(self) -> None:
+        """SIGKILL, SIGTERM, or SIGSTOP past the lease (SIGCONT later) of a random worker."""
+        now = time.monotonic()
+        for w, at in [p for p in self._paused if p[1] <= now]:
+            with _quiet():
+                w.send_signal(signal.SIGCONT)
+        self._paused = [p for p in self._paused if p[1] > now]
+        if self.worker_fault_period is None or now < self._next_worker_fault:
+            return
+        self._next_worker_fault = now + self._rng.uniform(0.5, 1.5) * self.worker_fault_period
+        paused = {w.pid for w, _ in self._paused}
+        live = [w for w in self.procs if w.poll() is None and w.pid not in paused]
+        if not live:
+            return
+        w = self._rng.choice(live)
+        kind = self._rng.choice(("SIGKILL", "SIGTERM", "SIGSTOP"))
+        with _quiet():
+            w.send_signal(getattr(signal, kind))
+            self.worker_faults[kind] += 1
+            if kind == "SIGSTOP":
+                self._paused.append((w, now + self.lease_seconds + self._rng.uniform(0.5, 2.5)))
+
+    def resume_all(self) -> None:
+        for w, _ in self._paused:
+            with _quiet():
+                w.send_signal(signal.SIGCONT)
+        self._paused = []
 
     # -- workers and periodic passes ----------------------------------------------------
 
@@ -141,7 +223,7 @@ class Run:
         """A worker that exited (an outage it could not ride out) is replaced, as KEDA
         would start another."""
         for i, p in enumerate(self.procs):
-            if p.poll() is not None:
+            if p.poll() is not None and p.pid not in {w.pid for w, _ in self._paused}:
                 self.procs.pop(i)
                 self.start_worker(i)
                 return
@@ -172,7 +254,9 @@ class Run:
         sweeper's CronJob would, more often)."""
         end = time.monotonic() + seconds
         while time.monotonic() < end:
+            self.worker_fault()
             self.keep_workers()
+            self.feed_resources()
             if time.monotonic() >= self._next_sweep:
                 self.sweep()
                 self._next_sweep = time.monotonic() + 5.0
@@ -182,7 +266,8 @@ class Run:
 
     def drained(self) -> bool:
         c = self.counts()
-        return bool(c) and sum(c.get(s, 0) for s in TERMINAL) == self.jobs
+        return (bool(c) and sum(c.get(s, 0) for s in TERMINAL) >= self.jobs
+                and sum(c.values()) == sum(c.get(s, 0) for s in TERMINAL))
 
     def fault(self, kind: str) -> None:
         """One fault of ``kind``: node_loss, switchover, freeze, lag_then_node_loss."""
@@ -225,12 +310,17 @@ class Run:
         for n in range(self.workers):
             self.start_worker(n)
         self.enqueue()
+        self._rng = random.Random(self.seed + 1)
+        self._next_worker_fault = time.monotonic() + (self.worker_fault_period or 0)
         for kind in kinds:
             self.wait(6)
             self.fault(kind)
+        self.feeding = False
+        self.worker_fault_period = None  # the faults are done: the run drains
         try:
             self.cluster.wait_healthy(180)
         finally:
+            self.resume_all()
             self.wait(drain_seconds, until=self.drained)
             self.stop_workers()
         return judge(self)
@@ -334,6 +424,9 @@ def judge(run: Run) -> Judgement:
     unresolved = [(e.get("job_id"), e.get("attempt_id")) for e in events
                   if e.get("event") == "outcome_unresolved"]
     unresolved += sorted(unknown - settled - set(unresolved))
+    lost_claims = {e.get("claim_id") for e in events if e.get("event") == "claim_outcome_unknown"}
+    lost_settled = {e.get("claim_id") for e in events
+                    if e.get("event") == "claim_outcome_resolved"}
     starts: dict[str, list[tuple[str, float]]] = defaultdict(list)
     runs: dict[tuple[str, str], list[float]] = {}
     if run.side_log.exists():
@@ -379,6 +472,20 @@ def judge(run: Run) -> Judgement:
         spans.sort()
         overlaps += [job for a, b in itertools.pairwise(spans) if b[0] < a[1]]
     v["two attempts of one job at once"] = overlaps
+    resource_of: dict[str, str] = {}  # job -> resource
+    if run.resource_log.exists():
+        for line in run.resource_log.read_text().splitlines():
+            if len(parts := line.split()) == 2:
+                resource_of[parts[1]] = parts[0]
+    by_resource: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    for (job, _attempt), (began, ended) in runs.items():
+        if job in resource_of and ended != float("inf"):  # as above: span unknown
+            by_resource[resource_of[job]].append((began, ended, job))
+    v["two jobs of one resource at once"] = [
+        (res, a[2], b[2]) for res, spans in by_resource.items()
+        for a, b in itertools.pairwise(sorted(spans)) if a[2] != b[2] and b[0] < a[1]]
+    v["claim's unknown outcome left unresolved"] = sorted(
+        str(c) for c in lost_claims - lost_settled)
     v["job not terminal at the drain deadline"] = [
         j for j, r in rows.items() if r["status"] not in TERMINAL]
     v["unknown outcome left unresolved"] = unresolved
@@ -389,7 +496,11 @@ def judge(run: Run) -> Judgement:
         "command starts": sum(len(s) for s in starts.values()),
         "unknown outcomes": len(unknown),
         "resolved": len(unknown & settled),
+        "claims with unknown outcome": len(lost_claims),
+        "claims resolved": len(lost_claims & lost_settled),
+        "resource jobs": len(resource_of),
         "faults": len(run.faults),
+        **{f"worker {k}": n for k, n in sorted(run.worker_faults.items())},
     }
     return out
 
@@ -410,6 +521,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--asynchronous", action="store_true",
                    help="Patroni's default replication (the positive control)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--resources", type=int, default=4,
+                   help="chains of jobs on exclusive resources")
+    p.add_argument("--worker-fault-period", type=float, default=2.0,
+                   help="seconds between worker faults (make chaos's rate halved; 0: none)")
     args = p.parse_args(argv)
     rng = random.Random(args.seed)
     kinds = [rng.choice(KINDS) for _ in range(args.faults)]
@@ -417,7 +532,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cluster.start()
         run = Run(cluster, Path(tempfile.mkdtemp(prefix="jobfence-failover-run-")),
-                  jobs=args.jobs, workers=args.workers, seed=args.seed)
+                  jobs=args.jobs, workers=args.workers, seed=args.seed,
+                  resources=args.resources,
+                  worker_fault_period=args.worker_fault_period or None)
         judged = run.run(kinds, drain_seconds=600)
         for f in run.faults:
             print(f"fault {f.kind} at {f.at:.1f} on {f.detail}")

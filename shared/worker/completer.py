@@ -130,10 +130,10 @@ class Completer:
 
     def _usable(self) -> Store:
         """``_fresh``, once the jobs of any claim whose answer was lost are given back."""
-        store = self._fresh()
+        self._fresh()
         if self._lost:
             self._give_back_lost()
-        return store
+        return self.store
 
     def request(self, limit: int) -> ClaimRequest:
         """A claim of up to ``limit`` jobs, named afresh."""
