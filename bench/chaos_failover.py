@@ -90,6 +90,10 @@ class Run:
     _chain: dict[int, tuple[int, UUID | None]] = field(default_factory=dict)
     """Per resource: the number of its latest job, and that job's id once acknowledged."""
     _rng: random.Random = field(default_factory=random.Random)
+    log_of: dict[int, Path] = field(default_factory=dict)
+    """Each worker process's ack log, by pid."""
+    killed: set[Path] = field(default_factory=set)
+    """The ack logs of workers SIGKILLed: what they left unknown ended with them."""
 
     @property
     def url(self) -> str:
@@ -185,6 +189,8 @@ class Run:
         with _quiet():
             w.send_signal(getattr(signal, kind))
             self.worker_faults[kind] += 1
+            if kind == "SIGKILL":
+                self.killed.add(self.log_of[w.pid])
             if kind == "SIGSTOP":
                 self._paused.append((w, now + self.lease_seconds + self._rng.uniform(0.5, 2.5)))
 
@@ -207,12 +213,14 @@ class Run:
         return env
 
     def start_worker(self, n: int) -> None:
-        log = open(self.root / f"acks-worker-{n}-{time.time():.0f}.log", "ab")
+        path = self.root / f"acks-worker-{n}-{time.time():.0f}.log"
+        log = open(path, "ab")
         self.procs.append(subprocess.Popen(
             [sys.executable, "-m", "jobfence.functions.cli", "worker",
              "--max-jobs", "10000000", "--max-seconds", "3600", "--idle-seconds", "3600",
              "--concurrency", str(self.concurrency)],
             env=self.env(), stdout=subprocess.DEVNULL, stderr=log))
+        self.log_of[self.procs[-1].pid] = path
         log.close()
 
     def sweep(self) -> None:
@@ -364,13 +372,14 @@ class Judgement:
         return "\n".join(lines)
 
 
-def _worker_events(root: Path) -> list[dict[str, Any]]:
+def _worker_events(root: Path, killed: set[Path]) -> list[dict[str, Any]]:
+    """Every worker's acknowledged events; each of a SIGKILLed worker's marked ``killed``."""
     events = []
     for path in sorted(root.glob("acks-worker-*.log")):
         for line in path.read_text(errors="replace").splitlines():
             if line.startswith("{"):
                 try:
-                    events.append(json.loads(line))
+                    events.append({**json.loads(line), "killed": path in killed})
                 except ValueError:
                     continue
     return events
@@ -411,7 +420,7 @@ def judge(run: Run) -> Judgement:
     out = Judgement()
     v = out.violations
     enqueued = [UUID(line.split()[1]) for line in run.enqueue_log.read_text().splitlines()]
-    events = _worker_events(run.root)
+    events = _worker_events(run.root, run.killed)
     claims = {(e["job_id"], e["attempt_id"]) for e in events if e.get("event") == "job_claimed"}
     finished: dict[str, list[tuple[str, float]]] = defaultdict(list)
     for e in events:
@@ -419,14 +428,17 @@ def judge(run: Run) -> Judgement:
             finished[e["job_id"]].append((e["attempt_id"], _epoch(e["timestamp"])))
     unknown = {(e.get("job_id"), e.get("attempt_id")) for e in events
                if e.get("event") == "outcome_unknown"}
+    # what a SIGKILLed worker left unknown ended with it (the lease and the sweeper decide)
+    died = {(e.get("job_id"), e.get("attempt_id")) for e in events
+            if e.get("event") == "outcome_unknown" and e["killed"]}
     settled = {(e.get("job_id"), e.get("attempt_id")) for e in events
                if e.get("event") == "outcome_resolved"}
     unresolved = [(e.get("job_id"), e.get("attempt_id")) for e in events
                   if e.get("event") == "outcome_unresolved"]
-    unresolved += sorted(unknown - settled - set(unresolved))
+    unresolved += sorted(unknown - settled - died - set(unresolved))
     lost_claims = {e.get("claim_id") for e in events if e.get("event") == "claim_outcome_unknown"}
-    lost_settled = {e.get("claim_id") for e in events
-                    if e.get("event") == "claim_outcome_resolved"}
+    lost_settled = {e.get("claim_id") for e in events if e["killed"] or e.get("event") in (
+        "claim_outcome_resolved", "claim_outcome_left")}
     starts: dict[str, list[tuple[str, float]]] = defaultdict(list)
     runs: dict[tuple[str, str], list[float]] = {}
     if run.side_log.exists():

@@ -117,6 +117,10 @@ class Completer:
             if self._lost:  # a last try: the jobs of a lost claim, not held till their lease
                 with _quietly():
                     self._give_back_lost(force=True)
+            for claim_id in self._lost:  # not committed, or held till its lease runs out
+                log.warning("claim_outcome_left", claim_id=str(claim_id),
+                            message="no job of it found at exit: it did not commit, or its "
+                                    "jobs wait for their leases to run out (the sweeper)")
             self.store.conn.close()
 
     def _fresh(self) -> Store:
