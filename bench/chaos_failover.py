@@ -159,7 +159,7 @@ class Run:
                         n += 1
                     key = f"resource-{r}-{n}"
                     [made] = store.jobs.enqueue([NewJob(
-                        job_id=uuid7(), max_attempts=10, resource=f"res-{r}",
+                        job_id=uuid7(), max_attempts=10, resource=f"res-{r}", priority=1,
                         idempotency_key=key, spec_hash=key,
                         actions=self._action(self._rng.uniform(*self.pause)))])
                     self._chain[r] = (n, made.job_id)

@@ -24,12 +24,13 @@ pytestmark = pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_synchronous_run_keeps_every_promise(patroni_sync: PatroniCluster,
                                                  tmp_path: Path) -> None:
-    run = Run(patroni_sync, tmp_path / "sync", jobs=200)
+    run = Run(patroni_sync, tmp_path / "sync", jobs=200, resources=2)
     judged = run.run(["node_loss", "switchover", "freeze"])
     print(judged.summary())
     assert judged.ok, judged.summary()
     assert judged.counts["acked finishes"] >= run.jobs
     assert judged.counts["faults"] == 3
+    assert judged.counts["resource jobs"] >= 2  # judged for overlaps on their resources
 
 
 def test_migrate_on_an_asynchronous_cluster_warns(patroni_async: PatroniCluster) -> None:
