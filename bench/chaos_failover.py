@@ -42,7 +42,9 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from devtools.leader_proxy import LeaderProxy
 from devtools.patroni import PatroniCluster
+from devtools.pgbouncer import PgBouncer
 from jobfence import db
 from jobfence.ids import uuid7
 from jobfence.store import NewJob, Store
@@ -90,6 +92,12 @@ class Run:
     _chain: dict[int, tuple[int, UUID | None]] = field(default_factory=dict)
     """Per resource: the number of its latest job, and that job's id once acknowledged."""
     _rng: random.Random = field(default_factory=random.Random)
+    pgbouncer_workers: int = 0
+    """How many of the workers reach the primary through PgBouncer (transaction pooling)
+    behind a forwarder that follows the leader (``devtools.leader_proxy``), the others
+    directly on the multi-host URL."""
+    _bouncer: PgBouncer | None = None
+    _proxy: LeaderProxy | None = None
     log_of: dict[int, Path] = field(default_factory=dict)
     """Each worker process's ack log, by pid."""
     killed: set[Path] = field(default_factory=set)
@@ -121,6 +129,20 @@ class Run:
             admin.execute(f"CREATE DATABASE {DBNAME}")
         with db.connect(self.url) as conn:
             migrate(conn)
+        if self.pgbouncer_workers:
+            def leader_port() -> int | None:
+                leader = self.cluster.leader()
+                return leader.pg_port if leader is not None else None
+
+            self._proxy = LeaderProxy(leader_port).start()
+            self._bouncer = PgBouncer(
+                f"postgresql://postgres@127.0.0.1:{self._proxy.port}/postgres").start()
+
+    def close(self) -> None:
+        if self._bouncer is not None:
+            self._bouncer.destroy()
+        if self._proxy is not None:
+            self._proxy.close()
 
     def enqueue(self) -> None:
         """Enqueue every job, acknowledging each commit in the harness's ack log."""
@@ -202,24 +224,33 @@ class Run:
 
     # -- workers and periodic passes ----------------------------------------------------
 
-    def env(self) -> dict[str, str]:
+    def route(self, n: int) -> str:
+        """How worker ``n`` reaches the primary: ``direct`` or ``pgbouncer``."""
+        return "pgbouncer" if n < self.pgbouncer_workers else "direct"
+
+    def env(self, route: str = "direct") -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("JOBFENCE_")}
         env.pop("PYTHONPATH", None)
-        env.update({"JOBFENCE_DATABASE_URL": self.url, "JOBFENCE_LOG_FORMAT": "json",
+        if route == "pgbouncer":
+            assert self._bouncer is not None
+            env.update({"JOBFENCE_DATABASE_URL": self._bouncer.url(DBNAME),
+                        "JOBFENCE_DATABASE_POOLER": "transaction"})
+        env.update({"JOBFENCE_LOG_FORMAT": "json",
                     "JOBFENCE_LEASE_SECONDS": str(self.lease_seconds),
                     "JOBFENCE_CONNECT_TIMEOUT_SECONDS": "2",
                     "JOBFENCE_RETRY_BASE_SECONDS": "0.5",
                     "JOBFENCE_COMMAND_USER": "worker"})
+        env.setdefault("JOBFENCE_DATABASE_URL", self.url)
         return env
 
     def start_worker(self, n: int) -> None:
-        path = self.root / f"acks-worker-{n}-{time.time():.0f}.log"
+        path = self.root / f"acks-worker-{n}-{self.route(n)}-{time.time():.0f}.log"
         log = open(path, "ab")
         self.procs.append(subprocess.Popen(
             [sys.executable, "-m", "jobfence.functions.cli", "worker",
              "--max-jobs", "10000000", "--max-seconds", "3600", "--idle-seconds", "3600",
              "--concurrency", str(self.concurrency)],
-            env=self.env(), stdout=subprocess.DEVNULL, stderr=log))
+            env=self.env(self.route(n)), stdout=subprocess.DEVNULL, stderr=log))
         self.log_of[self.procs[-1].pid] = path
         log.close()
 
@@ -331,6 +362,7 @@ class Run:
             self.resume_all()
             self.wait(drain_seconds, until=self.drained)
             self.stop_workers()
+            self.close()
         return judge(self)
 
 
@@ -366,7 +398,8 @@ class Judgement:
 
     def summary(self) -> str:
         lines = [f"{k}: {v}" for k, v in self.counts.items()]
-        lines += [f"fault {t['kind']}: first new claim after {t['first_claim']} s, last "
+        lines += [f"fault {t['kind']} ({t['route']}): first new claim after "
+                  f"{t['first_claim']} s, last "
                   f"old claim resolved after {t['old_resolved']} s" for t in self.timings]
         lines += [f"VIOLATION {k}: {v[:5]}" for k, v in self.violations.items() if v]
         return "\n".join(lines)
@@ -379,7 +412,8 @@ def _worker_events(root: Path, killed: set[Path]) -> list[dict[str, Any]]:
         for line in path.read_text(errors="replace").splitlines():
             if line.startswith("{"):
                 try:
-                    events.append({**json.loads(line), "killed": path in killed})
+                    events.append({**json.loads(line), "killed": path in killed,
+                                   "route": path.name.split("-")[3]})
                 except ValueError:
                     continue
     return events
@@ -392,6 +426,14 @@ def _epoch(stamp: str) -> float:
 
 
 def _timings(faults: list[Fault], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per fault and per route (direct, pgbouncer) its workers took."""
+    routes = sorted({e["route"] for e in events})
+    return [t for route in routes for t in _route_timings(
+        faults, [e for e in events if e["route"] == route], route)]
+
+
+def _route_timings(faults: list[Fault], events: list[dict[str, Any]],
+                   route: str) -> list[dict[str, Any]]:
     claimed_at: dict[str, float] = {}
     ended_at: dict[str, float] = {}
     for e in events:
@@ -407,7 +449,7 @@ def _timings(faults: list[Fault], events: list[dict[str, Any]]) -> list[dict[str
         after = [t for t in claimed_at.values() if t > f.at]
         old = [ended_at[a] for a, t in claimed_at.items() if t <= f.at and a in ended_at
                and ended_at[a] > f.at]
-        out.append({"kind": f.kind,
+        out.append({"kind": f.kind, "route": route,
                     "first_claim": round(min(after) - f.at, 1) if after else None,
                     "old_resolved": round(max(old) - f.at, 1) if old else 0.0})
     return out
@@ -535,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--resources", type=int, default=4,
                    help="chains of jobs on exclusive resources")
+    p.add_argument("--pgbouncer-workers", type=int, default=2,
+                   help="workers through PgBouncer behind a leader-following forwarder")
     p.add_argument("--worker-fault-period", type=float, default=2.0,
                    help="seconds between worker faults (make chaos's rate halved; 0: none)")
     args = p.parse_args(argv)
@@ -545,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.start()
         run = Run(cluster, Path(tempfile.mkdtemp(prefix="jobfence-failover-run-")),
                   jobs=args.jobs, workers=args.workers, seed=args.seed,
-                  resources=args.resources,
+                  resources=args.resources, pgbouncer_workers=args.pgbouncer_workers,
                   worker_fault_period=args.worker_fault_period or None)
         judged = run.run(kinds, drain_seconds=600)
         for f in run.faults:
