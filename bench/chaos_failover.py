@@ -309,7 +309,8 @@ class Run:
                 and sum(c.values()) == sum(c.get(s, 0) for s in TERMINAL))
 
     def fault(self, kind: str) -> None:
-        """One fault of ``kind``: node_loss, switchover, freeze, lag_then_node_loss."""
+        """One fault of ``kind``: node_loss, switchover, failover, freeze,
+        lag_then_node_loss."""
         cluster = self.cluster
         leader = cluster.leader()
         assert leader is not None, "no leader to fault"
@@ -319,8 +320,12 @@ class Run:
             cluster.wait_until(lambda: cluster.leader() not in (None, leader), 120,
                                "no new leader")
             cluster.start_member(leader)
-        elif kind == "switchover":
-            cluster.switchover()
+        elif kind in ("switchover", "failover"):
+            if kind == "switchover":
+                cluster.switchover()
+            else:  # an operator's failover (patronictl failover): to the synchronous standby
+                sync = [r["name"] for r in cluster.status() if r.get("role") == "sync_standby"]
+                cluster.failover(sync[0] if sync else None)
             cluster.wait_until(lambda: cluster.leader() not in (None, leader), 120,
                                "no new leader")
         elif kind == "freeze":
@@ -559,7 +564,7 @@ def judge(run: Run) -> Judgement:
     return out
 
 
-KINDS = ("node_loss", "switchover", "freeze")
+KINDS = ("node_loss", "switchover", "failover", "freeze")
 
 
 def main(argv: list[str] | None = None) -> int:
