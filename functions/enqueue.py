@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         settings = cli.setup("enqueue")
         with cli.open_store(settings, "enqueue") as store:
             # A script's trace, handed down as OpenTelemetry's environment carrier does.
-            jobs = submit(settings, store, specs, traceparent=os.environ.get("TRACEPARENT"))
+            jobs = submit(settings, store, specs, traceparent=os.environ.get("TRACEPARENT"),
+                          reopen=lambda: cli.connect_store(settings, "enqueue"))
         cli.emit_lines([enqueued_object(job) for job in jobs])
         return 0
 

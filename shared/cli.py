@@ -135,10 +135,16 @@ def setup(name: str, **overrides: object) -> Settings:
 
 @contextmanager
 def open_store(settings: Settings, name: str) -> Iterator[Store]:
+    store = connect_store(settings, name)
+    try:
+        yield store
+    finally:
+        store.conn.close()
+
+
+def connect_store(settings: Settings, name: str) -> Store:
+    """The store on a new connection of command ``name`` (the caller closes it)."""
     conn = connect(settings.database_url, pooler=settings.database_pooler,
                    application_name=f"jobfence-{name}",
                    connect_timeout=settings.connect_timeout_seconds)
-    try:
-        yield Store(conn, settings.schema_name)
-    finally:
-        conn.close()
+    return Store(conn, settings.schema_name)

@@ -1,11 +1,13 @@
-"""A claim whose answer is lost, and a claim riding on a terminal write, on a real
-PostgreSQL. The answer is lost the way a network loses it: the client's socket is shut for
+"""A claim or an enqueue whose answer is lost, and a claim riding on a terminal write, on
+a real PostgreSQL. The answer is lost the way a network loses it: the client's socket is shut for
 reading while the server is still committing (a deferred trigger holds the COMMIT), so the
 claim commits and its answer never arrives. Its jobs are given back by the claim's name as
 soon as the database answers again — pending, their attempts not spent — not held unrun
 until their leases end. A claim that rides on a terminal write is guarded from the moment
 it arrives: its lease is renewed while the job before it finishes (a datum's parent
-finalized, S3 I/O), instead of running out unwatched."""
+finalized, S3 I/O), instead of running out unwatched. An enqueue whose answer is lost is
+read back on a fresh connection and sent again only if it had not committed: one job,
+whichever way it went."""
 
 from __future__ import annotations
 
@@ -19,10 +21,13 @@ from uuid import UUID
 
 import pytest
 
+from jobfence import cli
 from jobfence.db import Connection
 from jobfence.errors import StoreUnavailable
 from jobfence.settings import Settings
+from jobfence.spec import parse_specs
 from jobfence.store import Store, TerminalWrite
+from jobfence.submit import submit
 from jobfence.worker import execution
 from jobfence.worker.completer import Completer
 from jobfence.worker.guard import Guard
@@ -38,7 +43,7 @@ BEGIN
   END IF;
   RETURN NULL;
 END $$;
-CREATE CONSTRAINT TRIGGER commit_pause AFTER UPDATE ON jobs
+CREATE CONSTRAINT TRIGGER commit_pause AFTER INSERT OR UPDATE ON jobs
   DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.commit_pause();
 """
 
@@ -52,15 +57,14 @@ def completer(dsn: str) -> Iterator[Completer]:
     c.close()
 
 
-def lose_next_answer(conn: Connection, completer: Completer,
-                     abort: bool = False) -> threading.Thread:
-    """The next statement of ``completer`` commits (held 2 s in its COMMIT), and its answer
-    is lost: the client's socket is shut for reading while the server still commits. With
-    ``abort``, its backend is terminated there instead: it never commits."""
+def lose_next_answer(conn: Connection, on: Store, abort: bool = False) -> threading.Thread:
+    """The next statement on ``on``'s connection commits (held 2 s in its COMMIT), and its
+    answer is lost: the client's socket is shut for reading while the server still commits.
+    With ``abort``, its backend is terminated there instead: it never commits."""
     conn.execute(SLOW_COMMIT)
     conn.execute("INSERT INTO public.commit_pause VALUES (1)")
-    fd = completer.store.conn.pgconn.socket
-    pid = completer.store.conn.info.backend_pid
+    fd = on.conn.pgconn.socket
+    pid = on.conn.info.backend_pid
 
     def cut() -> None:
         time.sleep(0.7)
@@ -99,7 +103,7 @@ def events(conn: Connection, job_id: UUID) -> list[tuple[str, str, str]]:
 def test_the_jobs_of_a_claim_whose_answer_was_lost_are_given_back_unspent(
         store: Store, conn: Connection, completer: Completer) -> None:
     job = enqueue_one(store, max_attempts=1)
-    cut = lose_next_answer(conn, completer)
+    cut = lose_next_answer(conn, completer.store)
     with pytest.raises(StoreUnavailable):
         completer.claim(1)
     cut.join()
@@ -125,7 +129,7 @@ def test_a_claim_riding_on_a_batch_whose_answer_was_lost_is_given_back(
     [claim] = completer.claim(1)
     second = enqueue_one(store, max_attempts=1)
     guard = Guard(claim, completer.settings)
-    cut = lose_next_answer(conn, completer)
+    cut = lose_next_answer(conn, completer.store)
     done = completer.finish(guard, TerminalWrite(first, claim.attempt_id, True),
                             wants_next=True)
     cut.join()
@@ -143,7 +147,7 @@ def test_a_claim_that_never_committed_leaves_nothing_to_give_back(
     held = enqueue_one(store)
     [mine] = completer.claim(1)
     waiting = enqueue_one(store)
-    cut = lose_next_answer(conn, completer, abort=True)
+    cut = lose_next_answer(conn, completer.store, abort=True)
     with pytest.raises(StoreUnavailable):
         completer.claim(1)
     cut.join()
@@ -175,3 +179,20 @@ def test_a_riding_claim_is_guarded_while_the_job_before_it_finishes(
     assert (report.claimed, report.succeeded, report.lost) == (2, 2, 0), report
     row = job_row(conn, second)
     assert (row["status"], row["attempt_count"]) == ("succeeded", 1)
+
+
+@pytest.mark.parametrize("abort", [False, True], ids=["committed", "never-committed"])
+def test_an_enqueue_whose_answer_was_lost_makes_one_job(
+        dsn: str, conn: Connection, abort: bool) -> None:
+    settings = Settings(database_url=dsn)
+    first = cli.connect_store(settings, "enqueue")
+    cut = lose_next_answer(conn, first, abort=abort)
+    try:
+        [made] = submit(settings, first, parse_specs({"actions": [
+            {"name": "sleep", "params": {"seconds": 0}}]}),
+            reopen=lambda: cli.connect_store(settings, "enqueue"))
+    finally:
+        cut.join()
+        first.conn.close()
+    rows = conn.execute("SELECT job_id, status FROM jobs").fetchall()
+    assert rows == [{"job_id": made.job_id, "status": "pending"}]
