@@ -10,7 +10,10 @@ SIGTERMs and pauses workers past their lease (SIGSTOP, then SIGCONT), terminates
 database connections, cancels jobs, and restarts PostgreSQL once.
 
 Then the faults stop, the system drains, and bench/chaos_checks.py judges the run from the
-audit trail and the object store. A table of faults injected and invariants checked is
+audit trail and the object store, and — evidence kept outside the database, as the failover
+run keeps it — from what each worker was acknowledged (its JSON log: claims, terminal
+writes, unknown outcomes and how they were resolved). The server is durable: a crash stop
+must not lose an acknowledged commit. A table of faults injected and invariants checked is
 printed; the exit code is 1 on any violation.
 
     python -m bench.chaos                      # full size: 3,000 jobs
@@ -36,7 +39,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.chaos_checks import Verdict, check_database, check_manifests, check_overlaps
+from bench.chaos_checks import (
+    Verdict,
+    acked_events,
+    check_acks,
+    check_database,
+    check_manifests,
+    check_overlaps,
+)
 from devtools.embedded_pg import EmbeddedPostgres
 from devtools.pgbouncer import PgBouncer
 from devtools.platform import LocalPlatform, Proc
@@ -80,7 +90,8 @@ def chaos_env(dsn: str, s3: str, pooler: str) -> dict[str, str]:
         "JOBFENCE_RETRY_BASE_SECONDS": "0.2", "JOBFENCE_RETRY_MAX_SECONDS": "2",
         "JOBFENCE_CONNECT_TIMEOUT_SECONDS": "2", "JOBFENCE_RECONCILE_GRACE_SECONDS": "0",
         "JOBFENCE_ORPHAN_OBJECT_GRACE_SECONDS": "30", "JOBFENCE_ORPHAN_POD_GRACE_SECONDS": "30",
-        "JOBFENCE_LOG_FORMAT": "json", "JOBFENCE_LOG_LEVEL": "warning",
+        # info: each worker's acknowledged claims and terminal writes, judged afterwards
+        "JOBFENCE_LOG_FORMAT": "json", "JOBFENCE_LOG_LEVEL": "info",
         "JOBFENCE_TRIGGER": "scheduled", "JOBFENCE_S3_ENDPOINT_URL": s3,
         "JOBFENCE_S3_BUCKET": BUCKET, "AWS_ACCESS_KEY_ID": "chaos",
         "AWS_SECRET_ACCESS_KEY": "chaos"})
@@ -205,6 +216,8 @@ class Injector(threading.Thread):
         self.duration, self.period, self.faults = duration, period, faults
         self.stop = threading.Event()
         self.paused: list[tuple[Proc, float]] = []
+        self.killed: set[Path] = set()
+        """The logs of the workers SIGKILLed: what they left unknown ended with them."""
 
     def run(self) -> None:
         started = time.monotonic()
@@ -242,7 +255,10 @@ class Injector(threading.Thread):
         return None
 
     def _sigkill(self) -> bool:
-        return self._signal(signal.SIGKILL, "SIGKILL a worker") is not None
+        w = self._signal(signal.SIGKILL, "SIGKILL a worker")
+        if w is not None:
+            self.killed.add(w.log)
+        return w is not None
 
     def _sigterm(self) -> bool:
         return self._signal(signal.SIGTERM, "SIGTERM a worker") is not None
@@ -389,6 +405,9 @@ def main() -> int:
             verdicts = check_database(conn)
             verdicts.append(check_manifests(conn, lambda: objects))
             verdicts.append(check_overlaps(conn, locks / "overlaps"))
+            # what each worker was acknowledged (its log), against what the database kept
+            verdicts.extend(check_acks(conn, acked_events(
+                sorted((work / "logs").glob("*-worker-*.log")), injector.killed)))
             if not drained:
                 verdicts.append(Verdict("the queue drained within the timeout", ["timeout"]))
             totals = conn.execute("SELECT status, count(*) AS n FROM jobs GROUP BY status "
@@ -401,7 +420,7 @@ def main() -> int:
         table("processes", sorted((k, str(v)) for k, v in platform.exits.items()))
         table("outcome", [(r["status"], str(r["n"])) for r in totals]
               + [("claims (attempts started)", str(claims["n"] if claims else 0))])
-        table("invariants (from the audit trail and the object store)",
+        table("invariants (from the audit trail, the object store and what workers were acked)",
               [(v.name, (f"ok ({v.checked} looked at)" if v.checked else "ok") if v.ok
                 else f"VIOLATED: {json.dumps(v.violations, default=str)}")
                for v in verdicts])

@@ -169,3 +169,84 @@ def check_overlaps(conn: Connection, overlaps: Path) -> Verdict:
         if not why.startswith(("lease expired", "worker pod")):
             v.violations.append({"newcomer": newcomer, "holder": holder, "holder_ended": why})
     return v
+
+
+# -- evidence kept outside the database: what each worker was acknowledged --------------------
+
+
+def acked_events(logs: list[Path], killed: set[Path]) -> list[dict[str, Any]]:
+    """Every JSON line of these worker logs (``JOBFENCE_LOG_FORMAT=json``, info level: its
+    acknowledged claims ``job_claimed``, terminal writes ``job_succeeded``, and unknown
+    outcomes with how they were resolved), each marked ``killed`` when its worker was
+    SIGKILLed (what it left unknown ended with it: the lease and the sweeper decide), and
+    ``route`` when its file is named ``acks-worker-N-ROUTE-...``."""
+    events = []
+    for path in logs:
+        parts = path.name.split("-")
+        route = parts[3] if len(parts) > 4 and parts[0] == "acks" else "direct"
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(event, dict):
+                    events.append({**event, "killed": path in killed, "route": route})
+    return events
+
+
+def _of(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [e for e in events if e.get("event") == name]
+
+
+def key(e: dict[str, Any]) -> tuple[Any, Any]:
+    """The attempt an event is about."""
+    return e.get("job_id"), e.get("attempt_id")
+
+
+def check_acks(conn: Connection, events: list[dict[str, Any]]) -> list[Verdict]:
+    """What the workers were acknowledged, against what the database kept: every acked
+    claim in the audit trail, every acked terminal write the job's last one, no job acked
+    finished by two attempts, every unknown outcome (of a terminal write, of a claim)
+    resolved — by a worker still alive to resolve it."""
+    rows = {str(r["job_id"]): r for r in conn.execute(
+        "SELECT job_id, status, attempt_id FROM jobs").fetchall()}
+    audited = {(str(r["job_id"]), str(r["attempt_id"])) for r in conn.execute(
+        "SELECT job_id, attempt_id FROM job_events "
+        "WHERE to_status = 'running' AND attempt_id IS NOT NULL").fetchall()}
+    claims = {(e["job_id"], e["attempt_id"]) for e in _of(events, "job_claimed")}
+    finished: dict[str, set[str]] = {}
+    for e in _of(events, "job_succeeded"):
+        finished.setdefault(e["job_id"], set()).add(e["attempt_id"])
+    unknown = {key(e) for e in _of(events, "outcome_unknown") if not e["killed"]}
+    settled = {key(e) for e in _of(events, "outcome_resolved")}
+    unresolved = {key(e) for e in _of(events, "outcome_unresolved")} | (unknown - settled)
+    lost = {e.get("claim_id") for e in _of(events, "claim_outcome_unknown") if not e["killed"]}
+    found = {e.get("claim_id") for e in events if e.get("event") in (
+        "claim_outcome_resolved", "claim_outcome_left")}
+    return [
+        Verdict("acked claim missing from the audit trail", sorted(claims - audited)[:20],
+                len(claims)),
+        Verdict("acked terminal write missing", [
+            (job, a) for job, attempts in finished.items() for a in attempts
+            if job not in rows or rows[job]["status"] != "succeeded"
+            or str(rows[job]["attempt_id"]) != a][:20], len(finished)),
+        Verdict("job acked finished by two attempts",
+                [job for job, attempts in finished.items() if len(attempts) > 1]),
+        Verdict("unknown outcome left unresolved", sorted(unresolved, key=str)[:20],
+                len(unknown)),
+        Verdict("claim's unknown outcome left unresolved", sorted(map(str, lost - found)),
+                len(lost)),
+    ]
+
+
+def ack_counts(events: list[dict[str, Any]]) -> dict[str, int]:
+    """How many acknowledgements the workers logged, and how many outcomes were unknown."""
+    claims = {e.get("claim_id") for e in _of(events, "claim_outcome_unknown")}
+    return {"acked claims": len(_of(events, "job_claimed")),
+            "acked finishes": len(_of(events, "job_succeeded")),
+            "unknown outcomes": len(_of(events, "outcome_unknown")),
+            "resolved": len(_of(events, "outcome_resolved")),
+            "claims with unknown outcome": len(claims),
+            "claims resolved": len(claims & {e.get("claim_id") for e in events if e.get(
+                "event") in ("claim_outcome_resolved", "claim_outcome_left")})}

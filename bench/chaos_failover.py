@@ -28,7 +28,6 @@ invariants of ``bench.chaos_checks``.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import random
 import signal
@@ -410,20 +409,6 @@ class Judgement:
         return "\n".join(lines)
 
 
-def _worker_events(root: Path, killed: set[Path]) -> list[dict[str, Any]]:
-    """Every worker's acknowledged events; each of a SIGKILLed worker's marked ``killed``."""
-    events = []
-    for path in sorted(root.glob("acks-worker-*.log")):
-        for line in path.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                try:
-                    events.append({**json.loads(line), "killed": path in killed,
-                                   "route": path.name.split("-")[3]})
-                except ValueError:
-                    continue
-    return events
-
-
 def _epoch(stamp: str) -> float:
     from datetime import datetime
 
@@ -462,30 +447,16 @@ def _route_timings(faults: list[Fault], events: list[dict[str, Any]],
 
 def judge(run: Run) -> Judgement:
     """Judge a finished run by the evidence outside the database, then the audit trail."""
-    from bench.chaos_checks import check_database
+    from bench.chaos_checks import ack_counts, acked_events, check_acks, check_database
 
     out = Judgement()
     v = out.violations
     enqueued = [UUID(line.split()[1]) for line in run.enqueue_log.read_text().splitlines()]
-    events = _worker_events(run.root, run.killed)
-    claims = {(e["job_id"], e["attempt_id"]) for e in events if e.get("event") == "job_claimed"}
+    events = acked_events(sorted(run.root.glob("acks-worker-*.log")), run.killed)
     finished: dict[str, list[tuple[str, float]]] = defaultdict(list)
     for e in events:
         if e.get("event") == "job_succeeded":
             finished[e["job_id"]].append((e["attempt_id"], _epoch(e["timestamp"])))
-    unknown = {(e.get("job_id"), e.get("attempt_id")) for e in events
-               if e.get("event") == "outcome_unknown"}
-    # what a SIGKILLed worker left unknown ended with it (the lease and the sweeper decide)
-    died = {(e.get("job_id"), e.get("attempt_id")) for e in events
-            if e.get("event") == "outcome_unknown" and e["killed"]}
-    settled = {(e.get("job_id"), e.get("attempt_id")) for e in events
-               if e.get("event") == "outcome_resolved"}
-    unresolved = [(e.get("job_id"), e.get("attempt_id")) for e in events
-                  if e.get("event") == "outcome_unresolved"]
-    unresolved += sorted(unknown - settled - died - set(unresolved))
-    lost_claims = {e.get("claim_id") for e in events if e.get("event") == "claim_outcome_unknown"}
-    lost_settled = {e.get("claim_id") for e in events if e["killed"] or e.get("event") in (
-        "claim_outcome_resolved", "claim_outcome_left")}
     starts: dict[str, list[tuple[str, float]]] = defaultdict(list)
     runs: dict[tuple[str, str], list[float]] = {}
     if run.side_log.exists():
@@ -504,21 +475,13 @@ def judge(run: Run) -> Judgement:
         conn.execute("SET search_path = jobfence")  # the audit checks name tables bare
         rows = {str(r["job_id"]): r for r in conn.execute(
             "SELECT job_id, status, attempt_id FROM jobfence.jobs").fetchall()}
-        audited = {(str(r["job_id"]), str(r["attempt_id"])) for r in conn.execute(
-            "SELECT job_id, attempt_id FROM jobfence.job_events "
-            "WHERE to_status = 'running' AND attempt_id IS NOT NULL").fetchall()}
+        for verdict in check_acks(conn, events):
+            v[verdict.name] = verdict.violations
         for verdict in check_database(conn):
             if verdict.violations:
                 v[f"audit: {verdict.name}"] = verdict.violations
 
     v["acked enqueue missing"] = [str(j) for j in enqueued if str(j) not in rows]
-    v["acked claim missing from the audit trail"] = sorted(claims - audited)[:20]
-    v["acked terminal write missing"] = [
-        (job, attempt) for job, acks in finished.items() for attempt, _ in acks
-        if job not in rows or rows[job]["status"] != "succeeded"
-        or str(rows[job]["attempt_id"]) != attempt]
-    v["job acked finished by two attempts"] = [
-        job for job, acks in finished.items() if len({a for a, _ in acks}) > 1]
     v["command started again after an acked finish"] = [
         (job, attempt) for job, acks in finished.items()
         for attempt, at in starts.get(job, []) if at > min(t for _, t in acks)]
@@ -543,20 +506,13 @@ def judge(run: Run) -> Judgement:
     v["two jobs of one resource at once"] = [
         (res, a[2], b[2]) for res, spans in by_resource.items()
         for a, b in itertools.pairwise(sorted(spans)) if a[2] != b[2] and b[0] < a[1]]
-    v["claim's unknown outcome left unresolved"] = sorted(
-        str(c) for c in lost_claims - lost_settled)
     v["job not terminal at the drain deadline"] = [
         j for j, r in rows.items() if r["status"] not in TERMINAL]
-    v["unknown outcome left unresolved"] = unresolved
     out.timings = _timings(run.faults, events)
     out.counts = {
-        "jobs": len(rows), "acked enqueues": len(enqueued), "acked claims": len(claims),
-        "acked finishes": sum(len(a) for a in finished.values()),
+        "jobs": len(rows), "acked enqueues": len(enqueued),
+        **ack_counts(events),
         "command starts": sum(len(s) for s in starts.values()),
-        "unknown outcomes": len(unknown),
-        "resolved": len(unknown & settled),
-        "claims with unknown outcome": len(lost_claims),
-        "claims resolved": len(lost_claims & lost_settled),
         "resource jobs": len(resource_of),
         "faults": len(run.faults),
         **{f"worker {k}": n for k, n in sorted(run.worker_faults.items())},
