@@ -12,7 +12,7 @@ Evidence:
   it was resolved (``outcome_unknown``, ``outcome_resolved``, ``outcome_unresolved``).
 
 Besides the database faults, the long run (``make chaos-failover``) carries the worker
-faults of ``make chaos`` at half its rate (``worker_fault_period``: SIGKILL, SIGTERM, and
+faults of ``make chaos`` (``worker_fault_period``, 12 s by default: SIGKILL, SIGTERM, and
 SIGSTOP past the lease then SIGCONT, of a random worker) and chains of jobs on exclusive
 resources (``resources``: each resource's next job enqueued, with an idempotency key, once
 the one before it is terminal).
@@ -540,12 +540,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="chains of jobs on exclusive resources")
     p.add_argument("--pgbouncer-workers", type=int, default=2,
                    help="workers through PgBouncer behind a leader-following forwarder")
-    p.add_argument("--worker-fault-period", type=float, default=2.0,
-                   help="seconds between worker faults (make chaos's rate halved; 0: none)")
+    p.add_argument("--worker-fault-period", type=float, default=12.0,
+                   help="seconds between worker faults (0: none). make chaos injects one "
+                        "a second at a 3 s lease; at this run's 30 s lease a SIGSTOP past "
+                        "it lasts 30 s, and one every 2 s would keep most workers stopped")
     args = p.parse_args(argv)
     rng = random.Random(args.seed)
     kinds = [rng.choice(KINDS) for _ in range(args.faults)]
     cluster = PatroniCluster(synchronous=not args.asynchronous)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # interrupted: clean up all
+    run: Run | None = None
     try:
         cluster.start()
         run = Run(cluster, Path(tempfile.mkdtemp(prefix="jobfence-failover-run-")),
@@ -559,6 +563,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"evidence kept in {run.root}")
         return 0 if judged.ok else 1
     finally:
+        if run is not None:
+            run.resume_all()
+            run.stop_workers()
+            run.close()
         cluster.destroy()
 
 
