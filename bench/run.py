@@ -49,6 +49,7 @@ BENCHMARKS = {
     "keda": "bench.bench_keda",
     "keda_build": "bench.bench_keda_build",
     "image": "bench.bench_image",
+    "replication": "bench.bench_replication",
 }
 
 OUT = REPO / "docs" / "BENCHMARKS.md"
