@@ -42,7 +42,7 @@ from typing import Any
 from uuid import UUID
 
 from devtools.leader_proxy import LeaderProxy
-from devtools.patroni import PatroniCluster
+from devtools.patroni import PatroniCluster, PatroniError
 from devtools.pgbouncer import PgBouncer
 from jobfence import db
 from jobfence.ids import uuid7
@@ -316,8 +316,11 @@ class Run:
         self.faults.append(Fault(kind, time.time(), leader.name))
         if kind == "node_loss":
             cluster.kill(leader)
-            cluster.wait_until(lambda: cluster.leader() not in (None, leader), 120,
-                               "no new leader")
+            try:
+                cluster.wait_until(lambda: cluster.leader() not in (None, leader), 120,
+                                   "no new leader")
+            except PatroniError:  # strict mode promotes no standby it has not named
+                self.faults[-1].detail += " (no standby promoted: the old primary restarted)"
             cluster.start_member(leader)
         elif kind in ("switchover", "failover"):
             if kind == "switchover":
@@ -356,6 +359,9 @@ class Run:
         self._rng = random.Random(self.seed + 1)
         self._next_worker_fault = time.monotonic() + (self.worker_fault_period or 0)
         for kind in kinds:
+            # Each fault from a healthy cluster (a synchronous standby named again after the
+            # last one: strict mode promotes no other), then a few seconds of work.
+            self.wait(180, until=self.cluster.healthy)
             self.wait(6)
             self.fault(kind)
         self.feeding = False
