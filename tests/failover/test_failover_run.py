@@ -5,8 +5,9 @@ database (a side-effect log the commands append to, each process's log of what i
 acknowledged) and by the audit trail.
 
 Synchronous (the supported setup, one of its workers through PgBouncer behind a forwarder
-that follows the leader, two chains of jobs on exclusive resources): no violation at all. Asynchronous, with the standbys held
-behind before the primary is lost: the checker must report a violation — it can fail."""
+that follows the leader, two chains of jobs on exclusive resources): no violation at all.
+Asynchronous, with the standbys held behind before the primary is lost: the checker must
+report a violation — it can fail."""
 
 from __future__ import annotations
 
