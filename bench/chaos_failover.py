@@ -361,7 +361,8 @@ class Run:
         for kind in kinds:
             # Each fault from a healthy cluster (a synchronous standby named again after the
             # last one: strict mode promotes no other), then a few seconds of work.
-            self.wait(180, until=self.cluster.healthy)
+            if not self.cluster.healthy():
+                self.wait(180, until=self.cluster.healthy)
             self.wait(6)
             self.fault(kind)
         self.feeding = False

@@ -45,7 +45,7 @@ def test_migrate_on_an_asynchronous_cluster_warns(patroni_async: PatroniCluster)
 @pytest.mark.timeout(900)
 def test_the_asynchronous_run_with_lag_before_a_node_loss_is_caught(
         patroni_async: PatroniCluster, tmp_path: Path) -> None:
-    run = Run(patroni_async, tmp_path / "async", jobs=120, pause=(0.2, 0.6))
+    run = Run(patroni_async, tmp_path / "async", jobs=240, pause=(0.2, 0.6))
     judged = run.run(["lag_then_node_loss"])
     print(judged.summary())
     caught = (judged.violations.get("acked terminal write missing")

@@ -97,7 +97,7 @@ def scanned_jobs_by(store: Store, query: LiteralString, params: dict[str, object
 
 @pytest.mark.parametrize(("noun", "name", "params"), [
     ("attempts", "claim", {"worker_id": "w", "lease_seconds": 60, "limit": 1,
-                           "queue": "default"}),
+                           "queue": "default", "claim_id": None}),
     ("maintenance", "reclaim_expired", {"batch_size": 500, "now": None, "base_seconds": 1.0,
                                "cap_seconds": 1.0}),
     ("queues", "scaler_value", {}),
@@ -159,7 +159,8 @@ def test_a_claim_from_a_deep_queue_reads_jobs_by_index_only(store: Store) -> Non
         SELECT gen_random_uuid(), 'pending', '[]', 3 FROM generate_series(1, 8000)""")
     store.conn.execute("ANALYZE jobs")
     scans = scanned_jobs_by(store, sql("attempts", "claim"), {
-        "worker_id": "w", "lease_seconds": 60, "limit": 1, "queue": "default"})
+        "worker_id": "w", "lease_seconds": 60, "limit": 1, "queue": "default",
+        "claim_id": None})
     assert scans and "Seq Scan" not in scans, scans
 
 
