@@ -23,6 +23,22 @@ __all__ = ["JOBFENCE", "REPO", "Dsn", "built_image", "cli_env", "role_dsn", "run
 
 JOBFENCE = [sys.executable, "-m", "jobfence.functions.cli"]
 
+SLOW_COMMIT = """
+CREATE TABLE public.commit_pause (id int);
+CREATE FUNCTION public.commit_pause() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF EXISTS (SELECT 1 FROM public.commit_pause) THEN
+    PERFORM pg_sleep(2);
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER commit_pause AFTER INSERT OR UPDATE ON jobs
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.commit_pause();
+"""
+"""Installed in a test's database: while ``public.commit_pause`` holds a row, the COMMIT of
+any transaction that wrote a job waits 2 s (a deferred trigger) — time for a test to lose
+its answer, or to terminate its backend in the middle of it."""
+
 
 class Dsn(str):
     """A test database's URL as jobfence reaches it, with the pooler in between (``none``:

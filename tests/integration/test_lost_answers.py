@@ -33,19 +33,7 @@ from jobfence.worker.completer import Completer
 from jobfence.worker.guard import Guard
 from jobfence.worker.loop import Worker
 from tests.factories import enqueue_one
-
-SLOW_COMMIT = """
-CREATE TABLE public.commit_pause (id int);
-CREATE FUNCTION public.commit_pause() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF EXISTS (SELECT 1 FROM public.commit_pause) THEN
-    PERFORM pg_sleep(2);
-  END IF;
-  RETURN NULL;
-END $$;
-CREATE CONSTRAINT TRIGGER commit_pause AFTER INSERT OR UPDATE ON jobs
-  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.commit_pause();
-"""
+from tests.support import SLOW_COMMIT
 
 LOST = "the answer to its claim was lost"
 

@@ -24,7 +24,7 @@ from jobfence.store import Claim, Store, TerminalWrite
 from jobfence.worker.completer import Completer
 from jobfence.worker.guard import Guard
 from tests.factories import enqueue_one
-from tests.support import role_dsn, run_cli
+from tests.support import SLOW_COMMIT, role_dsn, run_cli
 
 
 def settings(dsn: str, **kw: Any) -> Settings:
@@ -141,20 +141,6 @@ def test_a_worker_against_a_read_only_server_never_claims(
     row = conn.execute("SELECT status, attempt_count FROM jobs WHERE job_id = %s",
                        (job_id,)).fetchone()
     assert row == {"status": "pending", "attempt_count": 0}
-
-
-SLOW_COMMIT = """
-CREATE TABLE public.commit_pause (id int);
-CREATE FUNCTION public.commit_pause() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  IF EXISTS (SELECT 1 FROM public.commit_pause) THEN
-    PERFORM pg_sleep(3);
-  END IF;
-  RETURN NULL;
-END $$;
-CREATE CONSTRAINT TRIGGER commit_pause AFTER UPDATE ON jobs
-  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.commit_pause();
-"""
 
 
 def test_a_terminal_write_whose_backend_dies_during_commit_is_written_once(
