@@ -219,7 +219,7 @@ def check_acks(conn: Connection, events: list[dict[str, Any]]) -> list[Verdict]:
     for e in _of(events, "job_succeeded"):
         finished.setdefault(e["job_id"], set()).add(e["attempt_id"])
     unknown = {key(e) for e in _of(events, "outcome_unknown") if not e["killed"]}
-    settled = {key(e) for e in _of(events, "outcome_resolved")}
+    settled = {key(e) for e in events if e.get("event") in ("outcome_resolved", "outcome_left")}
     unresolved = {key(e) for e in _of(events, "outcome_unresolved")} | (unknown - settled)
     lost = {e.get("claim_id") for e in _of(events, "claim_outcome_unknown") if not e["killed"]}
     found = {e.get("claim_id") for e in events if e.get("event") in (

@@ -98,6 +98,8 @@ class Completer:
         """Claims whose answer was lost, not given back yet: their ids, and until when
         (monotonic) to ask — their lease, counted from the send."""
         self._lost_asked = 0.0
+        self._unknown: set[tuple[UUID, UUID]] = set()
+        """Terminal writes whose outcome was lost with the connection, not settled yet."""
         self.store = self._connect()
 
     def _connect(self) -> Store:
@@ -122,6 +124,18 @@ class Completer:
                             message="no job of it found at exit: it did not commit, or its "
                                     "jobs wait for their leases to run out (the sweeper)")
             self.store.conn.close()
+
+    def leave(self) -> None:
+        """The worker is forced out (SIGTERM, and an action that would not stop): say what
+        it leaves unknown — like a SIGKILL, the leases decide (the sweeper reclaims; a
+        late commit of the first try is the only one the fence lets count). Not under the
+        connection's lock: its holder may be the one stuck."""
+        for job_id, attempt_id in list(self._unknown):
+            log.warning("outcome_left", job_id=str(job_id), attempt_id=str(attempt_id),
+                        message="its terminal write's outcome unknown at a forced exit")
+        for claim_id in list(self._lost):
+            log.warning("claim_outcome_left", claim_id=str(claim_id),
+                        message="its jobs unknown at a forced exit")
 
     def _fresh(self) -> Store:
         """The store, on a new connection when the last one broke (a database restart, a
@@ -272,6 +286,7 @@ class Completer:
                                                          claim=riding)
         except StoreUnavailable as exc:
             for h in live:  # the batch may or may not have committed
+                self._unknown.add((h.write.job_id, h.write.attempt_id))
                 log.warning("outcome_unknown", job_id=str(h.write.job_id),
                             attempt_id=str(h.write.attempt_id), error=str(exc))
             if riding is not None:  # given back once the terminal writes are settled
@@ -316,9 +331,7 @@ class Completer:
                 return
             for h in pending:
                 if h.write.job_id in written:  # the first try had not committed
-                    log.info("outcome_resolved", job_id=str(h.write.job_id),
-                             attempt_id=str(h.write.attempt_id), written=True)
-                    h.result = Finished(True)
+                    h.result = Finished(self._resolved(h.write, True))
                 else:
                     h.result = Finished(self._won_anyway(h.guard, h.write))
             return
@@ -330,9 +343,25 @@ class Completer:
             except StoreUnavailable:
                 h.result = Finished(self._won_anyway(h.guard, h.write))
             except JobfenceError as exc:
-                h.result = Finished(False, refused=WriteRefused(exc))
+                won = self._is_unknown(h.write) and self._won_anyway(h.guard, h.write)
+                h.result = Finished(won, refused=None if won else WriteRefused(exc))
             else:
-                h.result = Finished(h.write.job_id in written)
+                if h.write.job_id in written:
+                    h.result = Finished(self._resolved(h.write, True)
+                                        if self._is_unknown(h.write) else True)
+                else:
+                    h.result = Finished(self._won_anyway(h.guard, h.write)
+                                        if self._is_unknown(h.write) else False)
+
+    def _is_unknown(self, write: TerminalWrite) -> bool:
+        return (write.job_id, write.attempt_id) in self._unknown
+
+    def _resolved(self, write: TerminalWrite, written: bool) -> bool:
+        """An outcome found out: said, and no longer unknown."""
+        self._unknown.discard((write.job_id, write.attempt_id))
+        log.info("outcome_resolved", job_id=str(write.job_id),
+                 attempt_id=str(write.attempt_id), written=written)
+        return written
 
     def _won_anyway(self, guard: Guard, write: TerminalWrite) -> bool:
         """After a terminal write whose outcome was lost (its connection died during the
@@ -352,21 +381,24 @@ class Completer:
                 if won:
                     with deadline(store.conn, max(1.0, self.settings.heartbeat)):
                         confirm_durable(store.conn)
-                log.info("outcome_resolved", job_id=str(write.job_id),
-                         attempt_id=str(write.attempt_id), written=won)
-                return won
+                return self._resolved(write, won)
             except StoreUnavailable as exc:
                 log.warning("readback_failed", job_id=str(write.job_id),
                             attempt_id=str(write.attempt_id), error=str(exc))
-            except JobfenceError:
-                return False
+            except JobfenceError as exc:
+                return self._unresolved(write, str(exc))
             if time.monotonic() >= until:
-                log.error("outcome_unresolved", job_id=str(write.job_id),
-                          attempt_id=str(write.attempt_id))
-                return False
+                return self._unresolved(write, "no answer within a lease")
             time.sleep(RETRY_SECONDS)
             with _quietly():
                 self._reconnect()
+
+    def _unresolved(self, write: TerminalWrite, why: str) -> bool:
+        """Counted as not written, and said so: the lease and the sweeper decide."""
+        self._unknown.discard((write.job_id, write.attempt_id))
+        log.error("outcome_unresolved", job_id=str(write.job_id),
+                  attempt_id=str(write.attempt_id), error=why)
+        return False
 
 
 class _quietly:

@@ -385,6 +385,7 @@ class Worker:
         self.wiring.guards.give_back_all()
         if not self._main_done.wait(EXIT_GRACE_SECONDS):
             log.error("exit_forced", message="an action did not stop in time")
+            self.wiring.completer.leave()
             self.report.terminated = True
             cli.emit(self.report)
             sys.stderr.flush()

@@ -28,6 +28,7 @@ from jobfence.settings import Settings
 from jobfence.spec import parse_specs
 from jobfence.store import Store, TerminalWrite
 from jobfence.submit import submit
+from jobfence.worker import completer as completer_module
 from jobfence.worker import execution
 from jobfence.worker.completer import Completer
 from jobfence.worker.guard import Guard
@@ -184,3 +185,55 @@ def test_an_enqueue_whose_answer_was_lost_makes_one_job(
         first.conn.close()
     rows = conn.execute("SELECT job_id, status FROM jobs").fetchall()
     assert rows == [{"job_id": made.job_id, "status": "pending"}]
+
+
+class Said:
+    """The completer's log lines, as (event, keywords)."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, dict[str, Any]]] = []
+
+    def _say(self, event: str, **kw: Any) -> None:
+        self.lines.append((event, kw))
+
+    info = warning = error = _say
+
+    def of(self, event: str) -> list[dict[str, Any]]:
+        return [kw for e, kw in list(self.lines) if e == event]
+
+
+def test_a_forced_exit_says_which_outcomes_it_leaves_unknown(
+        dsn: str, store: Store, conn: Connection, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A terminal write's answer is lost and the database then stops answering: the worker
+    retries while its lease holds. Forced out meanwhile (SIGTERM, and an action that would
+    not stop), it says which outcome it leaves to the lease; kept alive, the read-back
+    gives up after a lease and says that instead — never silence."""
+    said = Said()
+    monkeypatch.setattr(completer_module, "log", said)
+    c = Completer(Settings(database_url=dsn, lease_seconds=3, worker_id="w-left"), "default")
+    job = enqueue_one(store)
+    [claim] = c.claim(1)
+    guard = Guard(claim, c.settings)
+    cut = lose_next_answer(conn, c.store)
+
+    def unreachable() -> Store:
+        raise StoreUnavailable("database unavailable: cut off by the test")
+
+    monkeypatch.setattr(c, "_connect", unreachable)
+    done: list[Any] = []
+    t = threading.Thread(target=lambda: done.append(
+        c.finish(guard, TerminalWrite(job, claim.attempt_id, True), False)), daemon=True)
+    t.start()
+    cut.join()
+    wait_for(lambda: bool(said.of("write_retry")))
+    c.leave()
+    mine = {"job_id": str(job), "attempt_id": str(claim.attempt_id)}
+    assert [{k: e[k] for k in mine} for e in said.of("outcome_unknown")] == [mine]
+    assert [{k: e[k] for k in mine} for e in said.of("outcome_left")] == [mine]
+    t.join(15)
+    assert not t.is_alive()
+    assert [{k: e[k] for k in mine} for e in said.of("outcome_unresolved")] == [mine]
+    assert done[0].written is False and not said.of("outcome_resolved")
+    # The first try did commit: the job is the attempt's, whatever the worker could tell.
+    assert job_row(conn, job)["status"] == "succeeded"
+    c.close()
