@@ -400,7 +400,11 @@ def main() -> int:
         print(f"chaos: {feeder.created} jobs enqueued, faults done after "
               f"{time.monotonic() - started:.0f}s; draining", flush=True)
         drained = wait_drained(pg.dsn, args.drain_timeout)
-        platform.stop()
+        # Workers end on their own (nothing ready, or their time is up), each once it has
+        # settled what it still had open; one still running after that is killed, and what
+        # it left is the lease's to decide, as after any SIGKILL.
+        injector.killed.update(p.log for p in platform.stop(kill_workers=False,
+                                                            grace=30 + 4 * LEASE))
         with connect(pg.dsn) as conn:
             verdicts = check_database(conn)
             verdicts.append(check_manifests(conn, lambda: objects))

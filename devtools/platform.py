@@ -119,19 +119,32 @@ class LocalPlatform:
     def env_of(self, command: str) -> dict[str, str]:
         return {**self.env, "JOBFENCE_DATABASE_URL": self.url(command)}
 
-    def stop(self, kill_workers: bool = True) -> None:
+    def stop(self, kill_workers: bool = True, grace: float = 30.0) -> list[Proc]:
+        """Start nothing more; kill every process still running (``kill_workers``), or give
+        them ``grace`` seconds to end on their own and kill the rest. The ones killed."""
         self._stop.set()
         self._thread.join(timeout=30)
         with self._lock:
             procs = [*self.workers, *self.functions.values()]
+        killed: list[Proc] = []
         for p in procs:
             if p.popen.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     p.popen.send_signal(18)  # SIGCONT: a paused process must be able to die
                     if kill_workers:
                         p.popen.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.popen.wait(timeout=30)
+                        killed.append(p)
+        until = time.monotonic() + grace
+        for p in procs:
+            try:
+                p.popen.wait(timeout=max(0.0, until - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    p.popen.kill()
+                killed.append(p)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.popen.wait(timeout=30)
+        return killed
 
     def live_workers(self, pool: str | None = None) -> list[Proc]:
         with self._lock:

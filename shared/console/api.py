@@ -219,7 +219,8 @@ class Server:
         return Answer({"jobs": jobs, "next": following}, headers=headers)
 
     def submit_jobs(self, store: Store, call: Call) -> Answer:
-        jobs = submit(self.settings, store, parse_specs(call.body), traceparent=call.traceparent)
+        jobs = submit(self.settings, store, parse_specs(call.body), traceparent=call.traceparent,
+                      reopen=lambda: Store(self.pool.fresh(), self.settings.schema_name))
         made = [enqueued_object(j) for j in jobs]
         self.log.info("jobs_submitted", by=call.caller.user, jobs=len(made))
         headers = {"location": f"/api/v1/jobs/{made[0]['job_id']}"} if made else {}

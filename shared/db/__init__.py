@@ -159,6 +159,7 @@ class Pool:
             watch(conn)
 
         self.wait = wait
+        self._own = (dsn, pooler, application_name, connect_timeout)
         self._pool: ConnectionPool[Connection] = ConnectionPool(
             dsn, min_size=1, max_size=size, open=False, name=application_name,
             timeout=wait, configure=configure, check=ConnectionPool.check_connection,
@@ -175,6 +176,12 @@ class Pool:
 
     def close(self) -> None:
         self._pool.close(timeout=5.0)
+
+    def fresh(self) -> Connection:
+        """A connection of its own, outside the pool, made as the pool makes them (its
+        caller closes it): what an outcome lost with a lent one is found out on."""
+        dsn, pooler, name, timeout = self._own
+        return connect(dsn, pooler=pooler, application_name=name, connect_timeout=timeout)
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:

@@ -22,6 +22,7 @@ from uuid import UUID
 import pytest
 
 from jobfence import cli
+from jobfence.console import api as console_api
 from jobfence.db import Connection
 from jobfence.errors import StoreUnavailable
 from jobfence.settings import Settings
@@ -33,6 +34,7 @@ from jobfence.worker import execution
 from jobfence.worker.completer import Completer
 from jobfence.worker.guard import Guard
 from jobfence.worker.loop import Worker
+from tests.api_client import api_client
 from tests.factories import enqueue_one
 from tests.support import SLOW_COMMIT
 
@@ -237,3 +239,29 @@ def test_a_forced_exit_says_which_outcomes_it_leaves_unknown(
     # The first try did commit: the job is the attempt's, whatever the worker could tell.
     assert job_row(conn, job)["status"] == "succeeded"
     c.close()
+
+
+@pytest.mark.parametrize("abort", [False, True], ids=["committed", "never-committed"])
+def test_an_http_submit_whose_answer_was_lost_makes_one_job(
+        dsn: str, conn: Connection, abort: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``POST /api/v1/jobs`` on a pooled connection whose answer is lost: found out on a
+    connection of its own, answered 202 with the one job there is."""
+    real = console_api.submit
+    cuts: list[threading.Thread] = []
+
+    def losing(settings: Settings, store: Store, *a: Any, **kw: Any) -> Any:
+        if not cuts:
+            cuts.append(lose_next_answer(conn, store, abort=abort))
+        return real(settings, store, *a, **kw)
+
+    monkeypatch.setattr(console_api, "submit", losing)
+    try:
+        with api_client(dsn) as client:
+            r = client.post("/api/v1/jobs", json={"actions": [
+                {"name": "sleep", "params": {"seconds": 0}}]})
+    finally:
+        for cut in cuts:
+            cut.join()
+    assert r.status_code == 202, r.text
+    rows = conn.execute("SELECT job_id, status FROM jobs").fetchall()
+    assert rows == [{"job_id": UUID(r.json()["job_id"]), "status": "pending"}]
