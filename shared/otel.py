@@ -40,7 +40,7 @@ from jobfence.actions import Snooze
 from jobfence.errors import ConfigError
 from jobfence.logs import get_logger
 from jobfence.store.types import NewJob
-from jobfence.tracing import AttemptSpan, TraceParent, attempt_span_id, job_trace_id
+from jobfence.tracecontext import AttemptSpan, TraceParent, attempt_span_id, job_trace_id
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider

@@ -26,7 +26,8 @@ from pydantic import (
     model_validator,
 )
 
-from jobfence.actions import ResourceValidator, get_action
+from jobfence.actions import ResourceValidator
+from jobfence.actions.installed import get_action
 from jobfence.durations import Duration, format_duration
 from jobfence.errors import InvalidSpec
 from jobfence.limits import MAX_DURATION, MAX_SPEC_BYTES, Unstorable, check_structure

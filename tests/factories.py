@@ -66,16 +66,17 @@ def plugin_installed(*paths: Path) -> Iterator[None]:
     """In this process, the action packages at ``paths`` (directories holding a module and
     its ``.dist-info``; the test plugin by default) are installed: their entry points are in
     the action registry until the block ends."""
-    from jobfence import actions, spec
+    from jobfence import spec
+    from jobfence.actions import installed
 
     added = [str(p) for p in (paths or (PLUGIN_DIR,))]
     sys.path[:0] = added
-    actions.registry.cache_clear()
+    installed.registry.cache_clear()
     spec._validated.cache_clear()
     try:
         yield
     finally:
         for p in added:
             sys.path.remove(p)
-        actions.registry.cache_clear()
+        installed.registry.cache_clear()
         spec._validated.cache_clear()

@@ -6,7 +6,7 @@ add more through the entry-point group ``jobfence.actions``, whose objects satis
 also check the job's ``resource`` at enqueue (``ResourceValidator``): the table it would
 compact must exist, say, before anything is written. An action that cannot do its work yet
 (a rate limit, a resource not ready) raises ``Snooze``: its job runs again later without
-spending an attempt.
+spending an attempt. Which action a name resolves to: ``jobfence.actions.installed``.
 """
 
 from __future__ import annotations
@@ -15,17 +15,26 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from functools import cache
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from uuid import UUID
-
-from jobfence.errors import InvalidSpec
 
 if TYPE_CHECKING:
     from jobfence.actions.child import ChildEnvironment, ChildOutput, JobSpace, SpacePaths
     from jobfence.datums import Published
 
 ENTRY_POINT_GROUP = "jobfence.actions"
+
+
+class ActionFailed(Exception):
+    """The action ran and failed; ``detail`` carries what helps a person (stderr tail), and
+    ``result`` what it left, as a success's result says it (a command's exit code and
+    output tails)."""
+
+    def __init__(self, message: str, detail: str | None = None,
+                 result: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.detail = detail
+        self.result = result
 
 
 class StopRequested(Exception):
@@ -160,31 +169,3 @@ class ResourceValidator(Protocol):
         resource) of an enqueue call: a check that asks a catalog is paid once per table,
         not once per job."""
         ...
-
-
-@cache
-def registry() -> Mapping[str, Action]:
-    """Built-ins plus installed actions; an installed action may not shadow a built-in."""
-    from importlib.metadata import entry_points
-
-    from jobfence.actions.builtin import BUILTINS
-
-    actions: dict[str, Action] = dict(BUILTINS)
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in actions:
-            continue
-        loaded = ep.load()
-        action = loaded() if isinstance(loaded, type) else loaded
-        if not isinstance(action, Action):
-            raise TypeError(f"entry point {ep.value} is not a jobfence action")
-        actions[ep.name] = action
-    return actions
-
-
-def get_action(name: str) -> Action:
-    actions = registry()
-    try:
-        return actions[name]
-    except KeyError:
-        known = ", ".join(sorted(actions))
-        raise InvalidSpec(f"unknown action {name!r} (known: {known})") from None

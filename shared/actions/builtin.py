@@ -16,23 +16,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from jobfence.actions import Action, ActionContext, Snooze, StopRequested, snooze
+from jobfence.actions import Action, ActionContext, ActionFailed, Snooze, StopRequested, snooze
 from jobfence.actions.child import Child, ChildLost, ChildNotStarted, ChildOutput
 from jobfence.durations import Duration
 from jobfence.errors import InvalidSpec
 from jobfence.fsboundary import BoundaryError
-
-
-class ActionFailed(Exception):
-    """The action ran and failed; ``detail`` carries what helps a person (stderr tail), and
-    ``result`` what it left, as a success's result says it (a command's exit code and
-    output tails)."""
-
-    def __init__(self, message: str, detail: str | None = None,
-                 result: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.detail = detail
-        self.result = result
 
 
 def _validated(model: type[BaseModel], name: str, params: Mapping[str, Any]) -> dict[str, Any]:

@@ -32,9 +32,10 @@ from starlette.staticfiles import StaticFiles
 
 from jobfence import db, logs
 from jobfence.cluster import PERIODIC_FUNCTIONS, Cluster
-from jobfence.console import more_routes, params
+from jobfence.console import operations, params
 from jobfence.console.auth import Authenticator, Caller, check_write
 from jobfence.console.bounds import LISTED_JOB_BYTES, fit_job, page
+from jobfence.console.calls import Answer, Call
 from jobfence.console.openapi import document
 from jobfence.errors import (
     ClusterError,
@@ -89,28 +90,6 @@ SECURITY_HEADERS = {
     "referrer-policy": "no-referrer",
     "x-frame-options": "DENY",
 }
-
-
-@dataclass
-class Call:
-    """One API request as a route sees it."""
-
-    caller: Caller
-    params: dict[str, Any]
-    """The route's query parameters, parsed (a default where one was not given)."""
-    path: dict[str, Any]
-    """The path's parameters, parsed."""
-    body: Any
-    given: dict[str, str] = field(default_factory=dict)
-    """The query parameters as the client gave them (for the next page's link)."""
-    traceparent: str | None = None  # the W3C header: the trace a submit's jobs join
-
-
-@dataclass
-class Answer:
-    body: Any
-    status: int = 200
-    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -240,7 +219,7 @@ class Server:
 
     def list_queues(self, store: Store, call: Call) -> Answer:
         queues = [queue_view(r) for r in store.queues.status()]
-        return Answer({"queues": more_routes.queue_flags(store, queues)})
+        return Answer({"queues": operations.queue_flags(store, queues)})
 
     def queue_verb(self, verb: str) -> Callable[[Store, Call], Answer]:
         def handler(store: Store, call: Call) -> Answer:
@@ -356,7 +335,7 @@ class Server:
             self.route(f"{v1}/me", self.me),
             self.route(f"{v1}/jobs", self.list_jobs, query=JOBS_QUERY),
             self.route(f"{v1}/jobs", self.submit_jobs, method="POST", operate=True),
-            self.route(f"{v1}/jobs/{{job_id}}", more_routes.get_job),
+            self.route(f"{v1}/jobs/{{job_id}}", operations.get_job),
             self.route(f"{v1}/jobs/{{job_id}}/cancel", self.cancel_job, method="POST",
                        operate=True),
             self.route(f"{v1}/jobs/{{job_id}}/retry", self.retry_job, method="POST",
@@ -368,7 +347,7 @@ class Server:
             self.route(f"{v1}/drain", self.drain, method="POST", operate=True),
             self.route(f"{v1}/functions", self.list_functions, query=FUNCTIONS_QUERY),
             self.route(f"{v1}/functions/{{name}}/trigger", self.trigger, method="POST",
-                       operate=True), *more_routes.routes(self),
+                       operate=True), *operations.routes(self),
             Mount("/static", ConsoleFiles(directory=static), name="static"),
         ]
 

@@ -227,7 +227,7 @@ NAME = _path("name", "a schedule's name")
 
 
 def more_paths() -> dict[str, Any]:
-    """The routes of ``jobfence.console.more_routes``."""
+    """The routes of ``jobfence.console.operations``."""
     bulk = {**_ok("what was done (or, dry, would be)", _ref("Bulk")),
             **_errors("400", "409", "503")}
     schedule = _ok("the schedule", _ref("Schedule"))

@@ -81,56 +81,56 @@ class Store:
 
     @cached_property
     def jobs(self) -> Jobs:
-        return Jobs(self)
+        return Jobs(self.conn, self.schema, self.dependencies, self.control)
 
     @cached_property
     def attempts(self) -> Attempts:
-        return Attempts(self)
+        return Attempts(self.conn, self.schema, self.dependencies)
 
     @cached_property
     def dependencies(self) -> Dependencies:
-        return Dependencies(self)
+        return Dependencies(self.conn, self.schema)
 
     @cached_property
     def parents(self) -> Parents:
-        return Parents(self)
+        return Parents(self.conn, self.schema, self.dependencies)
 
     @cached_property
     def maintenance(self) -> Maintenance:
-        return Maintenance(self)
+        return Maintenance(self.conn, self.schema, self.dependencies)
 
     @cached_property
     def runs(self) -> Runs:
-        return Runs(self)
+        return Runs(self.conn, self.schema)
 
     @cached_property
     def pods(self) -> Pods:
-        return Pods(self)
+        return Pods(self.conn, self.schema, self.dependencies)
 
     @cached_property
     def control(self) -> Control:
-        return Control(self)
+        return Control(self.conn, self.schema)
 
     @cached_property
     def queues(self) -> Queues:
-        return Queues(self)
+        return Queues(self.conn, self.schema)
 
     @cached_property
     def job_metrics(self) -> JobMetrics:
-        return JobMetrics(self)
+        return JobMetrics(self.conn, self.schema)
 
     @cached_property
     def action_metrics(self) -> ActionMetrics:
-        return ActionMetrics(self)
+        return ActionMetrics(self.conn, self.schema)
 
     @cached_property
     def triggers(self) -> Triggers:
-        return Triggers(self)
+        return Triggers(self.conn, self.schema)
 
     @cached_property
     def schedules(self) -> Schedules:
-        return Schedules(self)
+        return Schedules(self.conn, self.schema)
 
     @cached_property
     def traces(self) -> Traces:
-        return Traces(self)
+        return Traces(self.conn, self.schema)

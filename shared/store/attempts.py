@@ -16,8 +16,8 @@ from uuid import UUID
 
 from jobfence import db
 from jobfence.limits import MAX_DETAIL_CHARS, MAX_ERROR_CHARS, storable_text
-from jobfence.store.base import Noun
 from jobfence.store.batches import ClaimRequest, TerminalWrite
+from jobfence.store.dependencies import Settling
 from jobfence.store.types import (
     NO_OUTCOME,
     ActionOutcome,
@@ -35,7 +35,7 @@ def _texts(**values: str | None) -> dict[str, str | None]:
             for k, v in values.items()}
 
 
-class Attempts(Noun):
+class Attempts(Settling):
     sql_file = "attempts.sql"
 
     def claim(self, *, worker_id: str, lease_seconds: float, queue: str = "default",
@@ -85,7 +85,7 @@ class Attempts(Noun):
                 **_texts(reason=reason or status, error=error, error_detail=error_detail),
                 **(outcome.params("action_") if outcome else NO_OUTCOME)})
             sync()  # the terminal write commits here
-            self.store.dependencies.settle_cursor([job_id])
+            self.dependencies.settle_cursor([job_id])
         return self._finished(fin.fetchone())
 
     def finish_many(self, writes: Sequence[TerminalWrite], *,
@@ -109,7 +109,7 @@ class Attempts(Noun):
                               row=Claim)
                    if claim is not None and claim.limit > 0 else None)
             sync()  # the terminal writes (and the claims) commit here
-            self.store.dependencies.settle_cursor([w.job_id for w in writes])
+            self.dependencies.settle_cursor([w.job_id for w in writes])
         claims: list[Claim] = nxt.fetchall() if nxt is not None else []
         return {r["job_id"] for r in fin.fetchall()}, claims
 
@@ -130,7 +130,7 @@ class Attempts(Noun):
             "job_ids": [j for j, _ in held], "attempt_ids": [a for _, a in held],
             "reason": storable_text(reason), "max_interruptions": max_interruptions})
         done = transitions(rows)
-        self.store.dependencies.settle(done)
+        self.dependencies.settle(done)
         return done
 
     @staticmethod
@@ -176,7 +176,7 @@ class Attempts(Noun):
         if row is None:
             return None
         done = transitions([row])
-        self.store.dependencies.settle(done)
+        self.dependencies.settle(done)
         return done[0]
 
     def fence(self, job_id: UUID, attempt_id: UUID) -> Fence | None:

@@ -5,14 +5,10 @@ one way to run them (``jobfence.db.execute``: every psycopg error translated the
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from jobfence import db
 from jobfence.db import Connection, Cursor, Queries
-from jobfence.store.types import Moved, Transition
-
-if TYPE_CHECKING:
-    from jobfence.store import Store
 
 T = TypeVar("T")
 
@@ -23,10 +19,10 @@ class Noun:
 
     sql_file: ClassVar[str]
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.conn: Connection = store.conn
-        self.sql: Queries = db.queries("jobfence.store", self.sql_file, store.schema)
+    def __init__(self, conn: Connection, schema: str) -> None:
+        self.conn = conn
+        self.schema = schema
+        self.sql: Queries = db.queries("jobfence.store", self.sql_file, schema)
 
     def _execute(self, name: str, params: Mapping[str, Any] | None = None) -> Cursor:
         return db.execute(self.conn, self.sql[name], params)
@@ -47,13 +43,6 @@ class Noun:
     def _row(self, name: str, params: Mapping[str, Any] | None, row: type[T]) -> T | None:
         found: T | None = db.execute(self.conn, self.sql[name], params, row=row).fetchone()
         return found
-
-    def _settle(self, done: list[Transition]) -> Moved:
-        """The one settle rule of every verb that moves jobs, run by the verb once its
-        transaction has committed, never by its caller: what waited on the jobs it made
-        terminal is released or failed (``Dependencies.settle``: at most ``SETTLE_BATCH``
-        inline, export-finalize pages through the rest)."""
-        return Moved(done, self.store.dependencies.settle(done))
 
     def _count(self, name: str, params: Mapping[str, Any] | None = None) -> int:
         """How many rows the statement changed."""

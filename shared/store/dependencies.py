@@ -81,9 +81,25 @@ class Dependencies(Noun):
     def release(self, job_ids: Sequence[UUID]) -> Moved:
         """``resolve`` these waiting jobs, then settle what waited on those it made
         terminal (export-finalize's safety net)."""
-        return self._settle(self.resolve(job_ids))
+        done = self.resolve(job_ids)
+        return Moved(done, self.settle(done))
 
     def waiting_page(self, *, after: UUID, limit: int) -> list[UUID]:
         """Waiting top-level jobs after ``after`` in id order (the safety net's pages)."""
         return [r["job_id"] for r in self._all("waiting_page", {"after": after,
                                                                  "limit": limit})]
+
+
+class Settling(Noun):
+    """A noun whose verbs make jobs terminal, and so settle what waited on them."""
+
+    def __init__(self, conn: db.Connection, schema: str, dependencies: Dependencies) -> None:
+        super().__init__(conn, schema)
+        self.dependencies = dependencies
+
+    def _settle(self, done: list[Transition]) -> Moved:
+        """The one settle rule of every verb that moves jobs, run by the verb once its
+        transaction has committed, never by its caller: what waited on the jobs it made
+        terminal is released or failed (``Dependencies.settle``: at most ``SETTLE_BATCH``
+        inline, export-finalize pages through the rest)."""
+        return Moved(done, self.dependencies.settle(done))

@@ -11,7 +11,8 @@ from uuid import UUID
 
 from jobfence import db
 from jobfence.errors import IdempotencyConflict, InvalidSpec, JobNotFound
-from jobfence.store.base import Noun
+from jobfence.store.control import Control
+from jobfence.store.dependencies import Dependencies, Settling
 from jobfence.store.types import (
     TERMINAL,
     ActionResult,
@@ -27,8 +28,13 @@ from jobfence.store.types import (
 from jobfence.store.values import Acted, Selected
 
 
-class Jobs(Noun):
+class Jobs(Settling):
     sql_file = "jobs.sql"
+
+    def __init__(self, conn: db.Connection, schema: str, dependencies: Dependencies,
+                 control: Control) -> None:
+        super().__init__(conn, schema, dependencies)
+        self.control = control  # an enqueue takes the drain lock
 
     # -- enqueue ---------------------------------------------------------------------------
 
@@ -47,12 +53,12 @@ class Jobs(Noun):
         and the caller's commit makes it visible; otherwise in a transaction of its own, and
         the dependencies are read again after its commit (see ``jobfence.store.dependencies``).
         """
-        deps = self.store.dependencies
+        deps = self.dependencies
         owned = not db.in_transaction(self.conn)
         after = sorted({d for job in jobs for d in job.after}, key=str)
         settled: dict[UUID, str] = {}
         with db.transaction(self.conn):
-            self.store.control.drain_lock()
+            self.control.drain_lock()
             finished = False
             if after:
                 found = deps.status(after)
@@ -180,7 +186,7 @@ class Jobs(Noun):
         """Settle retried jobs that wait on dependencies, after the retry's commit (a
         dependency that finished meanwhile could not see them waiting: its own look for
         dependents ran before), and what waited on those it failed."""
-        return self.store.dependencies.release(job_ids) if job_ids else Moved([], [])
+        return self.dependencies.release(job_ids) if job_ids else Moved([], [])
 
     def action_results(self, job_ids: Sequence[UUID]) -> list[ActionResult]:
         return self._rows("action_results", {"job_ids": list(job_ids)}, ActionResult)
@@ -197,7 +203,7 @@ class Jobs(Noun):
         """Register a waiter on a job; the channel to LISTEN on for its end (a notification
         carries the job id)."""
         self._execute("watch", {"job_id": job_id})
-        return f"{self.store.schema}.finished"
+        return f"{self.schema}.finished"
 
     def unwatch(self, job_id: UUID) -> None:
         self._execute("unwatch", {"job_id": job_id})

@@ -14,12 +14,12 @@ from datetime import datetime, timedelta
 from uuid import UUID
 
 from jobfence import db
-from jobfence.store.base import Noun
+from jobfence.store.dependencies import Settling
 from jobfence.store.types import Moved, RetryPolicy, Transition, transitions
 from jobfence.store.values import RetentionCandidate
 
 
-class Maintenance(Noun):
+class Maintenance(Settling):
     sql_file = "maintenance.sql"
 
     def reclaim_expired(self, *, retry: RetryPolicy, batch_size: int,

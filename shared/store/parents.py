@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from jobfence.store.base import Noun
+from jobfence.store.dependencies import Settling
 from jobfence.store.types import (
     ChildEntry,
     ChildError,
@@ -22,7 +22,7 @@ from jobfence.store.types import (
 )
 
 
-class Parents(Noun):
+class Parents(Settling):
     sql_file = "parents.sql"
 
     def ready(self, *, after: UUID, limit: int) -> list[UUID]:

@@ -11,11 +11,11 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from jobfence.store.base import Noun
+from jobfence.store.dependencies import Settling
 from jobfence.store.types import PodRef, RetryPolicy, Suspect, Transition
 
 
-class Pods(Noun):
+class Pods(Settling):
     sql_file = "pods.sql"
 
     def now(self, override: datetime | None = None) -> datetime:

@@ -28,7 +28,7 @@ class Queues(Noun):
     def scaler_value(self, queue: str = "default") -> int:
         """What ``queue``'s KEDA trigger reads: ready work plus live claims, capped at the
         queue's limit; 0 while draining or paused (the ``scaler_value`` statement)."""
-        row = db.execute(self.conn, scaler_query(self.store.schema, queue)).fetchone()
+        row = db.execute(self.conn, scaler_query(self.schema, queue)).fetchone()
         return int(row["value"]) if row else 0
 
     def pending_total(self) -> int:

@@ -27,9 +27,9 @@ from enum import StrEnum
 from typing import Any
 
 from jobfence import tracing
-from jobfence.actions import ActionContext, AttemptSpace, Snooze, StopRequested, get_action
-from jobfence.actions.builtin import ActionFailed
+from jobfence.actions import ActionContext, ActionFailed, AttemptSpace, Snooze, StopRequested
 from jobfence.actions.child import ChildOutput
+from jobfence.actions.installed import get_action
 from jobfence.datums import AttemptFiles
 from jobfence.durations import format_duration, parse_duration
 from jobfence.errors import FenceLost, JobfenceError, NoFreeUid

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 from jobfence import cli
-from jobfence.actions import registry
+from jobfence.actions.installed import registry
 from jobfence.command_settings import command_env_refusal
 from jobfence.errors import ConfigError, StoreUnavailable
 from jobfence.jobuids import users_for

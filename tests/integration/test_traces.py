@@ -16,7 +16,7 @@ from jobfence.settings import load_settings
 from jobfence.spec import parse_specs
 from jobfence.store import RetryPolicy, Store
 from jobfence.submit import submit
-from jobfence.tracing import attempt_span_id
+from jobfence.tracecontext import attempt_span_id
 from tests.factories import enqueue_one, make_parent
 from tests.support import Dsn
 

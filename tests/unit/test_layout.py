@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from devtools import linktree
 from tests.support import REPO
 
 LIMIT = 420
@@ -30,3 +37,50 @@ def test_the_completion_table_names_every_flag_each_command_takes() -> None:
             cli.main([name, "--help"])
         flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]+)", out.getvalue())) - {"--help"}
         assert flags == set(FLAGS.get(name, "").split()), name
+
+
+def test_no_import_cycle_in_the_package_type_only_imports_included(tmp_path: Path) -> None:
+    """Each module of jobfence stands on the ones it imports, never on one that imports it
+    back — not even for a type (an ``if TYPE_CHECKING:`` import counts): the floors of
+    docs/DEVELOPERS.md are an order, not a tangle. Read from the package as installed (its
+    entrypoints included), as import-linter reads it."""
+    tree = linktree.build(tmp_path / "src")
+    found = subprocess.run([sys.executable, "-c", CYCLES], env={**os.environ,
+                           "PYTHONPATH": str(tree)}, capture_output=True, text=True,
+                           check=True, cwd=tmp_path)
+    modules, cycles = json.loads(found.stdout)
+    assert len(modules) > 100 and "jobfence.functions.worker" in modules
+    assert cycles == []
+
+
+CYCLES = """
+import json, sys
+import grimp
+sys.setrecursionlimit(10000)
+graph = grimp.build_graph("jobfence", exclude_type_checking_imports=False)
+index, low, stack, cycles = {}, {}, [], []
+
+def visit(module):  # Tarjan's strongly connected components
+    index[module] = low[module] = len(index)
+    stack.append(module)
+    for imported in graph.find_modules_directly_imported_by(module):
+        if imported not in index:
+            visit(imported)
+            low[module] = min(low[module], low[imported])
+        elif imported in stack:
+            low[module] = min(low[module], index[imported])
+    if low[module] == index[module]:
+        component = []
+        while True:
+            member = stack.pop()
+            component.append(member)
+            if member == module:
+                break
+        if len(component) > 1:
+            cycles.append(sorted(component))
+
+for module in sorted(graph.modules):
+    if module not in index:
+        visit(module)
+print(json.dumps([sorted(graph.modules), cycles]))
+"""

@@ -17,7 +17,15 @@ from jobfence.store import Store
 from jobfence.store.base import Noun
 
 STORE = Path(inspect.getfile(Store)).parent
-NOUNS: list[type[Noun]] = sorted(Noun.__subclasses__(), key=lambda n: n.sql_file)
+
+
+def _nouns(of: type[Noun]) -> list[type[Noun]]:
+    """Every noun with statements of its own (a base like ``Settling`` has none)."""
+    below = [n for sub in of.__subclasses__() for n in _nouns(sub)]
+    return [of, *below] if "sql_file" in vars(of) else below
+
+
+NOUNS: list[type[Noun]] = sorted(_nouns(Noun), key=lambda n: n.sql_file)
 RUNNERS = {"_execute", "_one", "_all", "_rows", "_row", "_count"}
 
 

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobfence.actions import ResourceValidator, get_action
+from jobfence.actions import ResourceValidator
+from jobfence.actions.installed import get_action
 from jobfence.errors import InvalidSpec, Unavailable
 from jobfence.spec import parse_specs
 from tests.factories import plugin_installed

@@ -17,14 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jobfence.errors import ConfigError
-from jobfence.tracing import (
-    TraceParent,
-    attempt_span_id,
-    check_environment,
-    configured,
-    job_trace_id,
-    parse_traceparent,
-)
+from jobfence.tracecontext import TraceParent, attempt_span_id, job_trace_id, parse_traceparent
+from jobfence.tracing import check_environment, configured
 from tests.support import REPO
 
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

@@ -1,13 +1,13 @@
-"""The API's routes for the second day: retry and cancel a selection (one request, a count
-back), a command's env values for an operator who asks (audited), a job's whole output,
-schedules, and the queue page's chart and warnings. Each is a store verb the CLI also has
-(``jobfence.bulk``, ``Schedules``, ``jobfence.joblogs``), answered like every other route
-of ``jobfence.console.api``."""
+"""The API's routes for operating a running installation: retry and cancel a selection
+(one request, a count back), a command's env values for an operator who asks (audited), a
+job's whole output, schedules, and the queue page's chart and warnings. Each is a store
+verb the CLI also has (``jobfence.bulk``, ``Schedules``, ``jobfence.joblogs``), answered
+like every other route of ``jobfence.console.api`` (``jobfence.console.calls``)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlencode
 
 from starlette.routing import Route
@@ -25,6 +25,7 @@ from jobfence.console.bounds import (
     size,
     slim,
 )
+from jobfence.console.calls import Answer, Call, Routes
 from jobfence.console.queue_history import flags, minutes
 from jobfence.errors import Conflict, InvalidSpec, JobNotFound, NotFound, ObjectStoreError
 from jobfence.joblogs import STREAM_NAMES, Logs
@@ -32,9 +33,6 @@ from jobfence.schedules import Cron, job_template, schedule_name, schedule_spec
 from jobfence.spec import queue_name
 from jobfence.store import Store
 from jobfence.views import schedule_view
-
-if TYPE_CHECKING:
-    from jobfence.console.api import Answer, Call, Server
 
 V1 = "/api/v1"
 DEFAULT_LIMIT = 1000
@@ -102,9 +100,8 @@ def selection(body: dict[str, Any]) -> bulk.Selection:
         raise InvalidSpec(str(exc)) from None
 
 
-def act(server: Server, verb: str) -> Any:
+def act(server: Routes, verb: str) -> Any:
     def handler(store: Store, call: Call) -> Answer:
-        from jobfence.console.api import Answer
 
         body = _object(call.body if call.body is not None else {})
         sel = selection(body)
@@ -135,7 +132,6 @@ def act(server: Server, verb: str) -> Any:
 
 
 def reveal_env(store: Store, call: Call) -> Answer:
-    from jobfence.console.api import Answer
 
     body = _object(call.body if call.body is not None else {})
     reason = _text(body, "reason", 2000)
@@ -149,7 +145,6 @@ def reveal_env(store: Store, call: Call) -> Answer:
 def list_schedules(store: Store, call: Call) -> Answer:
     """Schedules by name, a page at a time: at most ``limit`` and ANSWER_BYTES, each
     within LISTED_SCHEDULE_BYTES; ``next`` is the page after."""
-    from jobfence.console.api import Answer
 
     limit = call.params["limit"]
     rows = store.schedules.page(after=call.params["after"], limit=limit)
@@ -163,7 +158,6 @@ def list_schedules(store: Store, call: Call) -> Answer:
 
 
 def get_schedule(store: Store, call: Call) -> Answer:
-    from jobfence.console.api import Answer
 
     name = schedule_name(call.path["name"])
     out = schedule_view(store.schedules.get(name))
@@ -179,7 +173,6 @@ def get_job(store: Store, call: Call) -> Answer:
     """One job within ANSWER_BYTES: its newest events within EVENTS_BYTES
     (``events_omitted`` the older ones), its actions whole while they fit (the rest at
     ``actions_next``)."""
-    from jobfence.console.api import Answer
     from jobfence.views import attempts_of, job_views
 
     job_id = call.path["job_id"]
@@ -199,7 +192,6 @@ def job_actions(store: Store, call: Call) -> Answer:
     """A job's actions whole from ``from`` on, at most ANSWER_BYTES an answer (one that
     alone is larger comes slim); ``next`` the rest. Where a job's page links past its
     bound."""
-    from jobfence.console.api import Answer
     from jobfence.views import job_views
 
     job_id = call.path["job_id"]
@@ -225,9 +217,8 @@ def job_actions(store: Store, call: Call) -> Answer:
                   headers={"link": f'<{following}>; rel="next"'} if following else {})
 
 
-def add_schedule(server: Server) -> Any:
+def add_schedule(server: Routes) -> Any:
     def handler(store: Store, call: Call) -> Answer:
-        from jobfence.console.api import Answer
 
         body = _object(call.body)
         unknown = sorted(set(body) - {"name", "cron", "timezone", "spec"})
@@ -248,7 +239,6 @@ def add_schedule(server: Server) -> Any:
 
 def pause_schedule(verb: str) -> Any:
     def handler(store: Store, call: Call) -> Answer:
-        from jobfence.console.api import Answer
 
         name = schedule_name(call.path["name"])
         nxt = None
@@ -265,7 +255,6 @@ def pause_schedule(verb: str) -> Any:
 
 
 def queue_history(store: Store, call: Call) -> Answer:
-    from jobfence.console.api import Answer
 
     queue = call.path["queue"]
     count = call.params["minutes"]
@@ -318,12 +307,11 @@ def _page_of(logs: Logs, job_id: Any, attempt: Any, piece: Any, *, offset: int,
     return bytes(shown), cut
 
 
-def job_logs(server: Server) -> Any:
+def job_logs(server: Routes) -> Any:
     """An attempt's output (``jobfence.joblogs``), at most LOG_ANSWER_BYTES an answer, from
     a place in it (``action``, ``stream``, ``offset``) on; ``next`` says where the rest
     starts."""
     def handler(store: Store, call: Call) -> Answer:
-        from jobfence.console.api import Answer
         from jobfence.wiring import open_object_store
 
         settings = server.settings
@@ -384,7 +372,7 @@ def job_logs(server: Server) -> Any:
     return handler
 
 
-def routes(server: Server) -> list[Route]:
+def routes(server: Routes) -> list[Route]:
     r = server.route
     return [
         r(f"{V1}/jobs/retry", act(server, "retry"), method="POST", operate=True),
