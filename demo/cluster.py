@@ -40,12 +40,11 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
-from devtools import controlplane, image
+from devtools import REPO, controlplane, image
 from devtools.cluster.plane import NAMESPACE, Plane, Ports
 from devtools.deploy import Kubectl, apply, overlay
 from devtools.embedded_pg import free_port
@@ -54,7 +53,6 @@ from devtools.roles import login_name
 from devtools.sqlconn import connect
 
 T = TypeVar("T")
-REPO = Path(__file__).resolve().parent.parent
 ROOT = REPO / "build" / "demo-cluster"
 OVERLAY = REPO / "build" / "demo-cluster-deploy"
 POLLING = 3

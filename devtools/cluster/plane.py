@@ -48,7 +48,7 @@ from typing import Any
 
 import yaml
 
-from devtools import controlplane
+from devtools import REPO, controlplane
 from devtools import keda as keda_build
 from devtools.cluster import certs, crds, keda, network
 from devtools.cluster.node import Node, kubelet_rbac
@@ -57,7 +57,6 @@ from devtools.cluster.processes import ClusterError, Started, port_free, start, 
 from devtools.cluster.rest import ApiError, Credentials, Rest
 from devtools.image import PAUSE_IMAGE
 
-REPO = Path(__file__).resolve().parents[2]
 DEFAULT_ROOT = REPO / "build" / "cluster"
 NODE = "jobfence-node"
 NAMESPACE = "jobfence"

@@ -35,8 +35,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from devtools import REPO
+
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
 GO_MOD, GO_SUM = HERE / "go.mod", HERE / "go.sum"
 LINKS = REPO / "build" / "bin"
 

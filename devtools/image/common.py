@@ -15,8 +15,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from devtools import REPO
+
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
 OUT = REPO / "build" / "image"
 SYSTEM_PACKAGES = HERE.parent / "system-packages.sh"
 

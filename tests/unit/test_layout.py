@@ -84,3 +84,11 @@ for module in sorted(graph.modules):
         visit(module)
 print(json.dumps([sorted(graph.modules), cycles]))
 """
+
+
+def test_the_checkouts_path_is_defined_once() -> None:
+    """``devtools.REPO`` is the one definition the tools, tests, demo and benchmarks use."""
+    defined = [str(p.relative_to(REPO)) for folder in ("devtools", "tests", "bench", "demo")
+               for p in (REPO / folder).rglob("*.py")
+               if any(line.startswith(("REPO =", "REPO:")) for line in p.read_text().splitlines())]
+    assert defined == ["devtools/__init__.py"]
