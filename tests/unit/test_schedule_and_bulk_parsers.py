@@ -1,8 +1,8 @@
-"""The new parsers and small pieces, without a database: cron expressions and time zones
-(fuzzed: whatever the text, a schedule or ``InvalidSpec``, never another error), the ticks
-a pass enqueues (the latest due, never before the expected one), bulk time filters, the
-quantiles of a stored histogram, and what a job's params show (env values masked, the
-one-line summary)."""
+"""The parsers of schedules and bulk actions, and small pieces, without a database: cron
+expressions and time zones (fuzzed: whatever the text, a schedule or ``InvalidSpec``, never
+another error), the ticks a pass enqueues (the latest due, never before the expected one),
+bulk time filters, the quantiles of a stored histogram, and what a job's params show (env
+values masked, the one-line summary)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""The second day through `jobfence serve` over real HTTP: retry and cancel a selection in
-one request with a count back (a dry run first, the limit as the confirmed count, a reader
-refused), what a job runs with its env values masked (the values only for an operator who
-says why, audited, never in the server's log), schedules added, paused, resumed and
-deleted, and the queue page's minutes and warnings."""
+"""Operating an installation through `jobfence serve` over real HTTP: retry and cancel a
+selection in one request with a count back (a dry run first, the limit as the confirmed
+count, a reader refused), what a job runs with its env values masked (the values only for an
+operator who says why, audited, never in the server's log), schedules added, paused, resumed
+and deleted, and the queue page's minutes and warnings."""
 
 from __future__ import annotations
 

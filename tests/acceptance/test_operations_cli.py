@@ -1,4 +1,4 @@
-"""The second day through the real CLI, each command as its role's login: `schedule`
+"""Operating an installation through the real CLI, each command as its role's login: `schedule`
 add/list/show/pause/resume/delete (bad cron, time zone or spec: exit 2, nothing written),
 the `schedules` pass as the maintainer (concurrent runs and a manual one enqueue each tick
 once), `retry`/`cancel` in bulk (dry run, the limit and `--yes`), what a job runs in
