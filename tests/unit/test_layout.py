@@ -92,3 +92,18 @@ def test_the_checkouts_path_is_defined_once() -> None:
                for p in (REPO / folder).rglob("*.py")
                if any(line.startswith(("REPO =", "REPO:")) for line in p.read_text().splitlines())]
     assert defined == ["devtools/__init__.py"]
+
+
+def test_every_module_of_the_package_stands_on_one_floor() -> None:
+    """The floors contract (pyproject.toml) names every top-level module of jobfence once:
+    a new module takes its place in the order, it is not left outside it."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    [floors] = [c for c in config["contracts"] if c.get("containers") == ["jobfence"]]
+    named = [m.strip() for layer in floors["layers"]
+             for m in layer.replace("\\", " ").replace("|", ":").split(":")]
+    shared = REPO / "shared"
+    modules = sorted({p.stem for p in shared.glob("*.py") if p.stem != "__init__"}
+                     | {p.parent.name for p in shared.glob("*/__init__.py")} | {"functions"})
+    assert sorted(named) == modules
