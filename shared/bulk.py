@@ -9,10 +9,16 @@ database's own ``operator_retry_many`` / ``operator_cancel_many`` — the rules 
 one-job commands, job by job, audited with the caller in each job's trail — so no
 transaction is longer than a batch, and a selection of millions never holds a lock for
 long. A dry run reads the same pages and writes nothing.
+
+The command line's side, which ``jobfence retry`` and ``jobfence cancel`` share, is here
+too: their arguments, a job id alone or a selection, and the selection acted on with a
+prompt past ``--limit`` and a report (``parser``, ``one_job``, ``act_on_selection``).
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -20,8 +26,9 @@ from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
+from jobfence import cli
 from jobfence.durations import parse_duration
-from jobfence.errors import InvalidSpec
+from jobfence.errors import ExitCode, InvalidSpec
 from jobfence.limits import MAX_DURATION
 from jobfence.spec import RFC3339
 from jobfence.store import Store
@@ -222,3 +229,117 @@ def said_by(verb: str, who: str, reason: str | None) -> str:
     said = f": {reason[:2000]}" if reason else ""
     return f"{DONE[verb]} by {who} (bulk){said}"
 
+
+
+# ---- the command line: `jobfence retry|cancel` (functions/retry.py, functions/cancel.py) ----
+
+DEFAULT_LIMIT = 1000
+"""How many jobs ``jobfence retry|cancel`` acts on without asking (``--limit``)."""
+
+FILTERS = ("status", "queue", "label", "resource", "parent", "before", "after")
+
+
+def parser(verb: str, what: str) -> cli.Parser:
+    """``jobfence VERB``'s arguments: one job by its id, or the filters of a selection;
+    ``what`` says what the verb does to a job."""
+    p = cli.Parser(prog=f"jobfence {verb}", description=f"{what} With filters instead of "
+                   "a job id: every job they select, in batches, each audited with who "
+                   "asked.")
+    p.add_argument("job_id", nargs="?", metavar="JOB_ID")
+    p.add_argument("--reason", help="why (recorded in each job's audit trail)")
+    p.add_argument("--status", action="append", default=[], choices=VERBS[verb],
+                   help="jobs in this status (repeat for several)")
+    p.add_argument("--queue", metavar="Q")
+    p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--resource", metavar="KEY")
+    p.add_argument("--parent", metavar="JOB_ID")
+    p.add_argument("--before", metavar="TIME", help="made before this RFC 3339 time, or "
+                   "this ISO 8601 duration ago (PT12H)")
+    p.add_argument("--after", metavar="TIME", help="made at or after this time")
+    p.add_argument("--limit", type=int, default=DEFAULT_LIMIT,
+                   help=f"act on at most this many without asking (default {DEFAULT_LIMIT})")
+    p.add_argument("--dry-run", action="store_true", help="print what would be touched")
+    p.add_argument("--yes", "-y", action="store_true", help="act past --limit without asking")
+    p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    return p
+
+
+def one_job(args: argparse.Namespace) -> UUID:
+    """The job id of ``jobfence retry|cancel JOB_ID``; InvalidSpec if filters came with it."""
+    a = vars(args)
+    given = [k for k in FILTERS if a[k]] + [k for k in ("dry_run", "yes") if a[k]]
+    if given:
+        raise InvalidSpec(f"give a job id or filters (--{given[0].replace('_', '-')}), "
+                          "not both")
+    return cli.job_id(args.job_id)
+
+
+def selection_of(args: argparse.Namespace, verb: str) -> Selection:
+    """The selection the filters of ``jobfence VERB`` name (InvalidSpec saying why not)."""
+    a = vars(args)
+    sel = Selection(
+        statuses=tuple(dict.fromkeys(a["status"])),
+        queue=cli.queue_of(a["queue"]) if a["queue"] is not None else None,
+        resource=a["resource"], parent_id=cli.job_id(a["parent"]) if a["parent"] else None,
+        labels=cli.labels_of(a["label"]),
+        created_before=parse_time(a["before"], "--before") if a["before"] else None,
+        created_after=parse_time(a["after"], "--after") if a["after"] else None)
+    sel.check(verb)
+    if not 1 <= a["limit"] <= MAX_LIMIT:
+        raise InvalidSpec(f"--limit must be between 1 and {MAX_LIMIT}")
+    return sel
+
+
+def act_on_selection(verb: str, args: argparse.Namespace) -> int:
+    """``jobfence VERB --status ...``: the selection, a batch per transaction. ``--dry-run``
+    prints what would be touched and writes nothing. Past ``--limit`` jobs a terminal asks
+    first; elsewhere ``--yes`` says so, or nothing is done."""
+    a = vars(args)
+    sel = selection_of(args, verb)
+    settings = cli.setup(verb)
+    text = a["output"] == "text"
+
+    def show(page: list[Selected]) -> None:
+        if text and a["dry_run"]:
+            sys.stdout.write("".join(f"{p.job_id}  {p.status:<9}  {p.queue}\n" for p in page))
+
+    with cli.open_store(settings, verb) as store:
+        ceiling = ceiling_now(store)
+        limit = a["limit"]
+        if a["dry_run"]:
+            limit = MAX_LIMIT
+        else:
+            matched = count(store, sel, ceiling=ceiling, cap=MAX_LIMIT)
+            if matched > limit and not a["yes"]:
+                if not (sys.stdin.isatty() and sys.stderr.isatty()):
+                    raise InvalidSpec(f"{matched} jobs match, more than --limit {limit}: "
+                                      f"pass --yes to {verb} all of them, raise --limit, or "
+                                      "narrow the selection (nothing was written)")
+                if not _confirmed(verb, matched, limit):
+                    cli.error("nothing was done")
+                    return int(ExitCode.FAILED)
+            limit = max(1, matched)
+        out = act(store, verb, sel, reason=said_by(verb, cli.actor(), a["reason"]),
+                  limit=limit, batch=settings.batch_size, dry_run=a["dry_run"],
+                  ceiling=ceiling, on_page=show)
+    if not text:
+        cli.emit(out.as_json())
+    elif a["dry_run"]:
+        print(f"would {verb} {len(out.job_ids)} jobs (dry run: nothing was written)")
+    else:
+        refused = ", ".join(f"{k} {v}" for k, v in sorted(out.refused.items()))
+        extra = (f", {out.children_cancelled} children with them"
+                 if out.children_cancelled else "")
+        print(f"{DONE[verb]} {out.done} of {out.matched} jobs{extra}"
+              + (f" (refused: {refused})" if refused else "")
+              + f" in {out.batches} batches")
+    return 0
+
+
+def _confirmed(verb: str, matched: int, limit: int) -> bool:
+    """Ask on the terminal whether to act on ``matched`` jobs, past ``limit``."""
+    sys.stderr.write(f"{matched} jobs match, more than --limit {limit}. "
+                     f"{verb.capitalize()} all {matched}? [y/N] ")
+    sys.stderr.flush()
+    answer = sys.stdin.readline().strip().lower()
+    return answer in ("y", "yes")

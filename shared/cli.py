@@ -88,6 +88,17 @@ def labels_of(items: Sequence[str]) -> dict[str, str]:
     return labels
 
 
+def queue_of(text: str) -> str:
+    """A queue's name given on the command line; InvalidSpec (exit 2) saying why it is not
+    one."""
+    from jobfence.spec import queue_name  # the job specs' models: only where a queue is given
+
+    try:
+        return queue_name(text)
+    except ValueError as exc:
+        raise InvalidSpec(str(exc)) from None
+
+
 def warn(message: str) -> None:
     """One warning line on stderr (the command goes on)."""
     sys.stderr.write(f"jobfence: warning: {message}\n")

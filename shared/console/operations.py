@@ -35,7 +35,6 @@ from jobfence.store import Store
 from jobfence.views import schedule_view
 
 V1 = "/api/v1"
-DEFAULT_LIMIT = 1000
 SHOWN_IDS = 1000
 """A dry run answers at most this many of the ids it would touch (and how many in all)."""
 HISTORY_QUERY = {"minutes": params.Param(params.whole("minutes", 1, 1440), 60)}
@@ -106,7 +105,7 @@ def act(server: Routes, verb: str) -> Any:
         body = _object(call.body if call.body is not None else {})
         sel = selection(body)
         sel.check(verb)
-        limit = body.get("limit", DEFAULT_LIMIT)
+        limit = body.get("limit", bulk.DEFAULT_LIMIT)
         if not isinstance(limit, int) or isinstance(limit, bool) \
                 or not 1 <= limit <= bulk.MAX_LIMIT:
             raise InvalidSpec(f"limit must be a number from 1 to {bulk.MAX_LIMIT}")
