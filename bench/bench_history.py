@@ -12,8 +12,8 @@ from collections.abc import Callable
 from bench.common import Bench, Section
 from devtools.sqlconn import connect
 from jobfence.db import Connection
-from jobfence.functions import sweeper
-from jobfence.runner import Deps
+from jobfence.passes import sweeper
+from jobfence.passes.harness import Deps
 from jobfence.settings import Settings
 from jobfence.store import Store
 

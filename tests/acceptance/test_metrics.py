@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from devtools.embedded_pg import free_port
 from devtools.sqlconn import connect
 from jobfence.adapters.s3 import S3ObjectStore
-from jobfence.runner import detect_trigger
+from jobfence.passes.harness import detect_trigger
 from jobfence.settings import Settings
 from jobfence.store import Store
 from tests.factories import run_in_progress

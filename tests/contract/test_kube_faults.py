@@ -23,8 +23,8 @@ import pytest
 
 from jobfence.adapters.kube import KubernetesCluster
 from jobfence.errors import ClusterError
-from jobfence.functions import orphan_cleanup
-from jobfence.runner import Deps
+from jobfence.passes import orphan_cleanup
+from jobfence.passes.harness import Deps
 from jobfence.settings import Settings
 from jobfence.store import Store
 from tests.kube import WORKER_LABELS, ControlPlane, remote_pod, token

@@ -13,8 +13,8 @@ from uuid import UUID
 import pytest
 
 from devtools.sqlconn import connect
-from jobfence.functions import export_finalize
-from jobfence.runner import Deps
+from jobfence.passes import export_finalize
+from jobfence.passes.harness import Deps
 from jobfence.settings import Settings
 from jobfence.store import SETTLE_BATCH, Store
 from tests.factories import enqueue_one, new_job

@@ -16,14 +16,14 @@ from uuid import UUID
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import jobfence.functions.export_finalize as export_finalize
-import jobfence.functions.lifecycle as lifecycle
+import jobfence.passes.export_finalize as export_finalize
+import jobfence.passes.lifecycle as lifecycle
 from devtools.memory_objects import MemoryObjectStore
 from devtools.sqlconn import connect
 from jobfence import metrics
 from jobfence.finalize import finalize_parent
 from jobfence.ids import uuid7
-from jobfence.runner import Deps
+from jobfence.passes.harness import Deps
 from jobfence.settings import load_settings
 from jobfence.store import Store
 from tests.factories import enqueue_one, installation, make_parent

@@ -13,13 +13,13 @@ from uuid import UUID
 
 import pytest
 
-import jobfence.functions.lifecycle as lifecycle
+import jobfence.passes.lifecycle as lifecycle
 from devtools.memory_objects import MemoryObjectStore
-from jobfence import budget, retention
 from jobfence.finalize import finalize_parent
 from jobfence.ids import uuid7
 from jobfence.objectstore import job_prefix, legacy_job_prefix, manifest_key
-from jobfence.runner import Deps
+from jobfence.passes import budget, retention
+from jobfence.passes.harness import Deps
 from jobfence.settings import Settings, load_settings
 from jobfence.store import ActionOutcome, Store
 from tests.factories import enqueue_one, installation, make_parent, new_job

@@ -16,10 +16,10 @@ from devtools.memory_cluster import MemoryCluster
 from devtools.memory_objects import MemoryObjectStore
 from jobfence.cluster import Pod
 from jobfence.errors import ClusterError
-from jobfence.functions import orphan_cleanup
-from jobfence.functions.orphan_cleanup import owner_of
 from jobfence.objectstore import attempt_prefix, manifest_key
-from jobfence.runner import Deps
+from jobfence.passes import orphan_cleanup
+from jobfence.passes.harness import Deps
+from jobfence.passes.orphan_cleanup import owner_of
 from jobfence.settings import Settings
 from jobfence.store import IMMEDIATE, Store
 from tests.factories import enqueue_one

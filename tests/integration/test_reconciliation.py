@@ -13,8 +13,8 @@ import pytest
 from devtools.memory_cluster import MemoryCluster
 from jobfence.cluster import Pod
 from jobfence.errors import ClusterError
-from jobfence.functions import reconciliation
-from jobfence.runner import Deps
+from jobfence.passes import reconciliation
+from jobfence.passes.harness import Deps
 from jobfence.settings import Settings
 from jobfence.store import Store
 from tests.factories import enqueue_one

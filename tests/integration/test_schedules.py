@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-import jobfence.functions.schedules as schedules
+import jobfence.passes.schedules as schedules
 from jobfence import db
-from jobfence.runner import Deps
+from jobfence.passes.harness import Deps
 from jobfence.schedules import Cron, job_template, schedule_spec
 from jobfence.settings import Settings, load_settings
 from jobfence.store import Store
@@ -205,7 +205,7 @@ def test_recorded_ticks_go_with_the_function_runs_retention(store: Store, dsn: s
     """The record of ticks is history (lifecycle deletes it after
     JOBFENCE_FUNCTION_RUNS_RETENTION); the schedule's next tick, not the record, keeps
     every tick once."""
-    import jobfence.functions.lifecycle as lifecycle
+    import jobfence.passes.lifecycle as lifecycle
 
     add(store, "old", "0 * * * *", utc(2025, 1, 1, 0, 0))
     run(store, dsn, utc(2025, 1, 1, 0, 1))

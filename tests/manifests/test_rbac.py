@@ -17,7 +17,7 @@ import pytest
 from jobfence.adapters.kube import KubernetesCluster
 from jobfence.cluster import Cluster
 from jobfence.functions.cli import COMMANDS
-from jobfence.runner import Deps
+from jobfence.passes.harness import Deps
 from tests.manifests.rendered import Obj, of_kind, pod_templates
 
 FUNCTIONS = Path(inspect.getfile(Deps)).parent.parent / "functions"

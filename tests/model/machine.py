@@ -42,14 +42,14 @@ from bench.chaos_checks import CHECKS
 from devtools.memory_objects import MemoryObjectStore
 from devtools.sqlconn import connect
 from jobfence import bulk
-from jobfence.budget import Budget
 from jobfence.datums import child_batches
 from jobfence.errors import JobAlreadyTerminal, NotRetryable, ResourceBusy
 from jobfence.finalize import finalize
-from jobfence.functions import export_finalize, lifecycle, orphan_cleanup, sweeper
 from jobfence.ids import uuid7
 from jobfence.objectstore import attempt_prefix, s3_url
-from jobfence.runner import Deps
+from jobfence.passes import export_finalize, lifecycle, orphan_cleanup, sweeper
+from jobfence.passes.budget import Budget
+from jobfence.passes.harness import Deps
 from jobfence.settings import Settings
 from jobfence.store import ActionOutcome, Claim, NewJob, Store, TerminalWrite
 from jobfence.views import job_views

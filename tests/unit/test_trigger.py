@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobfence.runner import detect_trigger, scheduled_job_name
+from jobfence.passes.harness import detect_trigger, scheduled_job_name
 from jobfence.settings import Settings
 
 NOW = datetime(2026, 11, 25, 9, 30, tzinfo=UTC)

@@ -18,16 +18,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from uuid import UUID
 
-from jobfence.budget import Budget
 from jobfence.errors import ObjectStoreError
 from jobfence.ids import created_at
 from jobfence.logs import get_logger
 from jobfence.objectstore import job_prefix, legacy_job_prefix
-from jobfence.runner import Deps
+from jobfence.passes.budget import Budget
+from jobfence.passes.harness import Deps
 from jobfence.settings import Settings
 from jobfence.store import RetentionCandidate
 
-log = get_logger("jobfence.retention")
+log = get_logger("jobfence.passes.retention")
 
 ZERO = UUID(int=0)
 
