@@ -57,6 +57,11 @@ LOST_CLAIM_RETRY_SECONDS = 1.0
 found (its transaction may still be committing)."""
 
 
+LOST_CLAIM_EXIT_SECONDS = 5.0
+"""How long a worker on its way out keeps asking for the jobs of a claim whose answer was
+lost (its transaction may still be committing) before it leaves them to their leases."""
+
+
 class WriteRefused(Exception):
     """A fenced write failed for a reason of its own (a value the database would not take,
     a constraint): retrying it cannot help."""
@@ -116,9 +121,13 @@ class Completer:
 
     def close(self) -> None:
         with self._lock:
-            if self._lost:  # a last try: the jobs of a lost claim, not held till their lease
+            until = time.monotonic() + LOST_CLAIM_EXIT_SECONDS
+            while self._lost:  # last tries: a lost claim's jobs, not held till their lease
                 with _quietly():
                     self._give_back_lost(force=True)
+                if not self._lost or time.monotonic() >= until:
+                    break
+                time.sleep(LOST_CLAIM_RETRY_SECONDS / 4)
             for claim_id in self._lost:  # not committed, or held till its lease runs out
                 log.warning("claim_outcome_left", claim_id=str(claim_id),
                             message="no job of it found at exit: it did not commit, or its "

@@ -296,18 +296,20 @@ class Worker:
         budget = Budget(max_jobs, max_seconds, self.sandbox.spaces,
                         self.wiring.guards.failed)
         crash: BaseException | None = None
-        with on_termination(lambda signum: self._on_signal(signum, budget)) as terminated:
-            try:
-                crash = self._loop(budget, idle_seconds)
-            finally:
-                self._main_done.set()
-            if terminated.is_set():
-                self.report.terminated = True
-                self.report.stopped_by = "sigterm"
-            elif self.wiring.guards.failed.is_set():
-                self.report.terminated = True
-                self.report.stopped_by = "guards_failed"
-        self.close()
+        try:
+            with on_termination(lambda signum: self._on_signal(signum, budget)) as terminated:
+                try:
+                    crash = self._loop(budget, idle_seconds)
+                finally:
+                    self._main_done.set()
+                if terminated.is_set():
+                    self.report.terminated = True
+                    self.report.stopped_by = "sigterm"
+                elif self.wiring.guards.failed.is_set():
+                    self.report.terminated = True
+                    self.report.stopped_by = "guards_failed"
+        finally:  # also when the worker stops on a claim that failed (exit 4): what that
+            self.close()  # claim may have taken is given back, or said to be left
         if crash is not None:
             raise crash
         return self.report
