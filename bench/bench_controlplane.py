@@ -31,6 +31,7 @@ from devtools.cluster import network
 from devtools.cluster.plane import NAMESPACE, Plane, Ports
 from devtools.deploy import Kubectl, apply, overlay
 from devtools.embedded_pg import free_port
+from devtools.gobuild import go_env, run_go
 
 Obj = dict[str, Any]
 
@@ -41,16 +42,15 @@ def du(path: Path) -> int:
 
 
 def cold_builds(section: Section) -> None:
-    go = controlplane.go_binary()
-    version = controlplane.go_version(go)
+    go, version = controlplane.TOOL.toolchain()
     with tempfile.TemporaryDirectory(prefix="jobfence-cold-") as tmp:
         cache, out = Path(tmp) / "gocache", Path(tmp) / "bin"
-        env = {**controlplane.go_env(), "GOCACHE": str(cache)}
-        controlplane.run_go(go, "mod", "download", env=env)
+        env = {**go_env(), "GOCACHE": str(cache)}
+        run_go(go, "mod", "download", cwd=controlplane.HERE, env=env)
         for component in controlplane.COMPONENTS:
             before = du(cache) if cache.exists() else 0
             started = time.monotonic()
-            built = controlplane.compile_one(go, component, out, env)
+            built = controlplane.TOOL.compile_one(go, component, out, env)
             took = time.monotonic() - started
             grew = du(cache) - before
             section.rows.append([f"cold build: {component.name}", f"{took:.0f} s",

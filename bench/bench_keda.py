@@ -40,6 +40,7 @@ from devtools.cluster import network
 from devtools.cluster.plane import NAMESPACE, Plane, Ports
 from devtools.deploy import Kubectl, apply, overlay
 from devtools.embedded_pg import free_port
+from devtools.gobuild import go_env, run_go
 from devtools.platform import LocalPlatform, Proc
 from devtools.roles import login_name
 from devtools.sqlconn import connect
@@ -192,14 +193,13 @@ def cold_build() -> list[str]:
     """``make keda``'s compile into an empty Go build cache (modules already downloaded)."""
     from bench.bench_controlplane import du
 
-    go = controlplane.go_binary()
-    version = keda.go_version(go)
+    go, version = keda.TOOL.toolchain()
     with tempfile.TemporaryDirectory(prefix="jobfence-cold-keda-") as tmp:
         cache, out = Path(tmp) / "gocache", Path(tmp) / "bin"
-        env = {**controlplane.go_env(), "GOCACHE": str(cache)}
-        controlplane.run_go(go, "mod", "download", cwd=keda.HERE, env=env)
+        env = {**go_env(), "GOCACHE": str(cache)}
+        run_go(go, "mod", "download", cwd=keda.HERE, env=env)
         started = time.monotonic()
-        built = keda.compile_operator(go, out, env)
+        built = keda.TOOL.compile_one(go, keda.OPERATOR, out, env)
         took = time.monotonic() - started
         return [f"cold build of the operator (Go {version}, {os.cpu_count()} cores, nice 10)",
                 f"{took / 60:.1f} min", f"binary {built.stat().st_size / 1e6:.0f} MB, Go "

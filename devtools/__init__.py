@@ -5,6 +5,8 @@
   functions as processes on this machine).
 * ``controlplane``: etcd, kube-apiserver, kube-controller-manager and kubectl, built once
   from a pinned wrapper Go module and cached (``make controlplane``).
+* ``gobuild``: one builder for the pinned Go tools (control plane, KEDA, the collector):
+  the cache outside the work tree, its key, the links in ``build/bin``.
 * ``cluster``: a local cluster — the control plane, a node (containerd and a kubelet
   running the image) in a network namespace of its own, the KEDA operator
   (``make cluster-up``/``cluster-down``; the tests' cluster).

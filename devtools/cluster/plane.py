@@ -55,6 +55,7 @@ from devtools.cluster.node import Node, kubelet_rbac
 from devtools.cluster.node import missing_programs as node_programs_missing
 from devtools.cluster.processes import ClusterError, Started, port_free, start, stop, wait_until
 from devtools.cluster.rest import ApiError, Credentials, Rest
+from devtools.gobuild import LINKS, BuildError
 from devtools.image import PAUSE_IMAGE
 
 DEFAULT_ROOT = REPO / "build" / "cluster"
@@ -211,12 +212,12 @@ class Plane:
         for name in names:
             try:
                 binaries[name] = controlplane.path(name)
-            except controlplane.BuildError as exc:
+            except BuildError as exc:
                 raise ClusterError(str(exc)) from exc
         if "keda" in self.components:
             try:
                 binaries["keda-operator"] = keda_build.path()
-            except controlplane.BuildError as exc:
+            except BuildError as exc:
                 raise ClusterError(str(exc)) from exc
         if "postgres" in self.components:
             from devtools.embedded_pg import EmbeddedPostgresError, find_bindir
@@ -537,7 +538,7 @@ class Plane:
     def _write_env(self) -> None:
         lines = ["# Written by `make cluster-up`: the local control plane. `. build/cluster/env`",
                  f"export KUBECONFIG={self.kubeconfig}",
-                 f"export PATH={controlplane.LINKS}:$PATH"]
+                 f"export PATH={LINKS}:$PATH"]
         if self.real_node:
             # kubectl for a shell outside the cluster's network namespace: it enters it.
             wrappers = self.root / "bin"
@@ -546,9 +547,9 @@ class Plane:
             kubectl.write_text("#!/bin/sh\n# kubectl inside the local cluster's network "
                                "namespace (make cluster-up).\n"
                                f"exec {' '.join(network.nsenter(self.netns))} "
-                               f"{controlplane.LINKS / 'kubectl'} \"$@\"\n")
+                               f"{LINKS / 'kubectl'} \"$@\"\n")
             kubectl.chmod(0o755)
-            lines[-1] = f"export PATH={wrappers}:{controlplane.LINKS}:$PATH"
+            lines[-1] = f"export PATH={wrappers}:{LINKS}:$PATH"
         if "postgres" in self.components:
             lines.append(f"export JOBFENCE_DATABASE_URL={self.database_url}")
         self.env_file.write_text("\n".join(lines) + "\n")
