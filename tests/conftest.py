@@ -1,6 +1,7 @@
-"""Fixtures shared by every layer: a real PostgreSQL (see tests/pg.py), a fresh migrated
-database per test, and the fenced store over it. The helpers tests import (the CLI as a
-subprocess, its environment, the repository's path) are in tests/support.py.
+"""Fixtures shared by every layer: a real PostgreSQL (see tests/support/pg.py), a fresh
+migrated database per test, and the fenced store over it. The helpers tests import (the CLI
+as a subprocess, its environment, the repository's path; builders, processes, the control
+plane) are in the package tests/support.
 
 A module (or test) marked ``pooled`` runs twice: directly against the server, and through a
 real PgBouncer in transaction mode (``JOBFENCE_DATABASE_POOLER=transaction``), which lends a
@@ -27,11 +28,11 @@ from jobfence import db
 from jobfence.db import Connection
 from jobfence.store import Store
 from jobfence.store.roles import KINDS
-from tests.pg import Databases, postgres_server
 from tests.support import Dsn, through
+from tests.support.pg import Databases, postgres_server
 
 if TYPE_CHECKING:  # the control plane's helpers are imported when a test needs them
-    from tests.kube import ControlPlane
+    from tests.support.kube import ControlPlane
 
 
 @pytest.fixture(scope="session")
@@ -159,19 +160,19 @@ def s3_env(s3_endpoint: str) -> dict[str, str]:
             "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
-# -- the real Kubernetes control plane (tests/kube.py) ----------------------------------------
+# -- the real Kubernetes control plane (tests/support/kube.py) ------------------------------
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the session's main process
-        from tests.kube import configure_session
+        from tests.support.kube import configure_session
 
         configure_session()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):
-        from tests.kube import end_session
+        from tests.support.kube import end_session
 
         end_session()
 
@@ -179,7 +180,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def kube() -> ControlPlane:
     """The session's control plane (one for every test process)."""
-    from tests.kube import session_cluster
+    from tests.support.kube import session_cluster
 
     return session_cluster()
 
@@ -197,7 +198,7 @@ def built_image() -> image.Built:
 def namespace(kube: ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
     """A namespace of the test's own, labelled for the restricted Pod Security Standard;
     deleted afterwards (its pods' processes stop with it)."""
-    from tests.kube import delete_namespace, new_namespace
+    from tests.support.kube import delete_namespace, new_namespace
 
     name = new_namespace(kube, request.node.name)
     yield name

@@ -17,7 +17,7 @@ from typing import Any
 
 from devtools import otelcol
 from tests.acceptance.serving import free_port
-from tests.procs import kill_quietly
+from tests.support.procs import kill_quietly
 
 CONFIG = """\
 receivers:

@@ -16,8 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from tests.procs import kill_quietly
 from tests.support import JOBFENCE, REPO, cli_env
+from tests.support.procs import kill_quietly
 
 
 def free_port() -> int:

@@ -23,8 +23,17 @@ import pytest
 
 from jobfence.errors import NotRetryable
 from jobfence.store import Store
-from tests.procs import alive, enqueue, job, kill_quietly, log_events, read_pid, spawn, wait_for
 from tests.support import JOBFENCE, REPO, Dsn, cli_env, run_cli
+from tests.support.procs import (
+    alive,
+    enqueue,
+    job,
+    kill_quietly,
+    log_events,
+    read_pid,
+    spawn,
+    wait_for,
+)
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 

@@ -9,8 +9,8 @@ import tomllib
 from pathlib import Path
 
 from devtools.sqlconn import connect
-from tests.procs import FAST, enqueue, events, job
 from tests.support import REPO, run_cli
+from tests.support.procs import FAST, enqueue, events, job
 
 
 def test_version(dsn: str) -> None:

@@ -18,8 +18,8 @@ from devtools.sqlconn import connect
 from jobfence.adapters.s3 import S3ObjectStore
 from jobfence.objectstore import log_prefix
 from jobfence.store import Store
-from tests.procs import action_results, enqueue, job, spawn, wait_for
 from tests.support import JOBFENCE, REPO, cli_env, run_cli
+from tests.support.procs import action_results, enqueue, job, spawn, wait_for
 
 LINES = 819_200  # 64 bytes each: 50 MiB
 BIG = (f"import sys\nw = sys.stdout.write\nfor i in range({LINES}):\n    w(f'{{i:063d}}\\n')\n"

@@ -1,6 +1,6 @@
 """The command sidecar, as the shipped worker pod runs it (``jobfence.worker.sidecar.protocol``).
 
-The runner runs as a container of its own would (``tests.procs.Sidecar``): in a PID
+The runner runs as a container of its own would (``tests.support.procs.Sidecar``): in a PID
 namespace of its own under a small init, with an environment that holds no key, dialing the
 socket a real worker listens on in a directory only the worker may write. As root its
 children get a uid of their own per job; as a non-root uid (the restricted pod) its
@@ -26,9 +26,10 @@ from pathlib import Path
 import pytest
 
 from jobfence.store import Store
-from tests.acceptance.test_least_privilege import SEARCH, servers
-from tests.factories import enqueue_one
-from tests.procs import (
+from tests.support import JOBFENCE, REPO, Dsn, cli_env, run_cli
+from tests.support.factories import enqueue_one
+from tests.support.hostile import SEARCH, servers
+from tests.support.procs import (
     FAST,
     SYSTEM_PYTHON,
     Sidecar,
@@ -39,7 +40,6 @@ from tests.procs import (
     kill_quietly,
     wait_for,
 )
-from tests.support import JOBFENCE, REPO, Dsn, cli_env, run_cli
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                                 reason="a PID namespace of its own needs root and unshare")

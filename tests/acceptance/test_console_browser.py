@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from tests.acceptance.serving import Served, serve
-from tests.kube import ControlPlane
-from tests.procs import FAST, alive, enqueue, job, kill_quietly, read_pid, spawn, wait_for
 from tests.support import role_dsn, run_cli
+from tests.support.kube import ControlPlane
+from tests.support.procs import FAST, alive, enqueue, job, kill_quietly, read_pid, spawn, wait_for
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -239,7 +239,7 @@ def test_a_parent_and_its_children(browser: Any, console: Served, dsn: str,
 def test_signing_in_with_a_token_and_reading_only(browser: Any, dsn: str, tmp_path: Path,
                                                   kube: ControlPlane, namespace: str) -> None:
     """With a real ServiceAccount token, reviewed by the real API server."""
-    from tests.kube import kubeconfig_for, service_account, token
+    from tests.support.kube import kubeconfig_for, service_account, token
 
     enqueue(dsn, 'sleep:{"seconds": 0}', "--queue", "reports")
     service_account(kube, namespace, "console", cluster_role="system:auth-delegator")

@@ -17,8 +17,8 @@ import pytest
 
 from jobfence.adapters.s3 import S3ObjectStore
 from jobfence.objectstore import parse_s3_url
-from tests.procs import FAST, events, job, spawn, wait_for
 from tests.support import JOBFENCE, REPO, cli_env, run_cli
+from tests.support.procs import FAST, events, job, spawn, wait_for
 
 UPPER = ("for f in \"$JOBFENCE_INPUT_DIR\"/*; do "
          "tr a-z A-Z < \"$f\" > \"$JOBFENCE_OUTPUT_DIR/$(basename \"$f\").out\"; done")

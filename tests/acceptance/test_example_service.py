@@ -15,8 +15,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.procs import kill_quietly
 from tests.support import REPO, Dsn, cli_env, role_dsn, run_cli
+from tests.support.procs import kill_quietly
 
 APP = REPO / "examples" / "maintenance_service" / "app.py"
 

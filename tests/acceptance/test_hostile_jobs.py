@@ -36,10 +36,18 @@ from jobfence import db
 from jobfence.adapters.s3 import S3ObjectStore
 from jobfence.objectstore import parse_s3_url
 from jobfence.store import Store
-from tests.factories import enqueue_one
-from tests.pg import Databases
-from tests.procs import FAST, SYSTEM_PYTHON, Sidecar, action_results, events, job, kill_quietly
 from tests.support import JOBFENCE, Dsn, cli_env, run_cli
+from tests.support.factories import enqueue_one
+from tests.support.pg import Databases
+from tests.support.procs import (
+    FAST,
+    SYSTEM_PYTHON,
+    Sidecar,
+    action_results,
+    events,
+    job,
+    kill_quietly,
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                                 reason="other users and PID namespaces need root")

@@ -19,8 +19,8 @@ from devtools.sqlconn import connect
 from jobfence.adapters.s3 import S3ObjectStore
 from jobfence.objectstore import parse_s3_url
 from jobfence.pools import Pool
-from tests.pg import Databases
 from tests.support import run_cli
+from tests.support.pg import Databases
 
 # Every periodic function ticks every few seconds, staggered, while all installations'
 # workers run (ten function starts a second would take the whole of a 2-core machine).

@@ -19,7 +19,7 @@ import pytest
 
 from jobfence.errors import ConfigError, NoFreeUid
 from jobfence.jobuids import DEFAULT_UIDS, FixedUser, PerJobUsers, SameUser, parse_uids, users_for
-from tests.procs import alive, wait_for
+from tests.support.procs import alive, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching uids needs root")
 

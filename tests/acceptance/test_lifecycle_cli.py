@@ -20,9 +20,9 @@ from devtools.sqlconn import connect
 from jobfence.adapters.s3 import S3ObjectStore
 from jobfence.objectstore import job_prefix
 from jobfence.store import Store
-from tests.factories import run_in_progress
-from tests.procs import FAST, alive, enqueue, job, log_events, read_pid, spawn, wait_for
 from tests.support import run_cli
+from tests.support.factories import run_in_progress
+from tests.support.procs import FAST, alive, enqueue, job, log_events, read_pid, spawn, wait_for
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 

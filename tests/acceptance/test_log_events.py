@@ -19,9 +19,9 @@ import pytest
 from devtools.sqlconn import connect
 from jobfence.cluster import PERIODIC_FUNCTIONS
 from jobfence.store import Store
-from tests.factories import run_in_progress
-from tests.procs import enqueue, job, kill_quietly, log_events, spawn, wait_for
 from tests.support import run_cli
+from tests.support.factories import run_in_progress
+from tests.support.procs import enqueue, job, kill_quietly, log_events, spawn, wait_for
 
 LONG_LEASE = {"JOBFENCE_LEASE_SECONDS": "120", "JOBFENCE_HEARTBEAT_SECONDS": "1"}
 LOCAL = {"JOBFENCE_CLUSTER": "local", "JOBFENCE_RECONCILE_GRACE_SECONDS": "0",

@@ -23,10 +23,10 @@ from jobfence.adapters.s3 import S3ObjectStore
 from jobfence.passes.harness import detect_trigger
 from jobfence.settings import Settings
 from jobfence.store import Store
-from tests.factories import run_in_progress
-from tests.manifests.rendered import METRICS
-from tests.procs import enqueue, wait_for
 from tests.support import REPO, run_cli
+from tests.support.factories import run_in_progress
+from tests.support.manifests import METRICS
+from tests.support.procs import enqueue, wait_for
 
 BROKEN_CLUSTER = {"JOBFENCE_CLUSTER": "kubernetes", "KUBECONFIG": "/nonexistent",
                   "KUBERNETES_SERVICE_HOST": ""}

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from devtools.sqlconn import connect
-from tests.procs import enqueue
 from tests.support import JOBFENCE, REPO, cli_env, run_cli
+from tests.support.procs import enqueue
 
 SECRET = "hunter2-do-not-show"
 CMD = json.dumps({"argv": ["sh", "-c", "echo hi; exit 3"], "env": {"API_TOKEN": SECRET}})

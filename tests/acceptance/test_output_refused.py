@@ -11,8 +11,8 @@ from devtools.sqlconn import connect
 from jobfence.adapters.s3 import S3ObjectStore
 from jobfence.objectstore import attempt_prefix
 from jobfence.store import Store
-from tests.procs import FAST, enqueue, job
 from tests.support import run_cli
+from tests.support.procs import FAST, enqueue, job
 
 
 def test_an_output_the_object_store_refuses_is_marked_error(

@@ -25,10 +25,10 @@ from jobfence.db import Connection
 from jobfence.store import Store
 from jobfence.store.migrations import available
 from jobfence.store.roles import KINDS
-from tests.factories import new_job
-from tests.pg import Databases, with_db
-from tests.procs import spawn, wait_for
 from tests.support import JOBFENCE, REPO, Dsn, cli_env, run_cli, through
+from tests.support.factories import new_job
+from tests.support.pg import Databases, with_db
+from tests.support.procs import spawn, wait_for
 
 
 @pytest.fixture

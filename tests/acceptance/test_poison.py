@@ -16,8 +16,8 @@ import psycopg
 import pytest
 
 from devtools.sqlconn import connect
-from tests.procs import FAST, action_results, alive, enqueue, job, read_pid, spawn, wait_for
 from tests.support import JOBFENCE, REPO, cli_env, run_cli
+from tests.support.procs import FAST, action_results, alive, enqueue, job, read_pid, spawn, wait_for
 
 SLEEP0 = 'sleep:{"seconds": 0}'
 

@@ -17,8 +17,8 @@ import pytest
 
 from devtools.embedded_pg import free_port
 from devtools.sqlconn import connect
-from tests.procs import FAST, enqueue, kill_quietly
 from tests.support import JOBFENCE, REPO, cli_env, run_cli
+from tests.support.procs import FAST, enqueue, kill_quietly
 
 PROMETHEUS = shutil.which("prometheus")
 

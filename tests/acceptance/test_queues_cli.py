@@ -15,8 +15,17 @@ from pathlib import Path
 import pytest
 
 from devtools.sqlconn import connect
-from tests.procs import FAST, enqueue, events, job, long_then_quick, read_pid, spawn, wait_for
 from tests.support import run_cli
+from tests.support.procs import (
+    FAST,
+    enqueue,
+    events,
+    job,
+    long_then_quick,
+    read_pid,
+    spawn,
+    wait_for,
+)
 
 QUICK = 'sleep:{"seconds": 0}'
 

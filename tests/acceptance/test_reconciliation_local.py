@@ -17,24 +17,12 @@ from pathlib import Path
 from devtools.sqlconn import connect
 from jobfence.adapters.local_cluster import LocalCluster, is_worker
 from jobfence.store import Store
-from tests.factories import run_in_progress
-from tests.procs import enqueue, job, kill_quietly, spawn, wait_for
 from tests.support import run_cli
+from tests.support.factories import run_in_progress
+from tests.support.procs import enqueue, job, kill_quietly, spawn, wait_for
+from tests.support.reconciliation import LOCAL, installation, reconcile
 
 LONG_LEASE = {"JOBFENCE_LEASE_SECONDS": "120", "JOBFENCE_HEARTBEAT_SECONDS": "1"}
-LOCAL = {"JOBFENCE_CLUSTER": "local", "JOBFENCE_RECONCILE_GRACE_SECONDS": "0",
-         "JOBFENCE_RETRY_BASE_SECONDS": "0"}
-
-
-def reconcile(dsn: str) -> dict[str, object]:
-    r = run_cli(dsn, "reconciliation", **LOCAL)
-    assert r.returncode == 0, r.stderr
-    return dict(json.loads(r.stdout))
-
-
-def installation(dsn: str) -> str:
-    with connect(dsn) as conn:
-        return str(Store(conn).control.identity().installation)
 
 
 def running_worker(dsn: str, **env: str) -> tuple[str, subprocess.Popen[str]]:

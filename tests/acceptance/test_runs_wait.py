@@ -12,9 +12,9 @@ import pytest
 
 from devtools.sqlconn import connect
 from jobfence.store import Store
-from tests.factories import run_in_progress
-from tests.procs import spawn, wait_for
 from tests.support import run_cli
+from tests.support.factories import run_in_progress
+from tests.support.procs import spawn, wait_for
 
 BROKEN_CLUSTER = {"JOBFENCE_CLUSTER": "kubernetes", "KUBECONFIG": "/nonexistent",
                   "KUBERNETES_SERVICE_HOST": ""}

@@ -20,8 +20,8 @@ from starlette.routing import Route
 
 from devtools.sqlconn import connect
 from tests.acceptance.serving import Served, free_port, serve
-from tests.procs import FAST, enqueue
 from tests.support import role_dsn, run_cli
+from tests.support.procs import FAST, enqueue
 
 PROXY = {"JOBFENCE_AUTH": "proxy", "JOBFENCE_AUTH_READERS": "*",
          "JOBFENCE_AUTH_OPERATORS": "alice,group:oncall", "JOBFENCE_CLUSTER": "local"}
@@ -277,7 +277,7 @@ def test_manual_trigger_is_rate_limited_raced_and_audited(server: Served, dsn: s
             return [tuple(r.values()) for r in conn.execute(
                 "SELECT function, trigger, triggered_by FROM jobfence.function_runs "
                 "ORDER BY run_id").fetchall()]
-    from tests.procs import wait_for
+    from tests.support.procs import wait_for
     runs = wait_for(lambda: len(ran()) == 2 and ran(), timeout=60)
     assert sorted(runs) == [("lifecycle", "manual", "alice"), ("sweeper", "manual", "alice")]
 

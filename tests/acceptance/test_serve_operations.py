@@ -14,7 +14,7 @@ import pytest
 
 from devtools.sqlconn import connect
 from tests.acceptance.serving import Served, serve
-from tests.procs import enqueue
+from tests.support.procs import enqueue
 
 PROXY = {"JOBFENCE_AUTH": "proxy", "JOBFENCE_AUTH_READERS": "*",
          "JOBFENCE_AUTH_OPERATORS": "alice"}

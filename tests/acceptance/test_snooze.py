@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import FAST, enqueue, events, job
 from tests.support import REPO, run_cli
+from tests.support.procs import FAST, enqueue, events, job
 
 PLUGIN = {"PYTHONPATH": str(REPO / "tests" / "fixtures" / "plugin")}
 

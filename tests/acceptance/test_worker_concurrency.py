@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.test_reconciliation_local import installation, reconcile
-from tests.procs import FAST, alive, enqueue, events, job, read_pid, spawn, wait_for
 from tests.support import run_cli
+from tests.support.procs import FAST, alive, enqueue, events, job, read_pid, spawn, wait_for
+from tests.support.reconciliation import installation, reconcile
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 

@@ -21,7 +21,8 @@ import pytest
 from devtools.embedded_pg import EmbeddedPostgres
 from devtools.sqlconn import connect
 from jobfence.store.migrations import migrate
-from tests.procs import (
+from tests.support import run_cli
+from tests.support.procs import (
     FAST,
     action_results,
     alive,
@@ -34,7 +35,6 @@ from tests.procs import (
     spawn,
     wait_for,
 )
-from tests.support import run_cli
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 

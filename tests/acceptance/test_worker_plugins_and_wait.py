@@ -9,9 +9,9 @@ import time
 
 from devtools.sqlconn import connect
 from jobfence.store import Store
-from tests.factories import run_in_progress
-from tests.procs import FAST, enqueue, job, spawn, wait_for
 from tests.support import REPO, run_cli
+from tests.support.factories import run_in_progress
+from tests.support.procs import FAST, enqueue, job, spawn, wait_for
 
 PLUGIN = {"PYTHONPATH": str(REPO / "tests" / "fixtures" / "plugin")}
 

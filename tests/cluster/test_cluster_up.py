@@ -21,7 +21,7 @@ from devtools.cluster import network
 from devtools.cluster.plane import Plane
 from devtools.cluster.processes import ClusterError, Started
 from devtools.embedded_pg import free_port
-from tests.kube import REPO, ControlPlane
+from tests.support.kube import REPO, ControlPlane
 
 MAKE_TIMEOUT = 600
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.acceptance.serving import Served, serve
-from tests.kube import ControlPlane, Installation, install, token, wait_for
+from tests.support.kube import ControlPlane, Installation, install, token, wait_for
 
 OPERATOR, READER = "oncall", "viewer"
 

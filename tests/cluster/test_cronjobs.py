@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from tests.kube import ControlPlane, Installation, install
-from tests.manifests.rendered import PERIODIC
+from tests.support.kube import ControlPlane, Installation, install
+from tests.support.manifests import PERIODIC
 
 
 @pytest.fixture

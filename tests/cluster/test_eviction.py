@@ -18,7 +18,7 @@ import os
 import signal
 import time
 
-from tests.kube import (
+from tests.support.kube import (
     ControlPlane,
     Installation,
     LogFollower,

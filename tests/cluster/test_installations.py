@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import psycopg
 import pytest
 
-from tests.kube import (
+from tests.support.kube import (
     WORKER_LABELS,
     ControlPlane,
     Installation,
@@ -26,7 +26,7 @@ from tests.kube import (
     remote_pod,
     suspended_job,
 )
-from tests.pg import Databases
+from tests.support.pg import Databases
 
 PAGE = 3
 LIVE, IDLE = 2, 5  # 7 pods: three pages

@@ -10,7 +10,7 @@ order, each leaving its queues empty). What differs from what ships:
 * the pools' ``pollingInterval`` is 2 s (shipped: 10 s): the test's pool declaration is
   manifests/pools.yaml with that one value changed, rendered by the product's own
   renderer, and the difference checked to be only that;
-* the installation's settings of ``tests/kube.py`` ``TEST_CONFIG`` (reconciliation
+* the installation's settings of ``tests/support/kube.py`` ``TEST_CONFIG`` (reconciliation
   graces), and its CronJobs suspended.
 
 Nothing here waits on a clock it asserts: "KEDA started nothing" is judged after KEDA was
@@ -36,7 +36,8 @@ from psycopg.rows import dict_row
 from devtools.roles import login_name
 from jobfence.pools import Pool, Pools, scaled_job, template
 from jobfence.store.queues import scaler_query
-from tests.kube import (
+from tests.support import REPO, run_cli
+from tests.support.kube import (
     ControlPlane,
     Installation,
     delete_namespace,
@@ -45,8 +46,7 @@ from tests.kube import (
     new_namespace,
     wait_for,
 )
-from tests.pg import Databases
-from tests.support import REPO, run_cli
+from tests.support.pg import Databases
 
 POLLING = 2
 """The pools' pollingInterval in these tests (shipped: 10 s)."""

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from devtools.cluster.rest import ApiError, Rest
-from tests.kube import ControlPlane, install
-from tests.manifests.rendered import Obj, one, render_with
+from tests.support.kube import ControlPlane, install
+from tests.support.manifests import Obj, one, render_with
 
 ALL = ("alerts", "console", "metrics-exporter", "grafana-dashboards")
 

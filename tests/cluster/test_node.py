@@ -15,7 +15,7 @@ import urllib.request
 from typing import Any
 
 from devtools import controlplane
-from tests.kube import NODE, ControlPlane, enqueue_command, install, pod_body, wait_for
+from tests.support.kube import NODE, ControlPlane, enqueue_command, install, pod_body, wait_for
 
 
 def phase_of(kube: ControlPlane, namespace: str, name: str) -> dict[str, Any]:

@@ -20,7 +20,8 @@ import subprocess
 import pytest
 
 from devtools.cluster.plane import NODE
-from tests.kube import (
+from tests.support import JOBFENCE, REPO, cli_env
+from tests.support.kube import (
     TEST_CONFIG,
     ControlPlane,
     enqueue_command,
@@ -29,7 +30,6 @@ from tests.kube import (
     pod_pids,
     wait_for,
 )
-from tests.support import JOBFENCE, REPO, cli_env
 
 pytestmark = pytest.mark.stops_node
 

@@ -15,7 +15,7 @@ import pytest
 from devtools.cluster.rest import ApiError
 from jobfence.adapters.kube import KubernetesCluster
 from jobfence.errors import ClusterError
-from tests.kube import (
+from tests.support.kube import (
     WORKER_LABELS,
     ControlPlane,
     Installation,

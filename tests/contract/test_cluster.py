@@ -1,7 +1,7 @@
 """One suite for every cluster adapter that can be seeded with pods: the in-memory fake and
 the real Kubernetes adapter against the real API server (the session's control plane,
-tests/kube.py; its pods bound to a node no agent runs, their status written as that node's
-kubelet would). Paging through more pods than a page holds, deletes that say whether
+tests/support/kube.py; its pods bound to a node no agent runs, their status written as that
+node's kubelet would). Paging through more pods than a page holds, deletes that say whether
 something went — and only what was listed (a uid precondition) — a pod's owner Job."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from devtools.memory_cluster import MemoryCluster
 from jobfence.adapters.kube import KubernetesCluster
 from jobfence.cluster import Cluster, Pod
-from tests.kube import WORKER_LABELS, ControlPlane, remote_pod, suspended_job
+from tests.support.kube import WORKER_LABELS, ControlPlane, remote_pod, suspended_job
 
 SELECTOR = "app.kubernetes.io/name=jobfence,app.kubernetes.io/component=worker"
 INSTALLATION = "jf-test"

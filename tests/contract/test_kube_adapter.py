@@ -13,7 +13,7 @@ import pytest
 from devtools.cluster.rest import ApiError
 from jobfence.adapters.kube import KubernetesCluster
 from jobfence.errors import ClusterError
-from tests.kube import WORKER_LABELS, ControlPlane, compact_etcd, remote_pod, wait_for
+from tests.support.kube import WORKER_LABELS, ControlPlane, compact_etcd, remote_pod, wait_for
 
 SELECTOR = "app.kubernetes.io/name=jobfence,app.kubernetes.io/component=worker"
 

@@ -27,7 +27,7 @@ from jobfence.passes import orphan_cleanup
 from jobfence.passes.harness import Deps
 from jobfence.settings import Settings
 from jobfence.store import Store
-from tests.kube import WORKER_LABELS, ControlPlane, remote_pod, token
+from tests.support.kube import WORKER_LABELS, ControlPlane, remote_pod, token
 
 SELECTOR = "app.kubernetes.io/name=jobfence,app.kubernetes.io/component=worker"
 INSTALLATION = "jf-faults"

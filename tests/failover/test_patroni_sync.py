@@ -32,8 +32,8 @@ from jobfence.store import Store, TerminalWrite
 from jobfence.store.migrations import migrate
 from jobfence.worker.completer import Completer
 from jobfence.worker.guard import Guard
-from tests.factories import enqueue_one
 from tests.support import JOBFENCE, REPO, cli_env
+from tests.support.factories import enqueue_one
 
 pytestmark = pytest.mark.slow
 DBNAME = "jf_failover"

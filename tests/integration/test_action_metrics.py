@@ -18,9 +18,9 @@ import pytest
 from jobfence import metrics
 from jobfence.store import IMMEDIATE, ActionOutcome, Store, TerminalWrite
 from jobfence.store.action_metrics import OTHER
-from tests.factories import enqueue_one
-from tests.procs import FAST
 from tests.support import REPO, run_cli
+from tests.support.factories import enqueue_one
+from tests.support.procs import FAST
 
 pytestmark = pytest.mark.pooled
 

@@ -19,8 +19,8 @@ from psycopg.rows import namedtuple_row, tuple_row
 import jobfence
 from jobfence.spec import JobSpec
 from jobfence.store import Store
-from tests.factories import new_job
 from tests.support import Dsn, role_dsn, run_cli
+from tests.support.factories import new_job
 
 SLEEP = [{"name": "sleep", "params": {"seconds": 0}}]
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
 from jobfence.console.api import Server
-from tests.api_client import api_client, api_server, asgi_request, written
+from tests.support.api_client import api_client, api_server, asgi_request, written
 
 FUZZ = settings(max_examples=200, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,

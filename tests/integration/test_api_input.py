@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from jobfence.limits import MAX_SPEC_BYTES
-from tests.api_client import api_client, api_server, asgi_request, written
+from tests.support.api_client import api_client, api_server, asgi_request, written
 
 CHUNK = 1024 * 1024
 

@@ -17,8 +17,8 @@ import pytest
 from jobfence import bulk, db
 from jobfence.errors import Drained
 from jobfence.store import Store
-from tests.factories import enqueue_one, new_job
 from tests.support import Dsn
+from tests.support.factories import enqueue_one, new_job
 
 pytestmark = pytest.mark.pooled
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from devtools.sqlconn import connect
 from jobfence.functions import cli as entry
-from tests.factories import plugin_installed
+from tests.support.factories import plugin_installed
 
 FUZZ = settings(max_examples=150, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,

@@ -13,8 +13,8 @@ from jobfence.ids import uuid7
 from jobfence.joblogs import Logs
 from jobfence.objectstore import log_key
 from jobfence.store import ActionOutcome, Store
-from tests.factories import enqueue_one, installation
-from tests.integration.test_lifecycle import BUCKET, HOUR, db_now, run
+from tests.support.factories import enqueue_one, installation
+from tests.support.lifecycle import BUCKET, HOUR, db_now, run
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 

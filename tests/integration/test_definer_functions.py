@@ -24,8 +24,8 @@ from psycopg import sql
 from devtools.roles import ensure_logins
 from jobfence import db
 from jobfence.store import RetryPolicy, Store
-from tests.factories import enqueue_one
 from tests.support import Dsn
+from tests.support.factories import enqueue_one
 
 STORE = Path(inspect.getfile(Store)).parent
 

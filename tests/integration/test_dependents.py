@@ -17,9 +17,9 @@ from jobfence.passes import export_finalize
 from jobfence.passes.harness import Deps
 from jobfence.settings import Settings
 from jobfence.store import SETTLE_BATCH, Store
-from tests.factories import enqueue_one, new_job
-from tests.procs import FAST, enqueue, events, job, log_events, spawn, wait_for
 from tests.support import run_cli
+from tests.support.factories import enqueue_one, new_job
+from tests.support.procs import FAST, enqueue, events, job, log_events, spawn, wait_for
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 

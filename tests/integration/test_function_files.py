@@ -16,8 +16,8 @@ from devtools.sqlconn import connect
 from jobfence import db
 from jobfence.store import migrations
 from jobfence.store.migrations import Migrations, available, function_files, migrate
-from tests.pg import Databases
-from tests.schema_dump import catalog, first_difference
+from tests.support.pg import Databases
+from tests.support.schema_dump import catalog, first_difference
 
 SCHEMA = "jobfence"
 PUBLIC_UNTIL = 8

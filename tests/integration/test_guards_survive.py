@@ -27,8 +27,8 @@ from jobfence.worker.faults import Faults
 from jobfence.worker.guard import Guard, StopReason
 from jobfence.worker.guard_threads import Guards
 from jobfence.worker.side_channel import SideChannel
-from tests.factories import enqueue_one
-from tests.procs import wait_for
+from tests.support.factories import enqueue_one
+from tests.support.procs import wait_for
 
 LEASE = 3.0
 

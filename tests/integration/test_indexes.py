@@ -18,8 +18,8 @@ from devtools.sqlconn import connect
 from jobfence.db import queries
 from jobfence.store import Store
 from jobfence.store.queues import scaler_query
-from tests.factories import enqueue_one
-from tests.pg import Databases
+from tests.support.factories import enqueue_one
+from tests.support.pg import Databases
 
 FINISHED = 200_000
 LATER = "2030-01-01T00:00:00Z"

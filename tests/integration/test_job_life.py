@@ -25,7 +25,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from devtools.sqlconn import connect
 from tests.model.machine import JobLife, seed_from_env
-from tests.pg import Databases
+from tests.support.pg import Databases
 
 DEFAULT_SEED = 39
 """The seed ``make test`` runs with, so that the suite is the same run to run."""

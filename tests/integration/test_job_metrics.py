@@ -14,7 +14,7 @@ import pytest
 
 from jobfence import metrics
 from jobfence.store import IMMEDIATE, Store
-from tests.factories import enqueue_one
+from tests.support.factories import enqueue_one
 
 pytestmark = pytest.mark.pooled
 

@@ -26,7 +26,7 @@ from jobfence.ids import uuid7
 from jobfence.passes.harness import Deps
 from jobfence.settings import load_settings
 from jobfence.store import Store
-from tests.factories import enqueue_one, installation, make_parent
+from tests.support.factories import enqueue_one, installation, make_parent
 
 Sample = tuple[str, tuple[tuple[str, str], ...]]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
-from typing import Any
 from uuid import UUID
 
 import pytest
@@ -20,31 +19,11 @@ from jobfence.ids import uuid7
 from jobfence.objectstore import job_prefix, legacy_job_prefix, manifest_key
 from jobfence.passes import budget, retention
 from jobfence.passes.harness import Deps
-from jobfence.settings import Settings, load_settings
 from jobfence.store import ActionOutcome, Store
-from tests.factories import enqueue_one, installation, make_parent, new_job
+from tests.support.factories import enqueue_one, installation, make_parent, new_job
+from tests.support.lifecycle import BUCKET, HOUR, db_now, run, settings
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
-
-BUCKET = "out"
-HOUR = timedelta(hours=1)
-
-
-def settings(dsn: str, **kw: Any) -> Settings:
-    kw.setdefault("retry_base_seconds", 0)
-    return load_settings(database_url=dsn, **kw)
-
-
-def run(store: Store, dsn: str, now: datetime | None = None,
-        objects: MemoryObjectStore | None = None, **kw: Any) -> lifecycle.Report:
-    s = settings(dsn, **({"s3_bucket": BUCKET} | kw if objects is not None else kw))
-    return lifecycle.run_once(s, Deps(store, s, object_store=objects, now=now))
-
-
-def db_now(store: Store) -> datetime:
-    row = store.conn.execute("SELECT now() AS now").fetchone()
-    assert row is not None
-    return row["now"]  # type: ignore[no-any-return]
 
 
 def count(store: Store, table: str, job_id: UUID) -> int:

@@ -34,9 +34,9 @@ from jobfence.worker import execution
 from jobfence.worker.completer import Completer
 from jobfence.worker.guard import Guard
 from jobfence.worker.loop import Worker
-from tests.api_client import api_client
-from tests.factories import enqueue_one
 from tests.support import SLOW_COMMIT
+from tests.support.api_client import api_client
+from tests.support.factories import enqueue_one
 
 LOST = "the answer to its claim was lost"
 
@@ -265,3 +265,21 @@ def test_an_http_submit_whose_answer_was_lost_makes_one_job(
     assert r.status_code == 202, r.text
     rows = conn.execute("SELECT job_id, status FROM jobs").fetchall()
     assert rows == [{"job_id": UUID(r.json()["job_id"]), "status": "pending"}]
+
+
+def test_a_worker_that_stops_on_a_lost_claim_gives_its_jobs_back_first(
+        dsn: str, store: Store, conn: Connection) -> None:
+    """A worker with nothing in hand whose claim's answer is lost stops (exit 4: the
+    database did not answer), but not before the jobs that claim took are given back —
+    not held unrun until their leases end, an attempt spent."""
+    job = enqueue_one(store, max_attempts=1)
+    worker = Worker(Settings(database_url=dsn, lease_seconds=60))
+    cut = lose_next_answer(conn, worker.wiring.completer.store)
+    try:
+        with pytest.raises(StoreUnavailable):
+            worker.run(1)
+    finally:
+        cut.join()
+    row = job_row(conn, job)
+    assert (row["status"], row["attempt_count"], row["attempt_id"]) == ("pending", 0, None)
+    assert LOST in row["reason"]

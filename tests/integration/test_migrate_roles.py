@@ -12,8 +12,8 @@ import pytest
 from psycopg import sql
 
 from jobfence.store.roles import setup_sql
-from tests.pg import Databases
 from tests.support import run_cli
+from tests.support.pg import Databases
 
 
 def state(url: str, schema: str) -> list[tuple[str, ...]]:

@@ -14,9 +14,9 @@ import time
 from jobfence.db import Connection
 from jobfence.store import Store
 from jobfence.store.migrations import function_files
-from tests.factories import new_job
-from tests.procs import spawn
 from tests.support import Dsn, run_cli
+from tests.support.factories import new_job
+from tests.support.procs import spawn
 
 JOBS = 360
 WORKERS = 3

@@ -12,9 +12,9 @@ import psycopg
 
 from devtools.sqlconn import connect
 from jobfence.store.migrations import available, migrate
-from tests.pg import Databases
-from tests.schema_dump import dump
 from tests.support import JOBFENCE, REPO, cli_env, run_cli
+from tests.support.pg import Databases
+from tests.support.schema_dump import dump
 
 EXPECTED = Path(__file__).with_name("expected_schema.txt")
 

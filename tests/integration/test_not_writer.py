@@ -23,8 +23,8 @@ from jobfence.settings import Settings
 from jobfence.store import Claim, Store, TerminalWrite
 from jobfence.worker.completer import Completer
 from jobfence.worker.guard import Guard
-from tests.factories import enqueue_one
 from tests.support import SLOW_COMMIT, role_dsn, run_cli
+from tests.support.factories import enqueue_one
 
 
 def settings(dsn: str, **kw: Any) -> Settings:

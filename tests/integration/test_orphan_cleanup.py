@@ -22,7 +22,7 @@ from jobfence.passes.harness import Deps
 from jobfence.passes.orphan_cleanup import owner_of
 from jobfence.settings import Settings
 from jobfence.store import IMMEDIATE, Store
-from tests.factories import enqueue_one
+from tests.support.factories import enqueue_one
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 

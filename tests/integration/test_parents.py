@@ -17,8 +17,8 @@ from devtools.sqlconn import connect
 from jobfence.finalize import finalize, finalize_parent
 from jobfence.objectstore import manifest_key
 from jobfence.store import IMMEDIATE, Claim, Store
-from tests.factories import enqueue_one, installation, make_parent, new_job
 from tests.support import run_cli
+from tests.support.factories import enqueue_one, installation, make_parent, new_job
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 

@@ -15,7 +15,7 @@ import pytest
 
 from devtools.sqlconn import connect
 from jobfence.store import Store
-from tests.factories import new_job
+from tests.support.factories import new_job
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 

@@ -17,7 +17,7 @@ import pytest
 from devtools.audit import most_running, queue_limit_violations
 from devtools.sqlconn import connect
 from jobfence.store import Claim, RetryPolicy, Store
-from tests.factories import enqueue_one, new_job
+from tests.support.factories import enqueue_one, new_job
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 

@@ -17,7 +17,7 @@ from jobfence.passes import reconciliation
 from jobfence.passes.harness import Deps
 from jobfence.settings import Settings
 from jobfence.store import Store
-from tests.factories import enqueue_one
+from tests.support.factories import enqueue_one
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 
@@ -174,7 +174,7 @@ def test_a_parent_whose_last_datum_reconciliation_fails_is_finalized_in_the_pass
         store: Store, dsn: str) -> None:
     """The zombie last datum: its pod is gone, its attempts are spent — the pass fails it and
     finalizes its parent (failed, naming it), not a minute later."""
-    from tests.factories import make_parent
+    from tests.support.factories import make_parent
 
     parent, [kid] = make_parent(store, 1, max_attempts=1)
     [c] = store.attempts.claim(worker_id="worker-a", lease_seconds=600)

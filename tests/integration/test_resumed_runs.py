@@ -14,12 +14,12 @@ from uuid import UUID
 import pytest
 
 from devtools.memory_objects import MemoryObjectStore
-from functions.orphan_cleanup import Report, clean_objects
 from jobfence.db import Connection
 from jobfence.objectstore import attempt_prefix, s3_url
+from jobfence.passes.orphan_cleanup import Report, clean_objects
 from jobfence.store import RetryPolicy, Store
 from jobfence.store.types import ActionOutcome, Claim
-from tests.factories import enqueue_one, installation, make_parent
+from tests.support.factories import enqueue_one, installation, make_parent
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 

@@ -21,8 +21,8 @@ from devtools.roles import ensure_logins
 from jobfence.store import Store
 from jobfence.store.queues import scaler_query
 from jobfence.store.roles import KINDS
-from tests.factories import enqueue_one
 from tests.support import Dsn
+from tests.support.factories import enqueue_one
 
 NOT_MINE = str(uuid4())
 

@@ -18,7 +18,7 @@ import pytest
 from jobfence import bulk
 from jobfence.db import Connection
 from jobfence.store import RetryPolicy, Store
-from tests.factories import enqueue_one
+from tests.support.factories import enqueue_one
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 

@@ -12,7 +12,7 @@ import pytest
 from jobfence.db import Connection
 from jobfence.errors import JobfenceError
 from jobfence.store import Store
-from tests.factories import enqueue_one
+from tests.support.factories import enqueue_one
 
 
 def _claim(store: Store):  # type: ignore[no-untyped-def]

@@ -24,7 +24,7 @@ from jobfence.errors import (
     ResourceBusy,
 )
 from jobfence.store import RetryPolicy, Store
-from tests.factories import enqueue_one, new_job
+from tests.support.factories import enqueue_one, new_job
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 

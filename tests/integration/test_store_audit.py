@@ -9,7 +9,7 @@ import pytest
 from jobfence.errors import Drained, IdempotencyConflict, JobNotFound, StoreError
 from jobfence.ids import uuid7
 from jobfence.store import Store
-from tests.factories import enqueue_one, new_job
+from tests.support.factories import enqueue_one, new_job
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 

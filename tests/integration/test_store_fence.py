@@ -10,7 +10,7 @@ import pytest
 from jobfence.errors import JobAlreadyTerminal, JobNotFound
 from jobfence.ids import uuid7
 from jobfence.store import IMMEDIATE, ActionOutcome, RetryPolicy, Store
-from tests.factories import enqueue_one
+from tests.support.factories import enqueue_one
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 

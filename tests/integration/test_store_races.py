@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -15,32 +13,10 @@ from devtools.sqlconn import connect
 from jobfence.errors import ResourceBusy
 from jobfence.ids import uuid7
 from jobfence.store import Store
-from tests.factories import enqueue_one, new_job
+from tests.support.factories import enqueue_one, new_job
+from tests.support.races import THREADS, race
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
-
-THREADS = 50
-
-
-def race(dsn: str, fn: Callable[[Store], Any]) -> list[Any]:
-    """Run fn on THREADS connections at the same instant; results or raised exceptions."""
-    conns = [connect(dsn) for _ in range(THREADS)]
-    barrier = threading.Barrier(THREADS)
-
-    def one(i: int) -> Any:
-        store = Store(conns[i])
-        barrier.wait()
-        try:
-            return fn(store)
-        except Exception as exc:
-            return exc
-
-    try:
-        with ThreadPoolExecutor(THREADS) as pool:
-            return list(pool.map(one, range(THREADS)))
-    finally:
-        for c in conns:
-            c.close()
 
 
 def test_fifty_claimers_one_job_exactly_one_wins(dsn: str, store: Store) -> None:

@@ -17,8 +17,8 @@ from jobfence.spec import parse_specs
 from jobfence.store import RetryPolicy, Store
 from jobfence.submit import submit
 from jobfence.tracecontext import attempt_span_id
-from tests.factories import enqueue_one, make_parent
 from tests.support import Dsn
+from tests.support.factories import enqueue_one, make_parent
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 

@@ -13,7 +13,8 @@ import pytest
 
 from jobfence.db import Connection
 from jobfence.store import ActionOutcome, ClaimRequest, Store, TerminalWrite
-from tests.factories import enqueue_one
+from tests.support.factories import enqueue_one
+from tests.support.races import THREADS, race
 
 pytestmark = pytest.mark.pooled
 
@@ -132,8 +133,6 @@ def test_the_batched_writes_carry_the_fence_per_row_as_installed(conn: Connectio
 
 
 def test_batched_claims_racing_take_each_job_once(dsn: str, store: Store) -> None:
-    from tests.integration.test_store_races import THREADS, race
-
     ids = {enqueue_one(store) for _ in range(120)}
     results = race(dsn, lambda s: s.attempts.claim(worker_id="racer", lease_seconds=30,
                                                    limit=10))
@@ -146,8 +145,6 @@ def test_batched_terminal_writes_racing_with_cancels_end_each_job_once(
         dsn: str, store: Store) -> None:
     """Batches that repeat one another's rows, and cancels, all at once: every job ends
     exactly once, each either by its batch (its fence held) or by its cancel."""
-    from tests.integration.test_store_races import race
-
     for _ in range(40):
         enqueue_one(store)
     claims = store.attempts.claim(worker_id="w", lease_seconds=60, limit=40)

@@ -15,7 +15,7 @@ from jobfence.jobuids import PerJobUsers, parse_uids
 from jobfence.settings import Settings
 from jobfence.store import Store
 from jobfence.worker.loop import Worker
-from tests.factories import enqueue_one
+from tests.support.factories import enqueue_one
 
 UIDS = "3999990000-3999990000"  # one uid: held by the test, none left for the worker
 

@@ -21,7 +21,7 @@ from jobfence.settings import Settings
 from jobfence.store import ClaimRequest, Store
 from jobfence.store.attempts import Attempts
 from jobfence.worker.loop import Report, Worker
-from tests.factories import enqueue_one, plugin_installed
+from tests.support.factories import enqueue_one, plugin_installed
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,7 @@ from jobfence.settings import Settings
 from jobfence.store import Store
 from jobfence.worker import loop as loop_module
 from jobfence.worker.loop import Worker
-from tests.factories import enqueue_one
+from tests.support.factories import enqueue_one
 
 
 class SlowObjects(MemoryObjectStore):

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from tests.manifests.rendered import Obj, render, render_with
+from tests.support.manifests import Obj, render, render_with
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.manifests.rendered import REPO, RUNBOOK_URL, Obj, one, render_with
+from tests.support.manifests import REPO, RUNBOOK_URL, Obj, one, render_with
 
 PROMTOOL = shutil.which("promtool")
 TESTS = REPO / "tests" / "fixtures" / "promtool" / "alerts_test.yml"

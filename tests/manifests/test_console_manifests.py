@@ -15,17 +15,20 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 
-import tests.manifests.test_policies as policies
-from tests.manifests.rendered import (
+from tests.support.manifests import (
     KUBERNETES_VERSION,
     MANIFESTS,
+    POLICIES,
     Obj,
+    Rule,
+    api_rules,
+    granted,
     of_kind,
     one,
     pod_templates,
+    port_calls,
     render,
 )
-from tests.manifests.test_rbac import Rule, api_rules, granted, port_calls
 
 NAME = "jobfence-console"
 COMPONENT = {"app.kubernetes.io/component": "console"}
@@ -155,23 +158,6 @@ def test_readiness_asks_the_database_and_liveness_never_does(overlay: list[Obj])
 
 # -- as restricted as every pod of the base -----------------------------------------------
 
-POD_POLICIES: list[Callable[[list[Obj]], None]] = [
-    policies.test_every_pod_runs_non_root_with_runtime_default_seccomp,
-    policies.test_every_container_is_read_only_without_capabilities,
-    policies.test_every_pod_writes_only_to_bounded_emptydirs_of_its_own,
-    policies.test_every_container_has_requests_and_limits,
-    policies.test_every_pod_knows_its_name_and_namespace,
-    policies.test_every_pod_takes_its_settings_from_the_configmap,
-    policies.test_the_dsn_comes_only_from_the_secret_of_the_functions_role,
-    policies.test_no_secret_values_are_committed,
-    policies.test_termination_grace_outlasts_the_worker_clean_up,
-    policies.test_every_pod_carries_the_app_labels_and_its_component,
-    policies.test_every_object_carries_the_app_labels,
-    policies.test_worker_pods_match_the_selector_reconciliation_uses,
-    policies.test_rbac_is_namespaced_and_names_every_verb,
-]
-
-
 def with_console_as_a_pod_of_the_base(objects: list[Obj]) -> list[Obj]:
     """The overlay as test_policies sees a base: the Deployment's pod template in the shape
     `pod_templates` walks (a Job's), so that its checks of every pod apply to the console
@@ -182,8 +168,7 @@ def with_console_as_a_pod_of_the_base(objects: list[Obj]) -> list[Obj]:
     return [o for o in objects if o["kind"] != "ClusterRoleBinding"] + [as_job]
 
 
-@pytest.mark.parametrize("policy", POD_POLICIES,
-                         ids=lambda f: f.__name__.removeprefix("test_"))
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda f: f.__name__)
 def test_the_console_pod_meets_every_policy_of_the_base(
         overlay: list[Obj], policy: Callable[[list[Obj]], None]) -> None:
     objects = with_console_as_a_pod_of_the_base(overlay)

@@ -16,9 +16,8 @@ import promql_parser
 import pytest
 
 from devtools.dashboards import OUT, render
-from tests.manifests.rendered import MANIFESTS, METRICS
-from tests.manifests.rendered import render as kustomize
-from tests.manifests.test_render_and_validate import metric_names
+from tests.support.manifests import MANIFESTS, METRICS, metric_names
+from tests.support.manifests import render as kustomize
 
 DASHBOARDS = sorted(OUT.glob("*.json"))
 # Grafana's own variables, given values PromQL can parse.

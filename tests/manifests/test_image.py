@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from jobfence.functions.cli import COMMANDS
-from tests.kube import outside
-from tests.manifests.rendered import REPO, Obj, pod_templates
+from tests.support.kube import outside
+from tests.support.manifests import REPO, Obj, pod_templates
 
 BASE_IMAGE = "python:3.11-slim"
 BUILD_TOOLS = re.compile(r"\b(gcc|g\+\+|make|build-essential|libpq-dev|python3-dev|cc)\b")

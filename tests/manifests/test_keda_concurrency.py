@@ -9,9 +9,9 @@ import math
 import pytest
 
 from jobfence.store import Store
-from tests.factories import enqueue_one
-from tests.manifests.rendered import Obj, pools
-from tests.manifests.test_keda_query import Trigger, claim, trigger_of, value
+from tests.support.factories import enqueue_one
+from tests.support.keda import Trigger, claim, trigger_of, value
+from tests.support.manifests import Obj, pools
 
 CONCURRENT = [p for p in pools().pools if p.concurrency > 1]
 

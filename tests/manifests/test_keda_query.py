@@ -9,10 +9,8 @@ query stays on its partial indexes."""
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -20,47 +18,13 @@ import pytest
 from devtools.sqlconn import connect
 from jobfence.db import Connection
 from jobfence.store import RetryPolicy, Store
-from tests.factories import enqueue_one, new_job
-from tests.manifests.rendered import Obj, one, pools
-from tests.pg import Databases
+from tests.support.factories import enqueue_one, new_job
+from tests.support.keda import Trigger, claim, trigger_of, value
+from tests.support.manifests import Obj, pools
+from tests.support.pg import Databases
 
 FINISHED = 1_000_000
 QUEUES = [p.queue for p in pools().pools]
-
-
-@dataclass(frozen=True)
-class Trigger:
-    """The ScaledJob's postgresql trigger and the limits KEDA applies with it."""
-
-    query: str
-    target: float
-    activation: float
-    max_replicas: int
-
-    def new_jobs(self, value: float, running_jobs: int) -> int:
-        """Worker Jobs KEDA creates on one poll with the default scaling strategy
-        (kedacore/keda pkg/scaling/executor/scale_jobs.go): none while the trigger is not
-        active (value <= activation); otherwise min(maxReplicaCount, ceil(value / target))
-        minus the Jobs it started that have not finished, never below zero."""
-        if value <= self.activation:
-            return 0
-        max_scale = min(self.max_replicas, math.ceil(value / self.target))
-        return max(0, max_scale - running_jobs)
-
-
-    queue: str
-
-
-def trigger_of(base: list[Obj], pool: str) -> Trigger:
-    spec = one(base, "ScaledJob", f"jobfence-worker-{pool}")["spec"]
-    [pg] = spec["triggers"]
-    assert pg["type"] == "postgresql"
-    meta = pg["metadata"]
-    labels = spec["jobTargetRef"]["template"]["metadata"]["labels"]
-    return Trigger(query=meta["query"], target=float(meta["targetQueryValue"]),
-                   activation=float(meta["activationTargetQueryValue"]),
-                   max_replicas=int(spec.get("maxReplicaCount", 100)),
-                   queue=labels["jobfence.io/queue"])
 
 
 @pytest.fixture(scope="module", params=[p.name for p in pools().pools if p.concurrency == 1])
@@ -82,25 +46,11 @@ def store(store: Store, trigger: Trigger) -> Store:
     return store
 
 
-def value(conn: Connection, trigger: Trigger) -> float:
-    """What KEDA's postgresql scaler reads: the first column of the one row."""
-    rows = conn.execute(trigger.query).fetchall()
-    assert len(rows) == 1
-    return float(next(iter(rows[0].values())))
-
-
 def ready(conn: Connection, queue: str) -> int:
     row = conn.execute("SELECT count(*) AS n FROM jobs WHERE status = 'pending' "
                        "AND visible_at <= now() AND queue = %s", (queue,)).fetchone()
     assert row is not None
     return int(row["n"])
-
-
-def claim(store: Store, n: int, queue: str) -> list[Any]:
-    claims = store.attempts.claim(worker_id="worker-pod", lease_seconds=300, limit=n,
-                                  queue=queue)
-    assert len(claims) == n
-    return claims
 
 
 # -- states of the queue ------------------------------------------------------------------

@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 
 from jobfence.functions.cli import COMMANDS
-from tests.manifests.rendered import KUBERNETES_VERSION, MANIFESTS, Obj, render
+from tests.support.manifests import KUBERNETES_VERSION, MANIFESTS, Obj, render
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import copy
 import re
 import subprocess
 import tomllib
+from collections.abc import Callable
 from pathlib import PurePosixPath
-from typing import Any
 
 import pytest
 import yaml
@@ -23,12 +23,14 @@ from jobfence.errors import InvalidSpec
 from jobfence.functions.cli import COMMANDS
 from jobfence.functions.pools import render as render_pools
 from jobfence.spec import parse_spec_text
-from jobfence.store.roles import ROLE_OF_COMMAND
-from jobfence.worker.loop import EXIT_GRACE_SECONDS
-from tests.manifests.rendered import (
+from tests.support.manifests import (
     PERIODIC,
+    POLICIES,
     REPO,
+    SIDECAR,
     Obj,
+    containers,
+    env_of,
     function_of,
     job_specs,
     of_kind,
@@ -37,7 +39,6 @@ from tests.manifests.rendered import (
     pools,
 )
 
-APP_LABELS = {"app.kubernetes.io/name": "jobfence", "app.kubernetes.io/part-of": "jobfence"}
 POOLS = pools()
 # Pods that talk to the API server: the periodic functions (reconciliation and
 # orphan-cleanup list and delete worker pods; each reads its own Job's annotations).
@@ -52,24 +53,6 @@ def minutes_between_runs(schedule: str) -> int:
     match = re.fullmatch(r"\*/(\d+)", minute)
     assert match, f"unexpected schedule {schedule!r}"
     return int(match.group(1))
-
-
-SIDECAR = "command-runner"
-"""A worker pod's command sidecar (jobfence.worker.sidecar): no function, no settings, no key."""
-
-
-def containers(template: Obj) -> list[Obj]:
-    spec = template["spec"]
-    return list(spec["containers"]) + list(spec.get("initContainers", []))
-
-
-def function_containers(template: Obj) -> list[Obj]:
-    """The containers that run a function (all but the command sidecar)."""
-    return [c for c in containers(template) if c["name"] != SIDECAR]
-
-
-def env_of(container: Obj) -> dict[str, Obj]:
-    return {e["name"]: e for e in container.get("env", [])}
 
 
 # -- CronJobs -----------------------------------------------------------------------------
@@ -180,89 +163,16 @@ def test_the_base_has_a_pod_template_per_function(base: list[Obj]) -> None:
                                 *(f"ScaledJob/jobfence-worker-{p.name}" for p in POOLS.pools)}
 
 
-def test_every_pod_runs_non_root_with_runtime_default_seccomp(base: list[Obj]) -> None:
-    for where, template in pod_templates(base):
-        sc = template["spec"]["securityContext"]
-        assert sc["runAsNonRoot"] is True, where
-        assert sc["runAsUser"] != 0 and sc.get("runAsGroup", 1) != 0, where
-        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, where
-
-
-def test_every_container_is_read_only_without_capabilities(base: list[Obj]) -> None:
-    for where, template in pod_templates(base):
-        for c in containers(template):
-            sc = c["securityContext"]
-            assert sc["readOnlyRootFilesystem"] is True, where
-            assert sc["allowPrivilegeEscalation"] is False, where
-            assert sc["capabilities"]["drop"] == ["ALL"], where
-            assert not sc["capabilities"].get("add"), where
-            assert not sc.get("privileged"), where
-            assert sc.get("runAsNonRoot", True) is True, where
-
-
-def test_every_pod_writes_only_to_bounded_emptydirs_of_its_own(base: list[Obj]) -> None:
-    """Each container writes to its own /tmp (an emptyDir with a size limit) and, for a
-    worker, to the directory it listens in for its sidecar; no volume is writable by two
-    containers."""
-    for where, template in pod_templates(base):
-        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
-        writers: dict[str, list[str]] = {}
-        for c in containers(template):
-            [tmp] = [m for m in c["volumeMounts"] if m["mountPath"] == "/tmp"]
-            writable = [m for m in c["volumeMounts"] if not m.get("readOnly")]
-            assert tmp in writable, where
-            for m in writable:
-                assert volumes[m["name"]]["emptyDir"].get("sizeLimit"), (where, m)
-                writers.setdefault(m["name"], []).append(c["name"])
-        assert all(len(w) == 1 for w in writers.values()), (where, writers)
-
-
-def test_every_container_has_requests_and_limits(base: list[Obj]) -> None:
-    for where, template in pod_templates(base):
-        for c in containers(template):
-            for bound in ("requests", "limits"):
-                assert set(c["resources"][bound]) >= {"cpu", "memory"}, (where, bound)
-
-
-def test_every_pod_knows_its_name_and_namespace(base: list[Obj]) -> None:
-    expected = {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace",
-                "JOBFENCE_NAMESPACE": "metadata.namespace"}
-    for where, template in pod_templates(base):
-        for c in function_containers(template):
-            env = env_of(c)
-            for name, field in expected.items():
-                assert env[name]["valueFrom"]["fieldRef"]["fieldPath"] == field, (where, name)
-
-
-def test_every_pod_takes_its_settings_from_the_configmap(base: list[Obj]) -> None:
-    config = one(base, "ConfigMap", "jobfence-config")["data"]
-    assert config["JOBFENCE_CLUSTER"] == "kubernetes"
-    assert config["JOBFENCE_LOG_FORMAT"] == "json"
-    for key in ("JOBFENCE_LEASE_SECONDS", "JOBFENCE_MAX_ATTEMPTS",
-                "JOBFENCE_RETRY_BASE_SECONDS", "JOBFENCE_S3_BUCKET"):
-        assert config[key], key
-    for where, template in pod_templates(base):
-        for c in function_containers(template):
-            assert {"configMapRef": {"name": "jobfence-config"}} in c["envFrom"], where
-
-
-def test_the_dsn_comes_only_from_the_secret_of_the_functions_role(base: list[Obj]) -> None:
-    """One Secret per database role, referenced by exactly the pods whose function runs as
-    that role (jobfence.store.roles.ROLE_OF_COMMAND); KEDA runs its query as the scaler."""
-    used: dict[str, set[str]] = {}
-    for where, template in pod_templates(base):
-        for c in function_containers(template):
-            role = ROLE_OF_COMMAND[c["args"][0]]
-            secret = f"jobfence-database-{role}"
-            dsn = env_of(c)["JOBFENCE_DATABASE_URL"]
-            assert dsn == {"name": "JOBFENCE_DATABASE_URL", "valueFrom": {
-                "secretKeyRef": {"name": secret, "key": "url"}}}, where
-            used.setdefault(role, set()).add(c["args"][0])
-    assert set(used) == {"owner", "worker", "maintainer", "operator"}
-    [auth] = of_kind(base, "TriggerAuthentication")
-    assert [r["name"] for r in auth["spec"]["secretTargetRef"]] == ["jobfence-database-scaler"]
-    for config in of_kind(base, "ConfigMap"):
-        assert "JOBFENCE_DATABASE_URL" not in config["data"]
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda f: f.__name__)
+def test_the_base_meets_every_policy(base: list[Obj], policy: Callable[[list[Obj]], None]) -> None:
+    """Every pod runs non-root on a read-only root filesystem with no capabilities, writes
+    only to bounded volumes of its own, has requests and limits, knows its own name and
+    namespace, takes its settings from the ConfigMap and the DSN only from its role's
+    Secret, outlasts the worker's clean-up, carries the labels reconciliation relies on;
+    no secret value is committed; RBAC is namespaced and names every verb (which verbs is
+    tests/manifests/test_rbac.py's business). The checks are tests.support.manifests'
+    ``POLICIES``, which the console's pod meets too (test_console_manifests.py)."""
+    policy(base)
 
 
 def test_a_worker_pods_commands_run_in_a_sidecar_that_holds_no_key(base: list[Obj]) -> None:
@@ -306,87 +216,12 @@ def test_a_worker_pods_commands_run_in_a_sidecar_that_holds_no_key(base: list[Ob
     assert workers == len(POOLS.pools)
 
 
-def test_no_secret_values_are_committed(base: list[Obj]) -> None:
-    assert not [o for o in base if o["kind"] == "Secret"]
-    dsn_like = re.compile(r"postgres(ql)?://|password\s*=|\bsslpassword\b", re.IGNORECASE)
-
-    def scan(node: Any, path: str) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                assert key not in {"stringData"}, path
-                scan(value, f"{path}.{key}")
-        elif isinstance(node, list):
-            for i, value in enumerate(node):
-                scan(value, f"{path}[{i}]")
-        elif isinstance(node, str):
-            assert not dsn_like.search(node), f"{path} looks like a credential: {node!r}"
-
-    for obj in base:
-        scan(obj, f"{obj['kind']}/{obj['metadata']['name']}")
-    # A credential never comes as a plain value, only through a reference.
-    credential = re.compile("SECRET|PASSWORD|TOKEN|KEY|DATABASE_URL")
-    for where, template in pod_templates(base):
-        for c in containers(template):
-            plain = [e["name"] for e in c.get("env", []) if "value" in e]
-            assert not [n for n in plain if credential.search(n)], where
-    for config in of_kind(base, "ConfigMap"):
-        assert not [k for k in config["data"] if credential.search(k)], config["metadata"]
-
-
-def test_termination_grace_outlasts_the_worker_clean_up(base: list[Obj]) -> None:
-    for where, template in pod_templates(base):
-        grace = template["spec"]["terminationGracePeriodSeconds"]
-        assert grace > EXIT_GRACE_SECONDS + 5, where
-
-
-def test_every_pod_carries_the_app_labels_and_its_component(base: list[Obj]) -> None:
-    for where, template in pod_templates(base):
-        labels = template["metadata"]["labels"]
-        assert labels.items() >= APP_LABELS.items(), where
-        assert labels["app.kubernetes.io/component"], where
-
-
-def test_every_object_carries_the_app_labels(base: list[Obj]) -> None:
-    for obj in base:
-        labels = obj["metadata"].get("labels", {})
-        assert labels.items() >= APP_LABELS.items(), obj["metadata"]["name"]
-
-
-def test_worker_pods_match_the_selector_reconciliation_uses(base: list[Obj]) -> None:
-    selector = one(base, "ConfigMap", "jobfence-config")["data"]["JOBFENCE_WORKER_SELECTOR"]
-    assert selector == "app.kubernetes.io/name=jobfence,app.kubernetes.io/component=worker"
-    wanted = dict(term.split("=", 1) for term in selector.split(","))
-    for where, template in pod_templates(base):
-        labels = template["metadata"]["labels"]
-        matches = labels.items() >= wanted.items()
-        assert matches == where.startswith("ScaledJob/jobfence-worker-"), where
-
-
 def test_every_container_runs_the_one_jobfence_image(base: list[Obj]) -> None:
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     for where, template in pod_templates(base):
         for c in containers(template):
             assert c["image"] == f"jobfence:{version}", where
             assert "command" not in c, where  # the image's ENTRYPOINT is `jobfence`
-
-
-# -- RBAC ---------------------------------------------------------------------------------
-
-def test_rbac_is_namespaced_and_names_every_verb(base: list[Obj]) -> None:
-    """Which verbs each ServiceAccount gets is tests/manifests/test_rbac.py's business;
-    here: nothing cluster-wide, no wildcard, each binding to its own account here."""
-    assert not of_kind(base, "ClusterRole") and not of_kind(base, "ClusterRoleBinding")
-    for role in of_kind(base, "Role"):
-        for rule in role["rules"]:
-            for field in ("apiGroups", "resources", "verbs"):
-                assert "*" not in rule[field], rule
-            assert "resourceNames" not in rule and "nonResourceURLs" not in rule
-    for binding in of_kind(base, "RoleBinding"):
-        name = binding["metadata"]["name"]
-        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
-                                      "kind": "Role", "name": name}
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name,
-                                        "namespace": "jobfence"}]
 
 
 # -- the worker pools -----------------------------------------------------------------------

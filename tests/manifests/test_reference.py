@@ -9,7 +9,7 @@ from devtools.reference import REFERENCE, render
 from jobfence.errors import ExitCode
 from jobfence.functions.cli import COMMANDS
 from jobfence.settings import Settings
-from tests.manifests.rendered import PERIODIC
+from tests.support.manifests import PERIODIC
 
 TEXT = REFERENCE.read_text()
 

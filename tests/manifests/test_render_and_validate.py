@@ -16,11 +16,12 @@ import promql_parser
 import pytest
 import yaml
 
-from tests.manifests.rendered import (
+from tests.support.manifests import (
     KUBERNETES_VERSION,
     METRICS,
     REPO,
     Obj,
+    metric_names,
     of_kind,
     one,
     render,
@@ -106,22 +107,6 @@ def test_strict_validation_rejects_a_wrong_type(objects: list[Obj]) -> None:
 
 
 # -- alert expressions --------------------------------------------------------------------
-
-def metric_names(node: Any) -> set[str]:
-    """Every metric a PromQL expression selects, walking promql_parser's syntax tree."""
-    if isinstance(node, promql_parser.VectorSelector):
-        return {node.name} if node.name else set()
-    if isinstance(node, promql_parser.MatrixSelector):
-        return metric_names(node.vector_selector)
-    if isinstance(node, promql_parser.BinaryExpr):
-        return metric_names(node.lhs) | metric_names(node.rhs)
-    if isinstance(node, promql_parser.Call):
-        return set().union(*(metric_names(a) for a in node.args))
-    if isinstance(node, promql_parser.AggregateExpr | promql_parser.ParenExpr
-                  | promql_parser.UnaryExpr | promql_parser.SubqueryExpr):
-        return metric_names(node.expr)
-    return set()
-
 
 def alert_rules(objects: list[Obj]) -> list[Obj]:
     rule = one(objects, "PrometheusRule")

@@ -1,6 +1,15 @@
 """What tests import (fixtures stay in conftest.py): the repository's path, the real CLI as
 a subprocess as the login of each command's role, and a test database's URL as jobfence
-reaches it (directly or through PgBouncer)."""
+reaches it (directly or through PgBouncer).
+
+The package's modules, each on one subject, hold the rest of what more than one test module
+uses — a test module never imports another: ``pg`` (where the tests get PostgreSQL),
+``factories`` (jobs, datum parents, the test plugin), ``procs`` (real worker processes, the
+command sidecar), ``api_client`` (the HTTP API in-process), ``kube`` (the real control
+plane), ``schema_dump``, ``lifecycle`` (the lifecycle pass on an injected clock), ``races``,
+``reconciliation`` (of the local cluster), ``hostile`` (a job's search for keys),
+``manifests`` (the rendered base, its RBAC and policies, PromQL) and ``keda`` (a pool's
+trigger as KEDA applies it)."""
 
 from __future__ import annotations
 
@@ -16,7 +25,7 @@ from devtools import REPO, image
 from devtools.pgbouncer import PgBouncer
 from devtools.roles import BOOTSTRAP, as_login, ensure_logins, login_name
 from jobfence.store.roles import ROLE_OF_COMMAND, role_names
-from tests.pg import with_db
+from tests.support.pg import with_db
 
 __all__ = ["JOBFENCE", "REPO", "Dsn", "built_image", "cli_env", "role_dsn", "run_cli",
            "through"]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from devtools import REPO
 from jobfence.ids import uuid7
 from jobfence.store import NewJob, Store
 
@@ -57,7 +58,7 @@ def make_parent(store: Store, n: int, **kw: Any) -> tuple[UUID, list[UUID]]:
     return made.job_id, kids
 
 
-PLUGIN_DIR = Path(__file__).resolve().parent / "fixtures" / "plugin"
+PLUGIN_DIR = REPO / "tests" / "fixtures" / "plugin"
 """A third-party action package installed the way pip installs one (tests/fixtures/plugin)."""
 
 

@@ -585,7 +585,7 @@ def claim_as(dsn: str, pod: str, schema: str = "jobfence", **job: Any) -> str:
     the job's id."""
     from devtools.sqlconn import connect
     from jobfence.store import Store
-    from tests.factories import enqueue_one
+    from tests.support.factories import enqueue_one
 
     with connect(dsn, schema=schema) as conn:
         store = Store(conn, schema)
@@ -598,7 +598,7 @@ def claim_as(dsn: str, pod: str, schema: str = "jobfence", **job: Any) -> str:
 def enqueue_command(dsn: str, argv: list[str], schema: str = "jobfence", **job: Any) -> str:
     from devtools.sqlconn import connect
     from jobfence.store import Store
-    from tests.factories import enqueue_one
+    from tests.support.factories import enqueue_one
 
     with connect(dsn, schema=schema) as conn:
         return str(enqueue_one(Store(conn, schema),

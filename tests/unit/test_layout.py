@@ -107,3 +107,44 @@ def test_every_module_of_the_package_stands_on_one_floor() -> None:
     modules = sorted({p.stem for p in shared.glob("*.py") if p.stem != "__init__"}
                      | {p.parent.name for p in shared.glob("*/__init__.py")} | {"functions"})
     assert sorted(named) == modules
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module a file of the repository imports, read with ``ast`` (local imports and
+    ``if TYPE_CHECKING:`` ones included; a relative import resolved against its package):
+    for ``from a.b import c``, both ``a.b`` and ``a.b.c``, as ``c`` may be a module."""
+    import ast
+
+    package = list(path.relative_to(REPO).with_suffix("").parts[:-1])
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            found |= {module} | {f"{module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_no_module_of_the_tests_imports_a_test_module() -> None:
+    """What test modules share lives in tests/support (a shared fixture in the conftest.py
+    of its folder), never in a test module another one imports: that would run the imported
+    module's fixtures and marks where they were not meant to be, and tie a test to an
+    unrelated one's moves."""
+    def is_test_module(name: str) -> bool:
+        parts = name.split(".")
+        return parts[0] == "tests" and any(p.startswith("test_") for p in parts[1:])
+
+    found = {str(p.relative_to(REPO)): sorted(m for m in imported_modules(p)
+                                              if is_test_module(m))
+             for p in sorted((REPO / "tests").rglob("*.py"))}
+    assert {path: names for path, names in found.items() if names} == {}
+
+
+def test_the_helpers_of_the_tests_are_in_tests_support() -> None:
+    """At the top of tests/ only the package's ``__init__.py`` and the fixtures of every
+    layer (``conftest.py``): the modules tests import are tests/support's."""
+    top = sorted(p.name for p in (REPO / "tests").glob("*.py") if not p.name.startswith("test_"))
+    assert top == ["__init__.py", "conftest.py"]
+    assert (REPO / "tests" / "support" / "__init__.py").is_file()

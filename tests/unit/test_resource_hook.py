@@ -19,7 +19,7 @@ from jobfence.actions import ResourceValidator
 from jobfence.actions.installed import get_action
 from jobfence.errors import InvalidSpec, Unavailable
 from jobfence.spec import parse_specs
-from tests.factories import plugin_installed
+from tests.support.factories import plugin_installed
 
 
 @pytest.fixture

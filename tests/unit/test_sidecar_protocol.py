@@ -30,7 +30,7 @@ from jobfence.worker.sidecar import serve
 from jobfence.worker.sidecar.link import SidecarLink, SidecarSpace
 from jobfence.worker.sidecar.protocol import Channel, ProtocolError, parse_request
 from jobfence.worker.sidecar.serve import SidecarServer
-from tests.procs import wait_for
+from tests.support.procs import wait_for
 
 RUNNER_UID = 10002
 """A runner's uid that is not the worker's."""
