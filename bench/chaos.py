@@ -338,7 +338,10 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=6, help="most worker processes at once in the default and datums pools (the "
                         "limited pool adds at most 2: its trigger is capped at the limit)")
     p.add_argument("--fault-period", type=float, default=1.0, help="seconds between faults")
-    p.add_argument("--drain-timeout", type=float, default=300.0)
+    p.add_argument("--drain-timeout", type=float, default=None,
+                   help="seconds the queue may take to drain after the faults (default: "
+                        "300, or half a second a job: the one-job-per-pod pool starts a "
+                        "process a job, a few a second on two cores)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--quick", action="store_true", help="shorter fault phase (make test)")
     p.add_argument("--pgbouncer", action="store_true",
@@ -399,7 +402,7 @@ def main() -> int:
         injector.join()
         print(f"chaos: {feeder.created} jobs enqueued, faults done after "
               f"{time.monotonic() - started:.0f}s; draining", flush=True)
-        drained = wait_drained(pg.dsn, args.drain_timeout)
+        drained = wait_drained(pg.dsn, args.drain_timeout or max(300.0, args.jobs / 2))
         # Workers end on their own (nothing ready, or their time is up), each once it has
         # settled what it still had open; one still running after that is killed, and what
         # it left is the lease's to decide, as after any SIGKILL.
