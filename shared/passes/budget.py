@@ -5,7 +5,7 @@ the longest transaction the pass held."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -37,6 +37,19 @@ class Budget:
         self.checkpoint()
         self.left -= 1
         return self.timed(verb, **kwargs)
+
+    def pages(self, verb: Callable[..., T], *, size: int, count: Callable[[T], int],
+              new_step: bool = True, **kwargs: object) -> Iterator[T]:
+        """One step of a pass: ``verb``'s batches in turn, each yielded, until one holds fewer
+        than ``size`` rows (``count`` says how many a batch's answer holds) or the budget is
+        spent — the next scheduled run carries on from there."""
+        if new_step:
+            self.new_step()
+        while self:
+            page = self.batch(verb, **kwargs)
+            yield page
+            if count(page) < size:
+                return
 
     def timed(self, verb: Callable[..., T], **kwargs: object) -> T:
         """Run one store verb that is one short database batch, timed and counted, off the

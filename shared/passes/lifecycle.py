@@ -60,11 +60,10 @@ class Timeouts:
     def run_once(settings: Settings, deps: Deps, budget: Budget) -> TimeoutsReport:
         store = deps.store
         retried = failed = dependents_failed = finalized = 0
-        budget.new_step()
-        while budget:
-            done, dependents = budget.batch(
-                store.maintenance.reclaim_timed_out, retry=settings.retry_policy,
-                batch_size=settings.batch_size, now=deps.now)
+        for done, dependents in budget.pages(
+                store.maintenance.reclaim_timed_out, size=settings.batch_size,
+                count=lambda page: len(page[0]), retry=settings.retry_policy,
+                batch_size=settings.batch_size, now=deps.now):
             for t in done:
                 log.warning("run_timed_out", job_id=str(t.job_id), status=t.status)
             retried += sum(1 for t in done if t.status == "pending")
@@ -72,8 +71,6 @@ class Timeouts:
             dependents_failed += sum(1 for t in dependents if t.terminal)
             finalized += finalize_parents_of(deps.store, lambda: deps.objects,
                                              settings.s3_bucket, deps.installation, done)
-            if len(done) < settings.batch_size:
-                break
         return TimeoutsReport(timed_out_retried=retried, timed_out_failed=failed,
                               dependents_failed=dependents_failed, parents_finalized=finalized)
 
@@ -94,17 +91,15 @@ class Expiry:
     def run_once(settings: Settings, deps: Deps, budget: Budget) -> ExpiryReport:
         store = deps.store
         expired = dependents_failed = 0
-        budget.new_step()
-        while budget:
-            (done, dependents), children = budget.batch(
-                store.maintenance.expire_pending, batch_size=settings.batch_size, now=deps.now)
+        for (done, dependents), children in budget.pages(
+                store.maintenance.expire_pending, size=settings.batch_size,
+                count=lambda page: len(page[0][0]), batch_size=settings.batch_size,
+                now=deps.now):
             if done:
                 log.info("expired_before_start", jobs=len(done), children=children,
                          first=str(done[0].job_id))
             expired += len(done) + children
             dependents_failed += sum(1 for t in dependents if t.terminal)
-            if len(done) < settings.batch_size:
-                break
         return ExpiryReport(expired_cancelled=expired, dependents_failed=dependents_failed)
 
 
@@ -146,15 +141,9 @@ class History:
     @staticmethod
     def _delete_old(verb: Callable[..., int], older_than: timedelta, settings: Settings,
                     deps: Deps, budget: Budget) -> int:
-        budget.new_step()
-        total = 0
-        while budget:
-            n = budget.batch(verb, older_than=older_than, limit=settings.batch_size,
-                             now=deps.now)
-            total += n
-            if n < settings.batch_size:
-                break
-        return total
+        return sum(budget.pages(verb, size=settings.batch_size, count=int,
+                                older_than=older_than, limit=settings.batch_size,
+                                now=deps.now))
 
 
 # -- the pass ------------------------------------------------------------------------------

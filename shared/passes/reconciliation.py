@@ -49,11 +49,11 @@ def run_once(settings: Settings, deps: Deps) -> Report:
     budget = Budget(checkpoint=deps.checkpoint)
     missing = drift = retried = failed = finalized = 0
     with deps.pod_snapshot(cluster) as listed:
-        while budget:
-            done = budget.batch(
-                deps.store.pods.reclaim_dead_claims, claimer_pattern=cluster.claimer_pattern,
-                listed_at=listed.listed_at, grace_seconds=settings.reconcile_grace_seconds,
-                retry=settings.retry_policy, batch_size=settings.batch_size)
+        for done in budget.pages(
+                deps.store.pods.reclaim_dead_claims, size=settings.batch_size, count=len,
+                claimer_pattern=cluster.claimer_pattern, listed_at=listed.listed_at,
+                grace_seconds=settings.reconcile_grace_seconds, retry=settings.retry_policy,
+                batch_size=settings.batch_size):
             for t, was_missing in done:
                 missing += was_missing
                 drift += not was_missing
@@ -64,8 +64,6 @@ def run_once(settings: Settings, deps: Deps) -> Report:
             finalized += finalize_parents_of(deps.store, lambda: deps.objects,
                                              settings.s3_bucket, deps.installation,
                                              [t for t, _ in done])
-            if len(done) < settings.batch_size:
-                break
     unverifiable = deps.store.pods.unverifiable_claims(claimer_pattern=cluster.claimer_pattern)
     if unverifiable:
         log.info("unverifiable_claims", count=unverifiable,

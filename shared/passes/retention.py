@@ -199,13 +199,12 @@ class Retention:
         return deleted, None
 
     def _delete_children_rows(self, parent_id: UUID) -> bool:
-        while self.budget:
-            n = self.budget.batch(self.maintenance.delete_children, parent_id=parent_id,
-                                  limit=self.batch_size)
+        n = self.batch_size  # no batch left at all: not finished
+        for n in self.budget.pages(self.maintenance.delete_children, size=self.batch_size,
+                                   count=int, new_step=False, parent_id=parent_id,
+                                   limit=self.batch_size):
             self.children_deleted += n
-            if n < self.batch_size:
-                return True
-        return False  # out of batches: the next pass finishes this parent
+        return n < self.batch_size  # else out of batches: the next pass finishes this parent
 
 
 def _chunks(items: Iterable[str], size: int) -> Iterator[list[str]]:

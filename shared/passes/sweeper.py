@@ -35,22 +35,15 @@ def run_once(settings: Settings, deps: Deps) -> Report:
     store, batch = deps.store, settings.batch_size
     budget = Budget(checkpoint=deps.checkpoint)
     retried = failed = released = finalized = 0
-    budget.new_step()
-    while budget:
-        done = budget.batch(store.maintenance.reclaim_expired, retry=settings.retry_policy,
-                            batch_size=batch)
+    for done in budget.pages(store.maintenance.reclaim_expired, size=batch, count=len,
+                             retry=settings.retry_policy, batch_size=batch):
         retried += sum(1 for t in done if t.status == "pending")
         failed += sum(1 for t in done if t.status == "failed")
         finalized += finalize_parents_of(store, lambda: deps.objects, settings.s3_bucket,
                                          deps.installation, done)
-        if len(done) < batch:
-            break
-    budget.new_step()
-    while budget:
-        let_go = budget.batch(store.maintenance.release_stopped, batch_size=batch)
+    for let_go in budget.pages(store.maintenance.release_stopped, size=batch, count=len,
+                               batch_size=batch):
         released += len(let_go)
-        if len(let_go) < batch:
-            break
     return Report(function="sweeper", reclaimed=retried + failed, retried=retried,
                   failed=failed, stopping_released=released, parents_finalized=finalized,
                   batches=budget.batches)

@@ -339,13 +339,11 @@ class Completer:
                 self._row_by_row(pending)
                 return
             for h in pending:
-                if h.write.job_id in written:  # the first try had not committed
-                    h.result = Finished(self._resolved(h.write, True))
-                else:
-                    h.result = Finished(self._won_anyway(h.guard, h.write))
+                h.result = Finished(self._settled(h, h.write.job_id in written))
             return
 
     def _row_by_row(self, live: Sequence[_Handed]) -> None:
+        """Each write alone, after its batch was refused."""
         for h in live:
             try:
                 written, _ = self._usable().attempts.finish_many([h.write])
@@ -355,12 +353,14 @@ class Completer:
                 won = self._is_unknown(h.write) and self._won_anyway(h.guard, h.write)
                 h.result = Finished(won, refused=None if won else WriteRefused(exc))
             else:
-                if h.write.job_id in written:
-                    h.result = Finished(self._resolved(h.write, True)
-                                        if self._is_unknown(h.write) else True)
-                else:
-                    h.result = Finished(self._won_anyway(h.guard, h.write)
-                                        if self._is_unknown(h.write) else False)
+                h.result = Finished(self._settled(h, h.write.job_id in written))
+
+    def _settled(self, h: _Handed, written: bool) -> bool:
+        """What a fenced write just did; for one whose first try's outcome was lost, not
+        written now means the first try may have been: read back."""
+        if not self._is_unknown(h.write):
+            return written
+        return self._resolved(h.write, True) if written else self._won_anyway(h.guard, h.write)
 
     def _is_unknown(self, write: TerminalWrite) -> bool:
         return (write.job_id, write.attempt_id) in self._unknown

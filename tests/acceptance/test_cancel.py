@@ -101,11 +101,11 @@ def test_a_cancelled_job_keeps_its_resource_until_its_command_is_confirmed_gone(
 
 def test_cancel_then_retry_at_once_never_runs_two_at_the_same_time(
         dsn: Dsn, store: Store, tmp_path: Path) -> None:
-    """Cancel a running job and retry it at once, fifty times, with workers ready to claim
-    it the moment it is pending. Each run takes an exclusive lock file for as long as any of
-    its processes lives (flock: the kernel releases it when the last one dies) and writes
-    `start`, or `overlap` when another run still holds the lock. (Twenty times through
-    PgBouncer, where each run costs a worker's start-up more.)"""
+    """Cancel a running job and retry it at once, fifty times, with two workers waiting for
+    work (``--idle-seconds``: each looks every few milliseconds) to claim it the moment it is
+    pending. Each run takes an exclusive lock file for as long as any of its processes lives
+    (flock: the kernel releases it when the last one dies) and writes `start`, or `overlap`
+    when another run still holds the lock. (Twenty times through PgBouncer.)"""
     runs = 50 if dsn.pooler == "none" else 20
     tmp_path.chmod(0o777)
     marks, lock = tmp_path / "marks", tmp_path / "lock"
@@ -114,13 +114,18 @@ def test_cancel_then_retry_at_once_never_runs_two_at_the_same_time(
     job_id = enqueue(dsn, "command:" + json.dumps({"argv": ["sh", "-c", script]}),
                      "--resource", "the-table", "--max-attempts", "1")
     stop = threading.Event()
+    started: list[subprocess.Popen[bytes]] = []
 
-    def workers() -> None:
+    def worker() -> None:  # one waiting worker, started again if it ever ends
         while not stop.is_set():
-            subprocess.run([*JOBFENCE, "worker"], env=cli_env(dsn, "worker", **SHIPPED),
-                           cwd=REPO, capture_output=True, timeout=120, check=False)
+            w = subprocess.Popen([*JOBFENCE, "worker", "--idle-seconds", "600"],
+                                 env=cli_env(dsn, "worker", **SHIPPED), cwd=REPO,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            started.append(w)
+            while w.poll() is None and not stop.is_set():
+                time.sleep(0.1)
 
-    pool = [threading.Thread(target=workers, daemon=True) for _ in range(2)]
+    pool = [threading.Thread(target=worker, daemon=True) for _ in range(2)]
     for t in pool:
         t.start()
     refused = 0
@@ -143,7 +148,11 @@ def test_cancel_then_retry_at_once_never_runs_two_at_the_same_time(
         if job(dsn, job_id)["status"] in ("pending", "running"):
             store.jobs.cancel(job_id=job_id, reason="done")
         for t in pool:
-            t.join(timeout=120)
+            t.join(timeout=10)
+        for w in started:
+            w.terminate()
+        for w in started:
+            w.wait(timeout=60)
     text = marks.read_text()
     assert "overlap" not in text, text
     assert text.count("start") >= runs
