@@ -104,6 +104,8 @@ class Collector:
     endpoint: str
     path: Path
     proc: subprocess.Popen[str]
+    senders: str = ""
+    """What the processes that sent spans said (the end of their logs), for a failed wait."""
 
     def spans(self) -> list[Span]:
         if not self.path.exists():
@@ -128,7 +130,7 @@ class Collector:
             if time.monotonic() > deadline:
                 names = [(s.name, s.resource.get("service.name")) for s in spans]
                 raise AssertionError(f"the collector has not received them in {timeout}s: "
-                                     f"{names}")
+                                     f"{names}; its senders said:\n{self.senders}")
             time.sleep(0.1)
 
     @property

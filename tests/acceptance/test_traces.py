@@ -44,6 +44,7 @@ def server(dsn: str, tmp_path: Path, otel: Collector) -> Iterator[Served]:
 
 def work(dsn: str, otel: Collector, jobs: int = 1) -> None:
     r = run_cli(dsn, "worker", "--max-jobs", str(jobs), **FAST, **otel.env)
+    otel.senders += r.stderr[-4000:]
     assert r.returncode in (0, 1), r.stderr
     assert "traces_not_exported" not in r.stderr
 
