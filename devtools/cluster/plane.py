@@ -16,7 +16,8 @@ etcd                        the API server's storage (``--unsafe-no-fsync``: a t
 kube-apiserver              RBAC and the Node authorizer, ServiceAccount tokens, the default
                             admission plugins (PodSecurity among them) and NodeRestriction;
                             an audit log of deletes of pods and Jobs
-kube-controller-manager     the controllers jobfence's objects need (``CONTROLLERS``), each
+kube-controller-manager     the controllers jobfence's objects need
+                            (``devtools.cluster.components.CONTROLLERS``), each
                             with its own ServiceAccount's credentials, as in a real cluster
 node                        containerd and runc from Debian, a kubelet and kube-scheduler
                             built from the same pinned Kubernetes (``devtools.cluster.node``),
@@ -33,7 +34,6 @@ keda                        the KEDA operator (``devtools.cluster.keda``), out o
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
@@ -46,15 +46,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from devtools import REPO, controlplane
 from devtools import keda as keda_build
-from devtools.cluster import certs, crds, keda, network
+from devtools.cluster import certs, components, crds, keda, network
 from devtools.cluster.node import Node, kubelet_rbac
 from devtools.cluster.node import missing_programs as node_programs_missing
 from devtools.cluster.processes import ClusterError, Started, port_free, start, stop, wait_until
-from devtools.cluster.rest import ApiError, Credentials, Rest
+from devtools.cluster.rest import ApiError, Credentials, Rest, create_namespace, put_secret
 from devtools.gobuild import LINKS, BuildError
 from devtools.image import PAUSE_IMAGE
 
@@ -69,25 +67,6 @@ COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "node", "post
               "crds", "keda")
 NETNS = "jobfence"
 """The network namespace of ``make cluster-up``'s cluster (a test session makes its own)."""
-CONTROLLERS = ("job-controller", "cronjob-controller", "garbage-collector-controller",
-               "ttl-after-finished-controller", "namespace-controller",
-               "serviceaccount-controller", "serviceaccount-token-controller",
-               "root-ca-certificate-publisher-controller",
-               "clusterrole-aggregation-controller", "node-lifecycle-controller")
-"""The node-lifecycle controller lifts the taint a node registers with once the node is
-Ready, and marks a node that stops reporting NotReady."""
-
-AUDIT_POLICY = {
-    "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
-    "rules": [{"level": "Request", "verbs": ["delete", "deletecollection"],
-               "resources": [{"group": "", "resources": ["pods"]},
-                             {"group": "batch", "resources": ["jobs"]}]},
-              {"level": "Metadata", "verbs": ["create"],
-               "resources": [{"group": "authentication.k8s.io",
-                              "resources": ["tokenreviews"]}]},
-              {"level": "None"}]}
-"""Who deleted which pod or Job, with the request body (its preconditions), and who asked
-for TokenReviews: the tests read it."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +153,7 @@ class Plane:
             print(f"cluster: {message}", flush=True)
 
     def component_kubeconfig(self, who: certs.Identity) -> Path:
-        return self.pki / f"{who.file}.kubeconfig"
+        return components.component_kubeconfig(self.pki, who)
 
     def admin(self) -> Rest:
         return Rest(Credentials.from_kubeconfig(self.kubeconfig))
@@ -291,7 +270,8 @@ class Plane:
 
     def _start(self, binaries: dict[str, Path], state: dict[str, Any]) -> None:
         began = time.monotonic()
-        self._step("certificates made", self._certificates)
+        self._step("certificates made", lambda: components.certificates(
+            self.pki, self.server, NODE, self.kubeconfig))
         procs = state["processes"]
 
         def record(name: str, proc: Started) -> Started:
@@ -299,16 +279,20 @@ class Plane:
             self._write_state(state)
             return proc
 
-        etcd = record("etcd", self._etcd(binaries["etcd"]))
+        etcd = record("etcd", components.etcd(binaries["etcd"], self.root / "etcd",
+                                              self.ports.etcd, self.ports.etcd_peer,
+                                              self.logs))
         self._step("etcd ready", lambda: wait_until(
-            lambda: _http_ok(f"http://127.0.0.1:{self.ports.etcd}/health"),
-            what="etcd", timeout=30, proc=etcd))
-        api = record("kube-apiserver", self._apiserver(binaries["kube-apiserver"]))
+            lambda: components.etcd_healthy(self.ports.etcd), what="etcd", timeout=30,
+            proc=etcd))
+        api = record("kube-apiserver", components.apiserver(
+            binaries["kube-apiserver"], self.pki, etcd_port=self.ports.etcd,
+            port=self.api_port, real_node=self.real_node, logs=self.logs))
         self._step("kube-apiserver ready", lambda: wait_until(
             self._api_ready, what="kube-apiserver", timeout=90, proc=api))
         if "kube-controller-manager" in self.components:
-            cm = record("kube-controller-manager",
-                        self._controller_manager(binaries["kube-controller-manager"]))
+            cm = record("kube-controller-manager", components.controller_manager(
+                binaries["kube-controller-manager"], self.pki, self.logs))
             self._step("kube-controller-manager ready", lambda: wait_until(
                 self._controllers_ready, what="kube-controller-manager", timeout=90, proc=cm))
         if self.real_node:
@@ -344,20 +328,6 @@ class Plane:
         tmp.write_text(json.dumps(state, indent=2) + "\n")
         os.replace(tmp, self.state_file)
 
-    def _certificates(self) -> None:
-        self.pki.mkdir(parents=True, exist_ok=True)
-        ca = certs.Authority(self.pki)
-        ca.serving()
-        certs.service_account_key(self.pki)
-        for who in (certs.ADMIN, certs.CONTROLLER_MANAGER, certs.SCHEDULER, certs.node(NODE)):
-            crt, key = ca.client(who)
-            _kubeconfig(self.component_kubeconfig(who), self.server, ca.ca_file, crt, key,
-                        user=who.user)
-        ca.client(certs.KUBELET_CLIENT)
-        ca.kubelet_serving(NODE)
-        shutil.copyfile(self.component_kubeconfig(certs.ADMIN), self.kubeconfig)
-        (self.pki / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
-
     def start_keda(self, where: Path, *, watch_namespace: str, binary: Path | None = None,
                    kubectl: Path | None = None, log_level: str = "info"
                    ) -> tuple[Started, keda.Listeners]:
@@ -374,7 +344,8 @@ class Plane:
         ca = certs.Authority.load(self.pki)
         crt, key = ca.client(keda.IDENTITY)
         kubeconfig = where / "kubeconfig"
-        _kubeconfig(kubeconfig, self.server, ca.ca_file, crt, key, user=keda.IDENTITY.user)
+        components.kubeconfig(kubeconfig, self.server, ca.ca_file, crt, key,
+                              user=keda.IDENTITY.user)
         cert_dir = keda.certificates(ca, where)
         listeners = keda.Listeners.free()
         proc = keda.start_operator(binary, where=where, kubeconfig=kubeconfig,
@@ -454,55 +425,6 @@ class Plane:
         ready = any(c["type"] == "Ready" and c["status"] == "True"
                     for c in (node.get("status") or {}).get("conditions") or [])
         return ready and not (node.get("spec") or {}).get("taints")
-
-    def _etcd(self, binary: Path) -> Started:
-        client, peer = (f"http://127.0.0.1:{self.ports.etcd}",
-                        f"http://127.0.0.1:{self.ports.etcd_peer}")
-        return start([str(binary), "--name", "local", "--data-dir", str(self.root / "etcd"),
-                      "--listen-client-urls", client, "--advertise-client-urls", client,
-                      "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                      "--initial-cluster", f"local={peer}", "--unsafe-no-fsync",
-                      "--log-level", "warn"], log=self.logs / "etcd.log")
-
-    def _apiserver(self, binary: Path) -> Started:
-        p = self.pki
-        # With a real node, in the cluster's own network namespace: on every address of it
-        # (127.0.0.1, the node's IP, the kubernetes Service's IP where pods reach it).
-        bind, advertise = (("0.0.0.0", network.GATEWAY) if self.real_node  # noqa: S104
-                           else ("127.0.0.1", "127.0.0.1"))
-        return start([
-            str(binary), f"--etcd-servers=http://127.0.0.1:{self.ports.etcd}",
-            f"--bind-address={bind}", f"--advertise-address={advertise}",
-            f"--secure-port={self.api_port}", f"--cert-dir={p}",
-            f"--tls-cert-file={p / 'apiserver.crt'}",
-            f"--tls-private-key-file={p / 'apiserver.key'}",
-            f"--client-ca-file={p / 'ca.crt'}",
-            "--service-cluster-ip-range=10.0.0.0/24", "--endpoint-reconciler-type=none",
-            "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={p / 'sa.key'}",
-            f"--service-account-signing-key-file={p / 'sa.key'}",
-            f"--kubelet-client-certificate={p / 'apiserver-kubelet-client.crt'}",
-            f"--kubelet-client-key={p / 'apiserver-kubelet-client.key'}",
-            f"--kubelet-certificate-authority={p / 'ca.crt'}",
-            "--kubelet-preferred-address-types=InternalIP",
-            f"--audit-policy-file={p / 'audit-policy.yaml'}",
-            f"--audit-log-path={self.logs / 'audit.log'}", "--audit-log-format=json",
-            "--audit-log-maxsize=200", "--profiling=false", "--v=0"],
-            log=self.logs / "kube-apiserver.log")
-
-    def _controller_manager(self, binary: Path) -> Started:
-        p = self.pki
-        return start([
-            str(binary), f"--kubeconfig={self.component_kubeconfig(certs.CONTROLLER_MANAGER)}",
-            "--leader-elect=false", "--secure-port=0", "--use-service-account-credentials",
-            f"--controllers={','.join(CONTROLLERS)}",
-            # A node that stops reporting is NotReady within 20 s (Kubernetes' default: 50 s;
-            # the kubelet renews its lease every 10 s).
-            "--node-monitor-period=2s", "--node-monitor-grace-period=20s",
-            f"--service-account-private-key-file={p / 'sa.key'}",
-            f"--root-ca-file={p / 'ca.crt'}", "--cluster-name=jobfence-local", "--v=0"],
-            log=self.logs / "kube-controller-manager.log")
 
     def _api_ready(self) -> bool:
         with self.admin() as api:
@@ -647,50 +569,3 @@ def _relative(path: Path) -> str:
         return str(path.relative_to(Path.cwd()))
     except ValueError:
         return str(path)
-
-
-def _http_ok(url: str) -> bool:
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=2) as resp:  # noqa: S310 (our own loopback)
-        return bool(resp.status == 200)
-
-
-def _kubeconfig(path: Path, server: str, ca: Path, crt: Path, key: Path, *, user: str) -> None:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "jobfence-local",
-        "clusters": [{"name": "jobfence-local",
-                      "cluster": {"server": server, "certificate-authority": str(ca)}}],
-        "users": [{"name": user, "user": {"client-certificate": str(crt),
-                                          "client-key": str(key)}}],
-        "contexts": [{"name": "jobfence-local",
-                      "context": {"cluster": "jobfence-local", "user": user}}]}))
-    path.chmod(0o600)
-
-
-RESTRICTED = {f"pod-security.kubernetes.io/{mode}": "restricted"
-              for mode in ("enforce", "warn", "audit")}
-
-
-def create_namespace(api: Rest, name: str, labels: dict[str, str] | None = None) -> None:
-    """A namespace whose pods must meet the ``restricted`` Pod Security Standard (and whose
-    workloads' templates are warned about), as manifests/README.md asks for."""
-    body = {"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": name, "labels": {**RESTRICTED, **(labels or {})}}}
-    try:
-        api.post("/api/v1/namespaces", body)
-    except ApiError as exc:
-        if exc.status != 409:
-            raise
-
-
-def put_secret(api: Rest, namespace: str, name: str, data: dict[str, str]) -> None:
-    body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
-            "type": "Opaque",
-            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
-    try:
-        api.post(f"/api/v1/namespaces/{namespace}/secrets", body)
-    except ApiError as exc:
-        if exc.status != 409:
-            raise
-        api.put(f"/api/v1/namespaces/{namespace}/secrets/{name}", body)

@@ -7,6 +7,7 @@ client in ``jobfence.adapters.kube``; this one lets a test say exactly what it s
 
 from __future__ import annotations
 
+import base64
 import json
 import ssl
 from collections.abc import Iterator
@@ -152,3 +153,31 @@ def pods_path(namespace: str | None = None, name: str | None = None, sub: str = 
     if sub:
         base += f"/{sub}"
     return base
+
+
+RESTRICTED = {f"pod-security.kubernetes.io/{mode}": "restricted"
+              for mode in ("enforce", "warn", "audit")}
+
+
+def create_namespace(api: Rest, name: str, labels: dict[str, str] | None = None) -> None:
+    """A namespace whose pods must meet the ``restricted`` Pod Security Standard (and whose
+    workloads' templates are warned about), as manifests/README.md asks for."""
+    body = {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": {**RESTRICTED, **(labels or {})}}}
+    try:
+        api.post("/api/v1/namespaces", body)
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+
+
+def put_secret(api: Rest, namespace: str, name: str, data: dict[str, str]) -> None:
+    body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+            "type": "Opaque",
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}}
+    try:
+        api.post(f"/api/v1/namespaces/{namespace}/secrets", body)
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+        api.put(f"/api/v1/namespaces/{namespace}/secrets/{name}", body)

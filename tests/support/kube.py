@@ -38,8 +38,8 @@ import yaml
 from devtools import controlplane
 from devtools.cluster import certs, network
 from devtools.cluster.node import missing_programs
-from devtools.cluster.plane import NODE, Plane, Ports, create_namespace, put_secret
-from devtools.cluster.rest import ApiError, Credentials, Rest
+from devtools.cluster.plane import NODE, Plane, Ports
+from devtools.cluster.rest import ApiError, Credentials, Rest, create_namespace, put_secret
 from devtools.deploy import Kubectl, apply, overlay
 from devtools.embedded_pg import free_port
 from devtools.roles import as_login, ensure_logins, login_name
