@@ -8,7 +8,9 @@ and the migrations; an application beside it type-checks against its API."""
 
 from __future__ import annotations
 
+import base64
 import fnmatch
+import hashlib
 import json
 import os
 import re
@@ -146,16 +148,27 @@ def test_the_build_context_holds_what_the_build_copies(dockerfile: list[Stage]) 
         assert ignored(name, patterns), name
 
 
-def make_package(root: Path, name: str) -> Path:
-    """A tiny unrelated distribution whose import package is ``name``."""
-    (root / name).mkdir(parents=True)
-    (root / name / "__init__.py").write_text(f"OWNER = 'the application'\nNAME = {name!r}\n")
-    (root / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = '
-        '"setuptools.build_meta"\n'
-        f'[project]\nname = "app-{name}"\nversion = "1.0"\n'
-        f'[tool.setuptools]\npackages = ["{name}"]\n')
-    return root
+def make_wheel(root: Path, name: str) -> Path:
+    """A tiny unrelated distribution whose import package is ``name``, as the wheel its
+    build would make (written here: building it would only repeat setuptools' work)."""
+    dist_info = f"app_{name}-1.0.dist-info"
+    files = {f"{name}/__init__.py": f"OWNER = 'the application'\nNAME = {name!r}\n",
+             f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: app-{name}\nVersion: 1.0\n",
+             f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nGenerator: jobfence-tests\n"
+                                   "Root-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = [f"{path},sha256={_digest(text.encode())},{len(text.encode())}"
+              for path, text in files.items()]
+    files[f"{dist_info}/RECORD"] = "\n".join([*record, f"{dist_info}/RECORD,,"]) + "\n"
+    root.mkdir(parents=True, exist_ok=True)
+    wheel = root / f"app_{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        for path, text in files.items():
+            zf.writestr(path, text)
+    return wheel
+
+
+def _digest(data: bytes) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
 EVERY_HELP = """
@@ -213,10 +226,11 @@ def test_the_wheel_is_one_package_that_never_touches_an_applications_own(
 
     venv = tmp_path / "venv"
     python = venv / "bin" / "python"
-    pip = [*outside(), python, "-m", "pip"]
-    run(sys.executable, "-m", "venv", venv)
+    pip = [*outside(), sys.executable, "-m", "pip", "--python", python]
+    # The application's environment; this pip installs into it (--python), as its own would.
+    run(sys.executable, "-m", "venv", "--without-pip", venv)
     run(*pip, "install", "--quiet", "--no-compile",
-        *(make_package(tmp_path / f"app-{name}", name) for name in ("shared", "functions")))
+        *(make_wheel(tmp_path / "apps", name) for name in ("shared", "functions")))
     theirs = "import shared, functions; assert shared.OWNER == functions.OWNER == " \
              "'the application', (shared.__file__, functions.__file__)"
     run(python, "-c", theirs)
