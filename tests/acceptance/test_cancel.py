@@ -101,12 +101,12 @@ def test_a_cancelled_job_keeps_its_resource_until_its_command_is_confirmed_gone(
 
 def test_cancel_then_retry_at_once_never_runs_two_at_the_same_time(
         dsn: Dsn, store: Store, tmp_path: Path) -> None:
-    """Cancel a running job and retry it at once, fifty times, with two workers waiting for
+    """Cancel a running job and retry it at once, thirty times, with two workers waiting for
     work (``--idle-seconds``: each looks every few milliseconds) to claim it the moment it is
     pending. Each run takes an exclusive lock file for as long as any of its processes lives
     (flock: the kernel releases it when the last one dies) and writes `start`, or `overlap`
-    when another run still holds the lock. (Twenty times through PgBouncer.)"""
-    runs = 50 if dsn.pooler == "none" else 20
+    when another run still holds the lock. (Fifteen times through PgBouncer.)"""
+    runs = 30 if dsn.pooler == "none" else 15
     tmp_path.chmod(0o777)
     marks, lock = tmp_path / "marks", tmp_path / "lock"
     script = (f"flock -n {lock} sh -c 'echo start >> {marks}; exec sleep 60' "

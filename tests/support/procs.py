@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from devtools import readable_site
 from devtools.sqlconn import connect
-from tests.support import JOBFENCE, REPO, cli_env, run_cli
+from tests.support import JOBFENCE, REPO, cli_env
 
 T = TypeVar("T")
 
@@ -63,9 +63,26 @@ def action_results(dsn: str, job_id: str) -> list[dict[str, Any]]:
 
 
 def enqueue(dsn: str, *args: str, **env: str) -> str:
-    r = run_cli(dsn, "enqueue", *args, **env)
-    assert r.returncode == 0, r.stderr
-    return str(json.loads(r.stdout)["job_id"])
+    """One job, enqueued as ``jobfence enqueue ARGS`` enqueues it — the command's own parser
+    and ``submit``, as the enqueue role's login — but in this process: here it is a test's
+    set-up, and a process of its own would cost half a second of CPU for nothing the test
+    looks at (the command's process is tested where it is the subject: test_cli_store and
+    the other CLI tests run it)."""
+    from jobfence.cli import open_store
+    from jobfence.functions.enqueue import specs_from_args
+    from jobfence.settings import Settings
+    from jobfence.submit import submit
+
+    environ = cli_env(dsn, "enqueue", **env)
+    fields = {k.removeprefix("JOBFENCE_").lower(): v for k, v in environ.items()
+              if k.startswith("JOBFENCE_")}
+    if "schema" in fields:
+        fields["schema_name"] = fields.pop("schema")
+    settings = Settings(**fields)  # type: ignore[arg-type]
+    specs = specs_from_args(list(args))
+    with open_store(settings, "enqueue") as store:
+        [made] = submit(settings, store, specs)
+    return str(made.job_id)
 
 
 def alive(pid: int) -> bool:
