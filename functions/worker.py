@@ -17,7 +17,7 @@ import sys
 
 from jobfence import cli
 from jobfence.errors import InvalidSpec
-from jobfence.spec import queue_name
+from jobfence.limits import queue_name
 from jobfence.worker.loop import Worker
 from jobfence.worker.proctree import become_subreaper
 from jobfence.worker.sandbox import protect_worker

@@ -16,7 +16,7 @@ from jobfence import logs, tracing
 from jobfence.db import connect
 from jobfence.errors import ExitCode, InvalidSpec, JobfenceError
 from jobfence.ids import parse_job_id
-from jobfence.limits import Unstorable, check_text
+from jobfence.limits import Unstorable, check_text, queue_name
 from jobfence.settings import Settings, load_settings
 from jobfence.store import Store
 from jobfence.wire import to_jsonable
@@ -91,8 +91,6 @@ def labels_of(items: Sequence[str]) -> dict[str, str]:
 def queue_of(text: str) -> str:
     """A queue's name given on the command line; InvalidSpec (exit 2) saying why it is not
     one."""
-    from jobfence.spec import queue_name  # the job specs' models: only where a queue is given
-
     try:
         return queue_name(text)
     except ValueError as exc:

@@ -41,6 +41,19 @@ def schema_refusal(schema: object) -> str | None:
     return None
 
 
+QUEUE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+"""A queue's name: a DNS label (it names a pool, a ScaledJob, a label value)."""
+
+
+def queue_name(value: str) -> str:
+    """``value`` if it can name a queue; ValueError saying what one is otherwise."""
+    if not QUEUE_NAME.fullmatch(value):
+        raise ValueError(f"{value[:70]!r} is not a queue name (a DNS label: lower-case "
+                         "letters, digits and '-', at most 63, starting and ending with a "
+                         "letter or a digit)")
+    return value
+
+
 MAX_DURATION = timedelta(days=36_500)
 """100 years: the longest ``ttl``, ``timeout``, ``expires_in`` or ``delay``. Anything longer
 is a mistake, and PostgreSQL's timestamps end in the year 294276."""

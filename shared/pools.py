@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from jobfence.spec import queue_name
+from jobfence.limits import queue_name
 
 POOL_NAME = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
 

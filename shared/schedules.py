@@ -22,8 +22,8 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from jobfence.errors import InvalidSpec
-from jobfence.limits import MAX_DURATION
-from jobfence.spec import JobSpec, queue_name
+from jobfence.limits import MAX_DURATION, queue_name
+from jobfence.spec import JobSpec
 
 SCHEDULE_LABEL = "jobfence.io/schedule"
 """The label every job of a schedule carries (``list --label jobfence.io/schedule=NAME``)."""

@@ -30,25 +30,18 @@ from jobfence.actions import ResourceValidator
 from jobfence.actions.installed import get_action
 from jobfence.durations import Duration, format_duration
 from jobfence.errors import InvalidSpec
-from jobfence.limits import MAX_DURATION, MAX_SPEC_BYTES, Unstorable, check_structure
+from jobfence.limits import (
+    MAX_DURATION,
+    MAX_SPEC_BYTES,
+    Unstorable,
+    check_structure,
+    queue_name,
+)
 
 MAX_SPECS_PER_CALL = 100_000
 
-QUEUE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-"""A queue's name: a DNS label (it names a pool, a ScaledJob, a label value)."""
-
-
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d:\d\d(\.\d{1,9})?([Zz]|[+-]\d\d:\d\d)$")
 """The shape of an RFC 3339 timestamp (the values are checked by the parser after it)."""
-
-
-def queue_name(value: str) -> str:
-    """``value`` if it can name a queue; ValueError saying what one is otherwise."""
-    if not QUEUE_NAME.fullmatch(value):
-        raise ValueError(f"{value[:70]!r} is not a queue name (a DNS label: lower-case "
-                         "letters, digits and '-', at most 63, starting and ending with a "
-                         "letter or a digit)")
-    return value
 
 
 class ActionSpec(BaseModel):

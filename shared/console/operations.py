@@ -29,8 +29,8 @@ from jobfence.console.calls import Answer, Call, Routes
 from jobfence.console.queue_history import flags, minutes
 from jobfence.errors import Conflict, InvalidSpec, JobNotFound, NotFound, ObjectStoreError
 from jobfence.joblogs import STREAM_NAMES, Logs
+from jobfence.limits import queue_name
 from jobfence.schedules import Cron, job_template, schedule_name, schedule_spec
-from jobfence.spec import queue_name
 from jobfence.store import Store
 from jobfence.views import schedule_view
 

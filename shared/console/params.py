@@ -29,8 +29,7 @@ from uuid import UUID
 
 from jobfence.errors import InvalidSpec, TooLarge
 from jobfence.ids import parse_job_id
-from jobfence.limits import MAX_DEPTH, Unstorable, check_structure, check_text
-from jobfence.spec import queue_name
+from jobfence.limits import MAX_DEPTH, Unstorable, check_structure, check_text, queue_name
 
 MAX_QUERY_BYTES = 16 * 1024
 """A query string longer than this is refused: no filter of the API needs more."""
