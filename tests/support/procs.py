@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from devtools import readable_site
 from devtools.sqlconn import connect
-from tests.support import JOBFENCE, REPO, cli_env
+from tests.support import JOBFENCE, REPO, cli_env, run_cli
 
 T = TypeVar("T")
 
@@ -67,7 +67,12 @@ def enqueue(dsn: str, *args: str, **env: str) -> str:
     and ``submit``, as the enqueue role's login — but in this process: here it is a test's
     set-up, and a process of its own would cost half a second of CPU for nothing the test
     looks at (the command's process is tested where it is the subject: test_cli_store and
-    the other CLI tests run it)."""
+    the other CLI tests run it). An environment beyond jobfence's settings (``PYTHONPATH``
+    naming a plugin's actions) is a process's: then the command runs as one."""
+    if any(not k.startswith("JOBFENCE_") for k in env):
+        r = run_cli(dsn, "enqueue", *args, **env)
+        assert r.returncode == 0, r.stderr
+        return str(json.loads(r.stdout)["job_id"])
     from jobfence.cli import open_store
     from jobfence.functions.enqueue import specs_from_args
     from jobfence.settings import Settings
