@@ -99,10 +99,16 @@ lint: $(STAMP) ## ruff, mypy and the import-linter contracts (the layers in docs
 	$(VENV)/bin/mypy
 	PYTHONPATH=build/src $(VENV)/bin/lint-imports
 
-# The tests that stop the session's kubelet run after the others, in a session of their own.
+# The tests that stop their session's kubelet run in a session of their own — its own
+# cluster, in its own network namespace and cgroup root — beside the others' session (mostly
+# waiting for the node to be judged lost); its output is shown when both are done.
 test: lint postgres-check controlplane otelcol keda image image-archive ## lint, type-check, and run every test on a real PostgreSQL and a real Kubernetes cluster (a kubelet and containerd running the image)
-	JOBFENCE_TEST_IMAGE_ARCHIVES=as-written $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m 'not stops_node and not model_search' $(PYTEST_ARGS)
-	JOBFENCE_TEST_IMAGE_ARCHIVES=as-written $(PY) -m pytest -m stops_node $(PYTEST_ARGS)
+	@node_log=$$(mktemp); \
+	JOBFENCE_TEST_IMAGE_ARCHIVES=as-written $(PY) -m pytest -m stops_node $(PYTEST_ARGS) >"$$node_log" 2>&1 & node=$$!; \
+	JOBFENCE_TEST_IMAGE_ARCHIVES=as-written $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m 'not stops_node and not model_search' $(PYTEST_ARGS); main=$$?; \
+	wait $$node; nodes=$$?; \
+	echo "== the session that stops its kubelet (pytest -m stops_node):"; cat "$$node_log"; rm -f "$$node_log"; \
+	[ $$main -eq 0 ] && [ $$nodes -eq 0 ]
 
 demo: $(STAMP) system-demo ## run the main story end to end on embedded defaults
 	$(PY) -m demo.run
