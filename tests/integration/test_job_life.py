@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -125,6 +126,28 @@ def _do(m: JobLife, rule: str, *args: Any) -> Any:
     return out
 
 
+@contextmanager
+def scripted(databases: Databases, prepare: str | None = None) -> Iterator[JobLife]:
+    """A machine on a fresh database of its own (``prepare`` run on it first) for a sequence
+    written out step by step (``_do``); torn down and dropped afterwards."""
+    url = databases.create()
+    if prepare is not None:
+        with connect(url) as conn:
+            conn.execute(prepare)
+
+    class Machine(JobLife):
+        pass
+
+    Machine.url = url
+    Machine.found = []
+    m = Machine()
+    try:
+        yield m
+    finally:
+        m.teardown()
+        databases.drop(url)
+
+
 def _expiry(m: JobLife) -> None:
     j = _do(m, "enqueue", "q1", None, [False], 3, [], 0, 2)  # expires in 2 ticks
     _do(m, "claim", "w1", "q1")
@@ -187,20 +210,9 @@ def test_the_model_s_found_sequences(databases: Databases,
     stopped; a retried job resuming after actions that succeeded before the retry; a retry
     making a job with a cancelled dependency pending; a resumed job's output deleted by
     orphan-cleanup."""
-    url = databases.create()
-
-    class Machine(JobLife):
-        pass
-
-    Machine.url = url
-    Machine.found = []
-    m = Machine()
-    try:
+    with scripted(databases) as m:
         m.judge()
         sequence(m)
-    finally:
-        m.teardown()
-        databases.drop(url)
     assert m.found == []
 
 
@@ -208,26 +220,13 @@ def test_a_broken_rule_s_sequence_is_judged_a_violation(databases: Databases) ->
     """The judge the search relies on: with the heartbeat that forgets the fence, the
     sequence the search finds (a worker's lease runs out, another worker takes the job, the
     first one's guard renews it) is a violation, named after its rule."""
-    url = databases.create()
-    with connect(url) as conn:
-        conn.execute(FENCELESS_HEARTBEAT)
-
-    class Machine(JobLife):
-        pass
-
-    Machine.url = url
-    Machine.found = []
-    m = Machine()
-    try:
+    with scripted(databases, prepare=FENCELESS_HEARTBEAT) as m:
         _do(m, "enqueue", "q1", None, [False], 3, [], 0, None)
         _do(m, "claim", "w1", "q1")
         _do(m, "advance", 2)  # w1's lease is over
         _do(m, "claim", "w2", "q1")  # the job again, under a new fence
         with pytest.raises(Exception, match="heartbeat disagrees with the fence"):
             _do(m, "guard", "w1", "heartbeat")
-    finally:
-        m.teardown()
-        databases.drop(url)
     assert [v.split(":")[0] for v in m.found] == ["heartbeat disagrees with the fence"]
 
 
@@ -236,21 +235,10 @@ def test_a_job_and_its_dependent_expiring_in_one_pass_are_both_expired(
     """A job waiting on one that expires, itself past its own expiry in the same pass, is
     expired too (cancelled), not failed for its dependency: the long run's seed 31415926
     found the model deciding otherwise."""
-    url = databases.create()
-
-    class Machine(JobLife):
-        pass
-
-    Machine.url = url
-    Machine.found = []
-    m = Machine()
-    try:
+    with scripted(databases) as m:
         first = _do(m, "enqueue", "q1", None, [False], 1, [], 0, 1)
         then = _do(m, "enqueue", "q1", None, [False], 1, [first], 0, 1)
         _do(m, "advance", 1)
         _do(m, "periodic", "lifecycle")
         assert m.model.jobs[then].status == "cancelled"
-    finally:
-        m.teardown()
-        databases.drop(url)
     assert m.found == []
