@@ -17,7 +17,7 @@ must not lose an acknowledged commit. A table of faults injected and invariants 
 printed; the exit code is 1 on any violation.
 
     python -m bench.chaos                      # full size: 3,000 jobs
-    python -m bench.chaos --jobs 150 --quick --pgbouncer
+    python -m bench.chaos --jobs 120 --quick --pgbouncer
                                                # the short run `make test` includes:
                                                # every process through PgBouncer
 """

@@ -1,4 +1,4 @@
-"""The short chaos run (`make chaos` at 150 jobs, 20 s of faults), every process reaching
+"""The short chaos run (`make chaos` at 120 jobs, 20 s of faults), every process reaching
 PostgreSQL through a real PgBouncer in transaction mode: workers SIGKILLed, SIGTERMed and
 paused past their lease, server connections terminated, jobs cancelled and PostgreSQL
 restarted behind the pooler while the periodic functions run, some workers running several
@@ -23,7 +23,7 @@ from tests.support import REPO
 @pytest.mark.timeout(600)
 def test_short_chaos_run_violates_no_invariant() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOBFENCE_")}
-    r = subprocess.run([sys.executable, "-m", "bench.chaos", "--jobs", "150", "--quick",
+    r = subprocess.run([sys.executable, "-m", "bench.chaos", "--jobs", "120", "--quick",
                         "--drain-timeout", "300", "--pgbouncer"], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=540, check=False)
     out = r.stdout
