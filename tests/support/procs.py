@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from devtools import readable_site
 from devtools.sqlconn import connect
-from tests.support import JOBFENCE, REPO, cli_env, run_cli
+from tests.support import JOBFENCE, REPO, cli_env, role_dsn, run_cli
 
 T = TypeVar("T")
 
@@ -67,26 +67,22 @@ def enqueue(dsn: str, *args: str, **env: str) -> str:
     and ``submit``, as the enqueue role's login — but in this process: here it is a test's
     set-up, and a process of its own would cost half a second of CPU for nothing the test
     looks at (the command's process is tested where it is the subject: test_cli_store and
-    the other CLI tests run it). An environment beyond jobfence's settings (``PYTHONPATH``
-    naming a plugin's actions) is a process's: then the command runs as one."""
-    if any(not k.startswith("JOBFENCE_") for k in env):
+    the other CLI tests run it). A job enqueued with an environment of its own (``PYTHONPATH``
+    naming a plugin's actions) goes through the command's process: an environment is a
+    process's."""
+    if env:
         r = run_cli(dsn, "enqueue", *args, **env)
         assert r.returncode == 0, r.stderr
         return str(json.loads(r.stdout)["job_id"])
     from jobfence.cli import open_store
     from jobfence.functions.enqueue import specs_from_args
-    from jobfence.settings import Settings
+    from jobfence.settings import load_settings
     from jobfence.submit import submit
 
-    environ = cli_env(dsn, "enqueue", **env)
-    fields = {k.removeprefix("JOBFENCE_").lower(): v for k, v in environ.items()
-              if k.startswith("JOBFENCE_")}
-    if "schema" in fields:
-        fields["schema_name"] = fields.pop("schema")
-    settings = Settings(**fields)  # type: ignore[arg-type]
-    specs = specs_from_args(list(args))
+    settings = load_settings(database_url=role_dsn(dsn, "enqueue"),
+                             database_pooler=getattr(dsn, "pooler", "none"))
     with open_store(settings, "enqueue") as store:
-        [made] = submit(settings, store, specs)
+        [made] = submit(settings, store, specs_from_args(list(args)))
     return str(made.job_id)
 
 
