@@ -24,7 +24,7 @@ END = "<!-- /settings -->"
 
 
 def _classes() -> list[type]:
-    """Settings and the sections it inherits (``jobfence.command_settings``), in that
+    """Settings and the sections it inherits (``jobfence.settings.commands``), in that
     order: the table lists Settings' own fields first."""
     return [c for c in Settings.__mro__ if c.__module__.startswith("jobfence.")]
 

@@ -41,7 +41,7 @@ def dispatch(argv: Sequence[str] | None = None) -> tuple[Command, list[str]] | i
         print(usage())
         return 0
     if args[0] in ("--version", "-V", "version"):
-        from jobfence.wire import version
+        from jobfence.version import version
 
         print(f"jobfence {version()}")
         return 0

@@ -11,9 +11,9 @@ import time
 from uuid import UUID
 
 from jobfence import cli
+from jobfence.adapters import open_object_store
 from jobfence.errors import InvalidSpec
 from jobfence.joblogs import STREAM_NAMES, Attempt, Logs, Piece, visible
-from jobfence.wiring import open_object_store
 
 
 def main(argv: list[str] | None = None) -> int:

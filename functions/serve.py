@@ -12,10 +12,10 @@ import signal
 from collections.abc import Iterator
 
 from jobfence import cli, logs
+from jobfence.adapters import open_cluster
 from jobfence.console.auth import Authenticator
 from jobfence.db import Pool
 from jobfence.errors import InvalidSpec
-from jobfence.wiring import open_cluster
 
 
 def _server_class() -> type:

@@ -52,13 +52,13 @@ from uuid import UUID
 from jobfence import db
 from jobfence.errors import ConfigError, InvalidSpec, JobNotFound
 from jobfence.ids import parse_job_id
+from jobfence.jsonable import to_jsonable
 from jobfence.limits import schema_refusal
 from jobfence.settings import Settings, load_settings
 from jobfence.spec import JobSpec, parse_specs
 from jobfence.store import Store
 from jobfence.submit import cancelled_object, enqueued_object, submit
 from jobfence.views import job_views
-from jobfence.wire import to_jsonable
 
 Spec = Mapping[str, Any] | JobSpec
 """One job spec: what ``jobfence enqueue --spec`` reads, as a mapping or a ``JobSpec``."""

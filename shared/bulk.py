@@ -32,7 +32,7 @@ from jobfence.errors import ExitCode, InvalidSpec
 from jobfence.limits import MAX_DURATION
 from jobfence.spec import RFC3339
 from jobfence.store import Store
-from jobfence.store.values import Selected
+from jobfence.store.jobs import Selected
 
 VERBS: dict[str, tuple[str, ...]] = {
     "retry": ("failed", "cancelled"),

@@ -16,10 +16,10 @@ from jobfence import logs, tracing
 from jobfence.db import connect
 from jobfence.errors import ExitCode, InvalidSpec, JobfenceError
 from jobfence.ids import parse_job_id
+from jobfence.jsonable import to_jsonable
 from jobfence.limits import Unstorable, check_text, queue_name
 from jobfence.settings import Settings, load_settings
 from jobfence.store import Store
-from jobfence.wire import to_jsonable
 
 
 def actor() -> str:

@@ -71,7 +71,7 @@ _forced: contextvars.ContextVar[tuple[int | None, int | None]] = contextvars.Con
 
 @functools.cache
 def _version() -> str:
-    from jobfence.wire import version
+    from jobfence.version import version
 
     return version()
 

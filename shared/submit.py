@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from jobfence import tracing
+from jobfence.adapters import open_object_store
 from jobfence.datums import child_batches
 from jobfence.db import confirm_durable
 from jobfence.errors import Conflict, NotFound, StoreUnavailable, Unavailable
@@ -18,7 +19,6 @@ from jobfence.objectstore import ObjectStore, ObjectStoreError, output_bucket
 from jobfence.settings import Settings
 from jobfence.spec import JobSpec, seconds
 from jobfence.store import Enqueued, NewJob, Store, Transition
-from jobfence.wiring import open_object_store
 
 
 def to_new_job(spec: JobSpec, settings: Settings) -> NewJob:

@@ -49,13 +49,13 @@ from jobfence.errors import (
     Unauthenticated,
     Unavailable,
 )
+from jobfence.jsonable import to_jsonable
 from jobfence.limits import MAX_SPEC_BYTES
 from jobfence.settings import Settings
 from jobfence.spec import parse_specs
 from jobfence.store import ACTIVE, TERMINAL, Store
 from jobfence.submit import cancelled_object, enqueued_object, submit
 from jobfence.views import empty_queue_view, job_views, queue_view
-from jobfence.wire import to_jsonable
 
 PAGE_MAX = 500
 """The most jobs one page holds; page on with ``after`` (the ``next`` link)."""

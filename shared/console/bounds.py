@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from jobfence.wire import to_jsonable
+from jobfence.jsonable import to_jsonable
 
 ANSWER_BYTES = 4 * 2**20
 """The most any answer of the API holds (a job, a page of jobs or schedules, a schedule)."""

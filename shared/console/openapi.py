@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from jobfence.wire import version
+from jobfence.version import version
 
 _ERROR = {"$ref": "#/components/responses/Error"}
 

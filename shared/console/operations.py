@@ -311,7 +311,7 @@ def job_logs(server: Routes) -> Any:
     a place in it (``action``, ``stream``, ``offset``) on; ``next`` says where the rest
     starts."""
     def handler(store: Store, call: Call) -> Answer:
-        from jobfence.wiring import open_object_store
+        from jobfence.adapters import open_object_store
 
         settings = server.settings
         installation = store.control.identity(settings.installation).installation

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple, Protocol
 from uuid import UUID, uuid4
 
 from jobfence import cli, db, metrics
+from jobfence.adapters import open_cluster, open_object_store
 from jobfence.cluster import Cluster
 from jobfence.errors import JobfenceError, PassInterrupted
 from jobfence.logs import get_logger
@@ -40,7 +41,6 @@ from jobfence.objectstore import ObjectStore
 from jobfence.settings import Settings
 from jobfence.store import Store
 from jobfence.store.types import Identity
-from jobfence.wiring import open_cluster, open_object_store
 
 
 class Report(Protocol):

@@ -34,7 +34,7 @@ from jobfence.passes.harness import Deps, snapshot
 from jobfence.schedules import Cron, due_tick, zone
 from jobfence.settings import Settings
 from jobfence.store import NewJob, Store
-from jobfence.store.values import DueSchedule, Fired
+from jobfence.store.schedules import DueSchedule, Fired
 
 log = get_logger("jobfence.schedules")
 

@@ -38,7 +38,7 @@ from jobfence.store.control import Control
 from jobfence.store.dependencies import SETTLE_BATCH, Dependencies
 from jobfence.store.job_metrics import JobMetrics
 from jobfence.store.jobs import Jobs
-from jobfence.store.maintenance import Maintenance
+from jobfence.store.maintenance import Maintenance, RetentionCandidate
 from jobfence.store.parents import Parents
 from jobfence.store.pods import Pods
 from jobfence.store.queues import Queues
@@ -59,7 +59,6 @@ from jobfence.store.types import (
     RetryPolicy,
     Transition,
 )
-from jobfence.store.values import RetentionCandidate
 
 __all__ = [
     "ACTIVE", "IMMEDIATE", "SETTLE_BATCH", "TERMINAL", "ActionOutcome", "ChildBatches",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from jobfence import db
@@ -25,7 +25,22 @@ from jobfence.store.types import (
     Transition,
     transitions,
 )
-from jobfence.store.values import Acted, Selected
+
+
+class Selected(NamedTuple):
+    """A job of a bulk selection."""
+
+    job_id: UUID
+    status: str
+    queue: str
+
+
+class Acted(NamedTuple):
+    """What a bulk retry or cancel did to one job: ``refusal`` None when it was done."""
+
+    job_id: UUID
+    status: str | None
+    refusal: str | None
 
 
 class Jobs(Settling):

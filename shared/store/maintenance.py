@@ -11,12 +11,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import NamedTuple
 from uuid import UUID
 
 from jobfence import db
 from jobfence.store.dependencies import Settling
 from jobfence.store.types import Moved, RetryPolicy, Transition, transitions
-from jobfence.store.values import RetentionCandidate
+
+
+class RetentionCandidate(NamedTuple):
+    """A top-level terminal job whose retention has run out."""
+
+    job_id: UUID
+    is_parent: bool
+    has_outputs: bool
+    """Whether an attempt registered outputs: only then can it own objects on S3 (outputs
+    are registered under the fence before they are uploaded)."""
+    due: datetime
+    """Its place in the retention order (retain_until, or finished_at without a ttl)."""
 
 
 class Maintenance(Settling):

@@ -7,13 +7,62 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from jobfence import db
 from jobfence.errors import Conflict, JobNotFound, NotFound
 from jobfence.store.base import Noun
-from jobfence.store.values import DueSchedule, Fired, ScheduleRow, TickRecord
+
+
+class ScheduleRow(NamedTuple):
+    """One schedule as ``schedule show`` reads it."""
+
+    schedule_id: UUID
+    name: str
+    cron: str
+    timezone: str
+    spec: dict[str, Any]
+    paused: bool
+    next_tick_at: datetime
+    last_tick_at: datetime | None
+    last_job_id: UUID | None
+    created_at: datetime
+    created_by: str | None
+    changed_at: datetime
+    changed_by: str | None
+
+
+class DueSchedule(NamedTuple):
+    """A schedule whose next tick has come, as the pass reads it."""
+
+    schedule_id: UUID
+    name: str
+    cron: str
+    timezone: str
+    next_tick_at: datetime
+    queue: str = "default"
+    """The queue of the job it enqueues."""
+
+
+class Fired(NamedTuple):
+    """A tick the pass enqueued (or recorded as skipped): ``outcome`` is ``enqueued``,
+    ``resource_busy`` or ``exists``."""
+
+    schedule_id: UUID
+    name: str
+    tick_at: datetime
+    job_id: UUID | None
+    outcome: str
+
+
+class TickRecord(NamedTuple):
+    """A schedule's recorded tick."""
+
+    tick_at: datetime
+    job_id: UUID | None
+    outcome: str
+    at: datetime
 
 
 class Schedules(Noun):

@@ -28,15 +28,15 @@ from dataclasses import dataclass, field
 
 from jobfence import cli
 from jobfence.actions.installed import registry
-from jobfence.command_settings import command_env_refusal
+from jobfence.adapters import open_object_store
 from jobfence.errors import ConfigError, StoreUnavailable
 from jobfence.jobuids import users_for
 from jobfence.logs import get_logger
 from jobfence.objectstore import ObjectStore
 from jobfence.settings import Settings
+from jobfence.settings.commands import command_env_refusal
 from jobfence.shutdown import on_termination
 from jobfence.store import Claim
-from jobfence.wiring import open_object_store
 from jobfence.worker.completer import Completer
 from jobfence.worker.execution import Execution, Next, Outcome, Result, Wiring
 from jobfence.worker.guard_threads import Guards

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobfence.command_settings import CREDENTIAL_NAMES, CREDENTIAL_PREFIXES
 from jobfence.errors import ConfigError
 from jobfence.settings import load_settings
+from jobfence.settings.commands import CREDENTIAL_NAMES, CREDENTIAL_PREFIXES
 
 DSN = "postgresql://nobody@127.0.0.1:1/none"
 

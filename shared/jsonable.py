@@ -1,6 +1,5 @@
-"""What every surface says the same way: jobfence's values as JSON (the CLI's output, the
-HTTP API's bodies, the Python API's objects) and this release's version (``--version``, the
-OpenAPI document)."""
+"""jobfence's values as JSON, the same on every surface: the CLI's output, the HTTP API's
+bodies, the Python API's objects."""
 
 from __future__ import annotations
 
@@ -10,17 +9,6 @@ from typing import Any
 from uuid import UUID
 
 from jobfence.durations import format_duration
-
-
-def version() -> str:
-    """This release's version, as installed."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
-    try:
-        return installed("jobfence")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def to_jsonable(value: Any) -> Any:

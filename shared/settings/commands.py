@@ -1,7 +1,7 @@
-"""The settings of a job's ``command`` children: who they run as, what of the worker's
-environment they get, where they run, where their output goes and what stops them — a
-section of ``jobfence.settings.Settings`` (which inherits it), kept here to keep each
-module readable."""
+"""The settings' section on a job's ``command`` children: who they run as, what of the
+worker's environment they get (never its credentials: the refusals here are also the
+worker's check of what it hands on), where they run, where their output goes and what stops
+them. ``jobfence.settings.Settings`` is made of this section and its own fields."""
 
 from __future__ import annotations
 

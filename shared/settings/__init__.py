@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Literal, Self
 from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from jobfence.command_settings import CommandSettings
 from jobfence.durations import Duration
 from jobfence.errors import ConfigError
 from jobfence.ids import default_worker_id
 from jobfence.limits import Unstorable, check_text, schema_refusal
+from jobfence.settings.commands import CommandSettings
 
 if TYPE_CHECKING:
     from jobfence.store.types import RetryPolicy
