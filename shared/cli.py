@@ -14,12 +14,15 @@ from uuid import UUID
 
 from jobfence import logs, tracing
 from jobfence.db import connect
-from jobfence.errors import ExitCode, InvalidSpec, JobfenceError
+from jobfence.errors import ExitCode, InvalidSpec, JobfenceError, NotMigrated
 from jobfence.ids import parse_job_id
 from jobfence.jsonable import to_jsonable
 from jobfence.limits import Unstorable, check_text, queue_name
 from jobfence.settings import Settings, load_settings
 from jobfence.store import Store
+
+_read: list[Settings] = []
+"""This process's settings once ``setup`` has read them (where a refusal may look)."""
 
 
 def actor() -> str:
@@ -108,6 +111,9 @@ def run_command(name: str, body: Callable[[], int]) -> int:
     spans it made are exported before it returns (``jobfence.tracing``)."""
     try:
         return body()
+    except NotMigrated as exc:
+        error(_versions_named(exc, name))
+        return int(exc.exit_code)
     except JobfenceError as exc:
         error(str(exc))
         return int(exc.exit_code)
@@ -127,6 +133,33 @@ def run_command(name: str, body: Callable[[], int]) -> int:
         _flush_traces(name)
 
 
+def _versions_named(exc: NotMigrated, name: str) -> str:
+    """The refusal of a database whose schema is not the one this release calls, saying
+    which it is: older (run ``migrate``), or moved on by a newer release's migrate (in a
+    rolling deploy, a pod of the release before whose functions are gone)."""
+    if not _read or exc.missing is None:
+        return str(exc)
+    from jobfence.store.migrations import available
+
+    try:
+        store = connect_store(_read[0], name)
+        try:
+            at = store.control.schema_version()
+        finally:
+            store.conn.close()
+    except JobfenceError:  # no schema at all, or no answer: the refusal as it was
+        return str(exc)
+    knows = len(available())
+    if at > knows:
+        return (f"the database was migrated by a newer release (to migration {at:04d}; this "
+                f"release knows up to {knows:04d}) that no longer has what this one calls "
+                f"({exc.missing}): run the newer release")
+    if at < knows:
+        return (f"the database is at migration {at:04d} and this release needs {knows:04d} "
+                f"({exc.missing}): run `jobfence migrate`")
+    return str(exc)
+
+
 def _flush_traces(name: str) -> None:
     try:
         tracing.flush()
@@ -137,6 +170,7 @@ def _flush_traces(name: str) -> None:
 def setup(name: str, **overrides: object) -> Settings:
     """Settings and logging for a command run."""
     settings = load_settings(**overrides)
+    _read[:] = [settings]
     logs.configure(settings.log_format, settings.log_level, command=name)
     tracing.setup(settings, name)
     return settings

@@ -133,7 +133,13 @@ class JobNotFound(NotFound):
 
 
 class NotMigrated(ConfigError):
-    """The database holds no jobfence schema, or an older one than this release needs."""
+    """The database holds no jobfence schema, or one other than this release calls: older
+    (run ``migrate``), or moved on by a newer release that dropped what this one calls."""
+
+    def __init__(self, message: str, missing: str | None = None) -> None:
+        super().__init__(message)
+        self.missing = missing
+        """What the database did not have (PostgreSQL's own words), when that was it."""
 
 
 class StoreError(JobfenceError):

@@ -301,7 +301,8 @@ def translate(exc: BaseException) -> BaseException:
     if isinstance(exc, pg_errors.UndefinedTable | pg_errors.UndefinedFunction
                   | pg_errors.UndefinedColumn | pg_errors.InvalidSchemaName):
         return NotMigrated("the database has no jobfence schema, or an older one than this "
-                           f"release needs ({_first_line(exc)}): run `jobfence migrate`")
+                           f"release needs ({_first_line(exc)}): run `jobfence migrate`",
+                           missing=_first_line(exc))
     if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
         # Not committed: the server is a replica (or read-only). A retry on a fresh
         # connection may reach the writer; this one never will (``stale``).

@@ -107,6 +107,10 @@ GRANT EXECUTE ON FUNCTION {schema}.worker_register_actions(text[]) TO {worker};
 -- worker: what its guards' ticks raised, counted (worker_guard_faults).
 GRANT EXECUTE ON FUNCTION {schema}.worker_guard_faults(text, text[], bigint[]) TO {worker};
 
+-- worker: the schema's version, which its refusal names when its release and the database
+-- disagree (an older schema, or one a newer release's migrate moved on).
+GRANT SELECT (version) ON {schema}.jobfence_schema_migrations TO {worker};
+
 -- reader: status, list, queue status, drain status, KEDA's queries, metrics.
 GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {reader}, {maintainer}, {operator};
 

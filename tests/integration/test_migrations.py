@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from devtools.sqlconn import connect
 from jobfence.store.migrations import available, migrate
@@ -233,5 +234,43 @@ def test_migrate_refuses_an_existing_schema_it_did_not_create_and_writes_nothing
         # A schema jobfence created is its own to migrate again.
         assert run_cli(url, "migrate", JOBFENCE_SCHEMA="shop_jobs").returncode == 0
         assert run_cli(url, "migrate", JOBFENCE_SCHEMA="shop_jobs").returncode == 0
+    finally:
+        databases.drop(url)
+
+
+@pytest.mark.parametrize("schema_is", ["newer", "older"])
+def test_a_worker_refused_by_a_schema_of_another_release_names_both_versions(
+        databases: Databases, schema_is: str) -> None:
+    """A worker whose claim the database no longer (or not yet) has says which migration the
+    database is at and which this release knows — in a rolling deploy, an old pod meeting
+    a newer release's schema is told so, not told to run migrate — and claims nothing."""
+    url = databases.create()
+    knows = len(available())
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            if schema_is == "newer":
+                conn.execute("INSERT INTO jobfence.jobfence_schema_migrations "
+                             "VALUES (%s, 'newer')", (knows + 1,))
+            else:
+                conn.execute("DELETE FROM jobfence.jobfence_schema_migrations "
+                             "WHERE version = %s", (knows,))
+            conn.execute("DROP FUNCTION jobfence.worker_claim(text, text, float8, integer, "
+                         "uuid) CASCADE")
+        enqueued = run_cli(url, "enqueue", 'sleep:{"seconds": 0}')
+        assert enqueued.returncode == 0, enqueued.stderr
+        r = run_cli(url, "worker")
+        assert r.returncode == 2, r.stderr
+        said = r.stderr.strip().splitlines()[-1]
+        if schema_is == "newer":
+            assert (f"migrated by a newer release (to migration {knows + 1:04d}; this "
+                    f"release knows up to {knows:04d})") in said, said
+            assert "run `jobfence migrate`" not in said, said
+        else:
+            assert (f"the database is at migration {knows - 1:04d} and this release needs "
+                    f"{knows:04d}") in said, said
+            assert said.endswith("run `jobfence migrate`"), said
+        assert "worker_claim" in said, said
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT status FROM jobfence.jobs").fetchall() == [("pending",)]
     finally:
         databases.drop(url)
