@@ -79,7 +79,9 @@ END;
 $$;
 
 -- Settle what waited on jobs that just became terminal, up to a budget of jobs, walking
--- dependents of dependents (the rest is left to export-finalize's safety net).
+-- dependents of dependents (the rest is left to export-finalize's safety net). Run after
+-- every terminal write: when nothing depends on these jobs (most of the time) one index
+-- probe says so and nothing else runs.
 CREATE OR REPLACE FUNCTION {schema}.settle_dependents(p_job_ids uuid[], p_budget integer)
 RETURNS TABLE (job_id uuid, status text, parent_id uuid)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
@@ -91,6 +93,10 @@ DECLARE
     made record;
     next_frontier uuid[];
 BEGIN
+    IF NOT EXISTS (SELECT FROM {schema}.job_dependencies dep
+                   WHERE dep.depends_on = ANY(frontier)) THEN
+        RETURN;
+    END IF;
     WHILE cardinality(frontier) > 0 AND budget > 0 LOOP
         SELECT coalesce(array_agg(DISTINCT d.job_id), '{{}}') INTO waiting_ids FROM (
             SELECT dep.job_id FROM {schema}.job_dependencies dep
