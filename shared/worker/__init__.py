@@ -7,7 +7,7 @@ loop            the loop: claims for free slots, runs each claimed job in a slot
                 what each returns, stops (nothing ready, max jobs or seconds, SIGTERM)
 execution       the execution of one claimed attempt: its actions, its fenced writes, its
                 terminal write; returns its ``Result``
-completer       the worker's connection: claims, fenced writes, terminal writes in batches
+store_link      the worker's connection: claims, fenced writes, terminal writes in batches
                 with the next claims riding on them
 guard           each execution's lease, run deadline and kill switch; the worker's
                 heartbeat (every lease in one statement) and watchdog threads

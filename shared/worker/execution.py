@@ -38,11 +38,11 @@ from jobfence.logs import get_logger
 from jobfence.objectstore import ObjectStore
 from jobfence.settings import Settings
 from jobfence.store import ActionOutcome, Claim, RetryPolicy, TerminalWrite, Transition
-from jobfence.worker.completer import Completer, Finished, WriteRefused
 from jobfence.worker.guard import GIVEN_BACK, Guard, StopReason
 from jobfence.worker.guard_threads import Guards
 from jobfence.worker.output import LineBudget, LogTarget, Origin, Output
 from jobfence.worker.sandbox import Sandbox
+from jobfence.worker.store_link import Finished, StoreLink, WriteRefused
 
 log = get_logger("jobfence.worker")
 
@@ -85,7 +85,7 @@ class Wiring:
     """What every execution of a worker shares."""
 
     settings: Settings
-    completer: Completer
+    store_link: StoreLink
     guards: Guards
     sandbox: Sandbox
     objects: Callable[[], ObjectStore]
@@ -105,8 +105,8 @@ class Execution:
         self.unconfirmed = threading.Event()  # a child of this attempt not known gone
 
     def run(self) -> Result:
-        with tracing.attempt_span(self.w.completer.read, self.claim,
-                                  self.w.completer.queue) as span:
+        with tracing.attempt_span(self.w.store_link.read, self.claim,
+                                  self.w.store_link.queue) as span:
             result = self._run()
             span.ended(result.outcome)
             return result
@@ -137,7 +137,7 @@ class Execution:
         # A first attempt has nothing to resume; a retry skips what earlier ones finished.
         done: set[int] = set()
         if claim.may_resume:
-            done = w.completer.write(guard, lambda s: s.attempts.done_actions(
+            done = w.store_link.write(guard, lambda s: s.attempts.done_actions(
                 claim.job_id, claim.attempt_id)) or set()
         todo = [i for i in range(len(claim.actions)) if i not in done]
         if done:
@@ -149,7 +149,7 @@ class Execution:
         files = AttemptFiles(job_id=claim.job_id, attempt_id=claim.attempt_id,
                              inputs=claim.inputs, objects=w.objects,
                              bucket=w.settings.s3_bucket, installation=w.installation,
-                             write=lambda fn: w.completer.write(guard, fn), touch=guard.touch)
+                             write=lambda fn: w.store_link.write(guard, fn), touch=guard.touch)
         for index in todo:
             spec = claim.actions[index]
             started = datetime.now(UTC)
@@ -223,7 +223,7 @@ class Execution:
         if w.settings.s3_bucket and w.settings.output_max_bytes:
             target = LogTarget(w.objects, w.settings.s3_bucket, w.installation,
                                w.settings.output_max_bytes,
-                               lambda i: bool(w.completer.write(guard, lambda s: (
+                               lambda i: bool(w.store_link.write(guard, lambda s: (
                                    s.attempts.register_log(job_id=claim.job_id,
                                                            attempt_id=claim.attempt_id,
                                                            action_index=i)))))
@@ -232,7 +232,7 @@ class Execution:
 
     def _record(self, guard: Guard, outcome: ActionOutcome) -> bool:
         claim = self.claim
-        return bool(self.w.completer.write(guard, lambda s: s.attempts.record_action(
+        return bool(self.w.store_link.write(guard, lambda s: s.attempts.record_action(
             job_id=claim.job_id, attempt_id=claim.attempt_id, outcome=outcome)))
 
     # -- how it ends -------------------------------------------------------------------------
@@ -243,7 +243,7 @@ class Execution:
             return self._stopped_before_write(guard)
         guard.ending.set()
         wants = self.nxt.want()
-        done = self.w.completer.finish(
+        done = self.w.store_link.finish(
             guard, TerminalWrite(claim.job_id, claim.attempt_id, True, outcome), wants)
         if wants and done.next_claim is None:
             self.nxt.unwant()
@@ -254,7 +254,7 @@ class Execution:
             return replace(self._succeeded(guard, done), next_claim=done.next_claim)
         except BaseException:
             if following is not None:
-                self.w.completer.write(following, lambda s: s.attempts.interrupt_many(
+                self.w.store_link.write(following, lambda s: s.attempts.interrupt_many(
                     [following.held], reason="given back: the job before it crashed",
                     max_interruptions=self.w.settings.max_interruptions), even_if_stopped=True)
                 self.w.guards.release(following)
@@ -277,7 +277,7 @@ class Execution:
         claim = self.claim
         log.warning("job_given_back", job_id=str(claim.job_id), reason=why)
         guard.ending.set()
-        back = self.w.completer.write(guard, lambda s: s.attempts.interrupt_many(
+        back = self.w.store_link.write(guard, lambda s: s.attempts.interrupt_many(
             [(claim.job_id, claim.attempt_id)], reason=f"given back: {why}"[:2000],
             max_interruptions=self.w.settings.max_interruptions))
         if not back:
@@ -295,7 +295,7 @@ class Execution:
                     action=outcome.name, error=outcome.error)
         reason = f"action {outcome.index + 1} ({outcome.name}) failed: {outcome.error}"
         guard.ending.set()
-        t = self.w.completer.write(guard, lambda s: s.attempts.release(
+        t = self.w.store_link.write(guard, lambda s: s.attempts.release(
             job_id=claim.job_id, attempt_id=claim.attempt_id, reason=reason[:2000],
             retry=self.w.retry, outcome=outcome, error=outcome.error,
             error_detail=outcome.error_detail))
@@ -313,7 +313,7 @@ class Execution:
         log.info("job_snoozed", job_id=str(claim.job_id), index=index, action=name,
                  delay_seconds=asked.delay.total_seconds())
         guard.ending.set()
-        t = self.w.completer.write(guard, lambda s: s.attempts.snooze(
+        t = self.w.store_link.write(guard, lambda s: s.attempts.snooze(
             job_id=claim.job_id, attempt_id=claim.attempt_id,
             delay_seconds=asked.delay.total_seconds(), reason=reason,
             max_snoozes=self.w.settings.max_snoozes,
@@ -337,7 +337,7 @@ class Execution:
                 error = f"inactive: no output or progress for {format_duration(quiet)}"
             outcome = ActionOutcome(index, name, False, started, error=error)
             guard.ending.set()
-            t = self.w.completer.write(guard, lambda s: s.attempts.release(
+            t = self.w.store_link.write(guard, lambda s: s.attempts.release(
                 job_id=claim.job_id, attempt_id=claim.attempt_id, reason=why,
                 retry=self.w.retry, outcome=outcome, error=error), even_if_stopped=True)
             return self._released(guard, t, error)
@@ -360,7 +360,7 @@ class Execution:
         log.error("write_refused", job_id=str(claim.job_id), error=str(exc))
         guard.ending.set()
         try:
-            t = self.w.completer.write(guard, lambda s: s.attempts.finish(
+            t = self.w.store_link.write(guard, lambda s: s.attempts.finish(
                 job_id=claim.job_id, attempt_id=claim.attempt_id, succeeded=False,
                 reason=error, error=error))
         except WriteRefused as again:
@@ -381,7 +381,7 @@ class Execution:
         if claim.parent_id is None:
             return
         try:
-            self.w.completer.read(lambda s: finalize(
+            self.w.store_link.read(lambda s: finalize(
                 s.parents.of_attempt(claim.job_id, claim.attempt_id), self.w.objects,
                 self.w.settings.s3_bucket, self.w.installation))
         except JobfenceError as exc:
@@ -412,7 +412,7 @@ class Execution:
                                 "this attempt's lease to end")
             return
         try:
-            if self.w.completer.read(lambda s: s.attempts.stopped(
+            if self.w.store_link.read(lambda s: s.attempts.stopped(
                     job_id=claim.job_id, attempt_id=claim.attempt_id)):
                 log.info("stop_confirmed", job_id=str(claim.job_id),
                          attempt_id=str(claim.attempt_id))

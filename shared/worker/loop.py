@@ -7,7 +7,7 @@ A worker runs up to ``--concurrency`` jobs at once (``JOBFENCE_WORKER_CONCURRENC
 pool in the pool declaration; 1 by default: one job at a time, as a one-job-per-pod pool
 runs it). Each running job keeps its own claim, ``attempt_id``, lease, run timeout, child
 process tree, cancel and fenced terminal write; what they share is batched without
-touching a fence (``jobfence.worker.completer``, ``jobfence.worker.guard``). The loop
+touching a fence (``jobfence.worker.store_link``, ``jobfence.worker.guard``). The loop
 claims only for free slots, in one statement for all of them, so a claimed job never waits
 behind another; a slot whose job finished takes the next job from the claim that rode on
 that job's terminal write. The loop never reaches into an execution: it starts one with
@@ -37,13 +37,13 @@ from jobfence.settings import Settings
 from jobfence.settings.commands import command_env_refusal
 from jobfence.shutdown import on_termination
 from jobfence.store import Claim
-from jobfence.worker.completer import Completer
 from jobfence.worker.execution import Execution, Next, Outcome, Result, Wiring
 from jobfence.worker.guard_threads import Guards
 from jobfence.worker.jobspace import LocalSpaces
 from jobfence.worker.output import LineBudget
 from jobfence.worker.proctree import kill_descendants
 from jobfence.worker.sandbox import Sandbox, Spaces
+from jobfence.worker.store_link import StoreLink
 
 log = get_logger("jobfence.worker")
 
@@ -191,25 +191,25 @@ def open_sandbox(settings: Settings) -> Sandbox:
     return Sandbox(spaces, passthrough)
 
 
-def warn_durability(completer: Completer) -> None:
+def warn_durability(store_link: StoreLink) -> None:
     """Say at start when the database may lose an acknowledged commit (asynchronous
     replicas, ``synchronous_commit`` off or local): jobs may then run twice after a
     failover. Never fatal."""
     try:
-        for why in completer.read(lambda s: s.control.durability()):
+        for why in store_link.read(lambda s: s.control.durability()):
             log.warning("durability_at_risk", message=why)
     except Exception as exc:
         log.debug("durability_unknown", error=str(exc))
 
 
-def register_actions(completer: Completer) -> None:
+def register_actions(store_link: StoreLink) -> None:
     """Tell the database the action names this worker may run (its registry: built-ins and
     installed plugins), so that their metrics have labels of their own; any other name
     counts as ``other``. Never fatal: a plugin that does not load fails its jobs as before,
     and metrics are not worth a worker."""
     try:
         names = list(registry())
-        completer.read(lambda s: s.action_metrics.register(names))
+        store_link.read(lambda s: s.action_metrics.register(names))
     except Exception as exc:
         log.warning("actions_not_registered", error=str(exc))
 
@@ -223,14 +223,14 @@ class Worker:
         self.queue = queue_name or settings.queue
         self.concurrency = concurrency or settings.worker_concurrency
         self.sandbox = open_sandbox(settings)
-        completer = Completer(settings, self.queue)
+        store_link = StoreLink(settings, self.queue)
         # A worker of another installation stops here (exit 2), before it claims anything.
-        identity = completer.read(lambda s: s.control.identity(settings.installation))
+        identity = store_link.read(lambda s: s.control.identity(settings.installation))
         assert identity.installation is not None
-        warn_durability(completer)
-        register_actions(completer)
+        warn_durability(store_link)
+        register_actions(store_link)
         self._objects: ObjectStore | None = None
-        self.wiring = Wiring(settings=settings, completer=completer,
+        self.wiring = Wiring(settings=settings, store_link=store_link,
                              guards=Guards(settings, queue=self.queue),
                              sandbox=self.sandbox,
                              objects=self.objects, installation=identity.installation,
@@ -256,7 +256,7 @@ class Worker:
         # No job runs any more: whatever a job left that could not be told apart dies now.
         kill_descendants(reap_children=True)
         self.wiring.guards.close()  # its threads end before the connections they use
-        self.wiring.completer.close()
+        self.wiring.store_link.close()
         self.sandbox.spaces.close()
 
     # -- slots -------------------------------------------------------------------------------
@@ -335,7 +335,7 @@ class Worker:
                 if not dry or now - looked >= poll:
                     granted = budget.take(free)
                     try:
-                        claims = self.wiring.completer.claim(granted) if granted else []
+                        claims = self.wiring.store_link.claim(granted) if granted else []
                     except StoreUnavailable as exc:
                         budget.give(granted)
                         if not running:
@@ -387,7 +387,7 @@ class Worker:
         self.wiring.guards.give_back_all()
         if not self._main_done.wait(EXIT_GRACE_SECONDS):
             log.error("exit_forced", message="an action did not stop in time")
-            self.wiring.completer.leave()
+            self.wiring.store_link.leave()
             self.report.terminated = True
             cli.emit(self.report)
             sys.stderr.flush()

@@ -30,8 +30,8 @@ from jobfence.errors import ExitCode, StoreUnavailable, Unreplicated
 from jobfence.settings import Settings
 from jobfence.store import Store, TerminalWrite
 from jobfence.store.migrations import migrate
-from jobfence.worker.completer import Completer
 from jobfence.worker.guard import Guard
+from jobfence.worker.store_link import StoreLink
 from tests.support import JOBFENCE, REPO, cli_env
 from tests.support.factories import enqueue_one
 
@@ -138,17 +138,17 @@ def _raised(c: Connection) -> BaseException | None:
 def test_a_terminal_write_cut_off_in_its_commit_is_counted_once_durable(
         cluster: PatroniCluster, url: str, store: Store) -> None:
     """The COMMIT waits for a standby that cannot answer; its backend is terminated there
-    (committed on the primary, not on a standby). The completer reads the job back on a
+    (committed on the primary, not on a standby). The store_link reads the job back on a
     fresh connection and confirms the write durable only once a standby has it."""
-    completer = Completer(settings(url), "default")
+    store_link = StoreLink(settings(url), "default")
     try:
         enqueue_one(store)
-        [claim] = completer.claim(1)
-        guard = Guard(claim, completer.settings)
-        pid = completer.store.conn.info.backend_pid
+        [claim] = store_link.claim(1)
+        guard = Guard(claim, store_link.settings)
+        pid = store_link.store.conn.info.backend_pid
         result: list[Any] = []
         with standbys_frozen(cluster):
-            t = threading.Thread(target=lambda: result.append(completer.finish(
+            t = threading.Thread(target=lambda: result.append(store_link.finish(
                 guard, TerminalWrite(claim.job_id, claim.attempt_id, True), False)))
             t.start()
             time.sleep(1.5)
@@ -160,7 +160,7 @@ def test_a_terminal_write_cut_off_in_its_commit_is_counted_once_durable(
         assert result and result[0].written
         assert row_of(url, claim.job_id)["status"] == "succeeded"
     finally:
-        completer.close()
+        store_link.close()
 
 
 @pytest.mark.parametrize("change", ["switchover", "failover"])
@@ -168,37 +168,37 @@ def test_a_change_of_leader_is_ridden_out_by_the_writes_in_flight(
         cluster: PatroniCluster, url: str, store: Store, change: str) -> None:
     """A planned switchover (``patronictl switchover``) and an operator's failover to a
     named standby (``patronictl failover``)."""
-    completer = Completer(settings(url), "default")
+    store_link = StoreLink(settings(url), "default")
     try:
         enqueue_one(store)
-        [claim] = completer.claim(1)
-        guard = Guard(claim, completer.settings)
+        [claim] = store_link.claim(1)
+        guard = Guard(claim, store_link.settings)
         before = cluster.leader()
         getattr(cluster, change)()
         cluster.wait_until(lambda: cluster.leader() not in (None, before), 60,
                            f"no new leader after the {change}")
-        renewed = completer.write(guard, lambda s: s.attempts.heartbeat(
+        renewed = store_link.write(guard, lambda s: s.attempts.heartbeat(
             job_id=claim.job_id, attempt_id=claim.attempt_id, lease_seconds=60))
         assert renewed is not None
-        done = completer.finish(guard, TerminalWrite(claim.job_id, claim.attempt_id, True),
+        done = store_link.finish(guard, TerminalWrite(claim.job_id, claim.attempt_id, True),
                                 False)
         assert done.written
         assert row_of(url, claim.job_id)["status"] == "succeeded"
     finally:
-        completer.close()
+        store_link.close()
 
 
 def test_a_node_loss_keeps_every_acknowledged_write(
         cluster: PatroniCluster, url: str, store: Store) -> None:
-    completer = Completer(settings(url), "default")
+    store_link = StoreLink(settings(url), "default")
     try:
         finished = [enqueue_one(store) for _ in range(5)]
         running = enqueue_one(store)
-        claims = completer.claim(6)
+        claims = store_link.claim(6)
         by_id = {c.job_id: c for c in claims}
         for job_id in finished:
             c = by_id[job_id]
-            assert completer.finish(Guard(c, completer.settings),
+            assert store_link.finish(Guard(c, store_link.settings),
                                     TerminalWrite(c.job_id, c.attempt_id, True), False).written
         old = cluster.leader()
         assert old is not None
@@ -206,13 +206,13 @@ def test_a_node_loss_keeps_every_acknowledged_write(
         cluster.wait_until(lambda: cluster.leader() not in (None, old), 90,
                            "no new leader after the node loss")
         c = by_id[running]
-        assert completer.finish(Guard(c, completer.settings),
+        assert store_link.finish(Guard(c, store_link.settings),
                                 TerminalWrite(c.job_id, c.attempt_id, True), False).written
         for job_id in [*finished, running]:
             assert row_of(url, job_id)["status"] == "succeeded"
         cluster.start_member(old)
     finally:
-        completer.close()
+        store_link.close()
 
 
 def test_a_url_of_replicas_only_is_refused_within_the_connect_timeout(

@@ -29,11 +29,11 @@ from jobfence.settings import Settings
 from jobfence.spec import parse_specs
 from jobfence.store import Store, TerminalWrite
 from jobfence.submit import submit
-from jobfence.worker import completer as completer_module
 from jobfence.worker import execution
-from jobfence.worker.completer import Completer
+from jobfence.worker import store_link as store_link_module
 from jobfence.worker.guard import Guard
 from jobfence.worker.loop import Worker
+from jobfence.worker.store_link import StoreLink
 from tests.support import SLOW_COMMIT
 from tests.support.api_client import api_client
 from tests.support.factories import enqueue_one
@@ -42,8 +42,8 @@ LOST = "the answer to its claim was lost"
 
 
 @pytest.fixture
-def completer(dsn: str) -> Iterator[Completer]:
-    c = Completer(Settings(database_url=dsn, lease_seconds=60, worker_id="w-lost"), "default")
+def store_link(dsn: str) -> Iterator[StoreLink]:
+    c = StoreLink(Settings(database_url=dsn, lease_seconds=60, worker_id="w-lost"), "default")
     yield c
     c.close()
 
@@ -92,17 +92,17 @@ def events(conn: Connection, job_id: UUID) -> list[tuple[str, str, str]]:
 
 
 def test_the_jobs_of_a_claim_whose_answer_was_lost_are_given_back_unspent(
-        store: Store, conn: Connection, completer: Completer) -> None:
+        store: Store, conn: Connection, store_link: StoreLink) -> None:
     job = enqueue_one(store, max_attempts=1)
-    cut = lose_next_answer(conn, completer.store)
+    cut = lose_next_answer(conn, store_link.store)
     with pytest.raises(StoreUnavailable):
-        completer.claim(1)
+        store_link.claim(1)
     cut.join()
     # The claim commits after its answer was lost (the worker's first give-back, at once,
     # found it still committing): the job is held by an attempt nobody knows ...
     wait_for(lambda: job_row(conn, job)["status"] == "running")
     # ... until the worker's next use of its connection asks again (at most once a second).
-    wait_for(lambda: completer.read(lambda s: None) is None
+    wait_for(lambda: store_link.read(lambda s: None) is None
              and job_row(conn, job)["status"] == "pending")
     row = job_row(conn, job)
     assert (row["status"], row["attempt_count"], row["attempt_id"]) == ("pending", 0, None)
@@ -110,18 +110,18 @@ def test_the_jobs_of_a_claim_whose_answer_was_lost_are_given_back_unspent(
     assert [e[:2] for e in events(conn, job)][-2:] == [("pending", "running"),
                                                         ("running", "pending")]
     # Its one attempt is still there to spend: it is claimed and runs.
-    [claim] = completer.claim(1)
+    [claim] = store_link.claim(1)
     assert (claim.job_id, claim.attempt_count) == (job, 1)
 
 
 def test_a_claim_riding_on_a_batch_whose_answer_was_lost_is_given_back(
-        store: Store, conn: Connection, completer: Completer) -> None:
+        store: Store, conn: Connection, store_link: StoreLink) -> None:
     first = enqueue_one(store)
-    [claim] = completer.claim(1)
+    [claim] = store_link.claim(1)
     second = enqueue_one(store, max_attempts=1)
-    guard = Guard(claim, completer.settings)
-    cut = lose_next_answer(conn, completer.store)
-    done = completer.finish(guard, TerminalWrite(first, claim.attempt_id, True),
+    guard = Guard(claim, store_link.settings)
+    cut = lose_next_answer(conn, store_link.store)
+    done = store_link.finish(guard, TerminalWrite(first, claim.attempt_id, True),
                             wants_next=True)
     cut.join()
     assert done.written and done.next_claim is None  # its write resolved, its claim lost
@@ -132,17 +132,17 @@ def test_a_claim_riding_on_a_batch_whose_answer_was_lost_is_given_back(
 
 
 def test_a_claim_that_never_committed_leaves_nothing_to_give_back(
-        store: Store, conn: Connection, completer: Completer) -> None:
+        store: Store, conn: Connection, store_link: StoreLink) -> None:
     """The claim's backend dies during its COMMIT: the give-back matches nothing, and no
     other claim of the same worker is touched."""
     held = enqueue_one(store)
-    [mine] = completer.claim(1)
+    [mine] = store_link.claim(1)
     waiting = enqueue_one(store)
-    cut = lose_next_answer(conn, completer.store, abort=True)
+    cut = lose_next_answer(conn, store_link.store, abort=True)
     with pytest.raises(StoreUnavailable):
-        completer.claim(1)
+        store_link.claim(1)
     cut.join()
-    completer.read(lambda s: None)
+    store_link.read(lambda s: None)
     assert job_row(conn, waiting)["status"] == "pending"
     row = job_row(conn, held)
     assert (row["status"], row["attempt_id"]) == ("running", mine.attempt_id)
@@ -190,7 +190,7 @@ def test_an_enqueue_whose_answer_was_lost_makes_one_job(
 
 
 class Said:
-    """The completer's log lines, as (event, keywords)."""
+    """The store_link's log lines, as (event, keywords)."""
 
     def __init__(self) -> None:
         self.lines: list[tuple[str, dict[str, Any]]] = []
@@ -211,8 +211,8 @@ def test_a_forced_exit_says_which_outcomes_it_leaves_unknown(
     not stop), it says which outcome it leaves to the lease; kept alive, the read-back
     gives up after a lease and says that instead — never silence."""
     said = Said()
-    monkeypatch.setattr(completer_module, "log", said)
-    c = Completer(Settings(database_url=dsn, lease_seconds=3, worker_id="w-left"), "default")
+    monkeypatch.setattr(store_link_module, "log", said)
+    c = StoreLink(Settings(database_url=dsn, lease_seconds=3, worker_id="w-left"), "default")
     job = enqueue_one(store)
     [claim] = c.claim(1)
     guard = Guard(claim, c.settings)
@@ -274,7 +274,7 @@ def test_a_worker_that_stops_on_a_lost_claim_gives_its_jobs_back_first(
     not held unrun until their leases end, an attempt spent."""
     job = enqueue_one(store, max_attempts=1)
     worker = Worker(Settings(database_url=dsn, lease_seconds=60))
-    cut = lose_next_answer(conn, worker.wiring.completer.store)
+    cut = lose_next_answer(conn, worker.wiring.store_link.store)
     try:
         with pytest.raises(StoreUnavailable):
             worker.run(1)

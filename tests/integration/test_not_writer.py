@@ -21,8 +21,8 @@ from jobfence.db import Connection
 from jobfence.errors import ExitCode, NotWriter, StoreUnavailable
 from jobfence.settings import Settings
 from jobfence.store import Claim, Store, TerminalWrite
-from jobfence.worker.completer import Completer
 from jobfence.worker.guard import Guard
+from jobfence.worker.store_link import StoreLink
 from tests.support import SLOW_COMMIT, role_dsn, run_cli
 from tests.support.factories import enqueue_one
 
@@ -33,16 +33,16 @@ def settings(dsn: str, **kw: Any) -> Settings:
 
 
 @pytest.fixture
-def completer(dsn: str) -> Iterator[Completer]:
-    c = Completer(settings(dsn), "default")
+def store_link(dsn: str) -> Iterator[StoreLink]:
+    c = StoreLink(settings(dsn), "default")
     yield c
     c.close()
 
 
-def claimed(store: Store, completer: Completer) -> tuple[Claim, Guard]:
+def claimed(store: Store, store_link: StoreLink) -> tuple[Claim, Guard]:
     enqueue_one(store)
-    [claim] = completer.claim(1)
-    return claim, Guard(claim, completer.settings)
+    [claim] = store_link.claim(1)
+    return claim, Guard(claim, store_link.settings)
 
 
 def lease_of(conn: Connection, job_id: UUID) -> Any:
@@ -61,37 +61,37 @@ def read_only(conn: Connection, dsn: str, on: bool) -> None:
 
 
 def test_a_read_only_answer_is_not_committed_and_marks_the_connection_for_replacement(
-        store: Store, completer: Completer, conn: Connection) -> None:
-    claim, _ = claimed(store, completer)
-    completer.store.conn.execute("SET default_transaction_read_only = on")
+        store: Store, store_link: StoreLink, conn: Connection) -> None:
+    claim, _ = claimed(store, store_link)
+    store_link.store.conn.execute("SET default_transaction_read_only = on")
     with pytest.raises(NotWriter) as caught:
-        completer.store.attempts.heartbeat(job_id=claim.job_id, attempt_id=claim.attempt_id,
+        store_link.store.attempts.heartbeat(job_id=claim.job_id, attempt_id=claim.attempt_id,
                                            lease_seconds=60)
     assert isinstance(caught.value, StoreUnavailable)
     assert caught.value.exit_code is ExitCode.UNAVAILABLE
-    assert db.stale(completer.store.conn)
+    assert db.stale(store_link.store.conn)
 
 
 def test_a_write_refused_as_read_only_is_retried_on_a_fresh_connection(
-        store: Store, completer: Completer, conn: Connection) -> None:
-    claim, guard = claimed(store, completer)
+        store: Store, store_link: StoreLink, conn: Connection) -> None:
+    claim, guard = claimed(store, store_link)
     before = lease_of(conn, claim.job_id)
-    first = completer.store.conn
+    first = store_link.store.conn
     first.execute("SET default_transaction_read_only = on")  # this session only
-    renewed = completer.write(guard, lambda s: s.attempts.heartbeat(
+    renewed = store_link.write(guard, lambda s: s.attempts.heartbeat(
         job_id=claim.job_id, attempt_id=claim.attempt_id, lease_seconds=60))
     assert renewed is not None and renewed > before
-    assert completer.store.conn is not first and first.closed
+    assert store_link.store.conn is not first and first.closed
     assert lease_of(conn, claim.job_id) == renewed
 
 
 def test_a_reconnect_that_lands_on_a_read_only_server_writes_nothing_until_a_writer_answers(
-        store: Store, completer: Completer, conn: Connection, dsn: str) -> None:
-    claim, guard = claimed(store, completer)
-    completer.store.conn.execute("SET default_transaction_read_only = on")
+        store: Store, store_link: StoreLink, conn: Connection, dsn: str) -> None:
+    claim, guard = claimed(store, store_link)
+    store_link.store.conn.execute("SET default_transaction_read_only = on")
     read_only(conn, dsn, True)  # every reconnect lands on "a replica" too
     done: list[Any] = []
-    t = threading.Thread(target=lambda: done.append(completer.write(
+    t = threading.Thread(target=lambda: done.append(store_link.write(
         guard, lambda s: s.attempts.finish_many([TerminalWrite(
             claim.job_id, claim.attempt_id, True)]))))
     t.start()
@@ -111,7 +111,7 @@ def test_a_reconnect_that_lands_on_a_read_only_server_writes_nothing_until_a_wri
 
 def test_a_write_on_read_only_servers_until_the_lease_ends_writes_nothing(
         store: Store, dsn: str, conn: Connection) -> None:
-    c = Completer(settings(dsn, lease_seconds=2), "default")
+    c = StoreLink(settings(dsn, lease_seconds=2), "default")
     try:
         claim, guard = claimed(store, c)
         read_only(conn, dsn, True)
@@ -144,14 +144,14 @@ def test_a_worker_against_a_read_only_server_never_claims(
 
 
 def test_a_terminal_write_whose_backend_dies_during_commit_is_written_once(
-        store: Store, completer: Completer, conn: Connection) -> None:
+        store: Store, store_link: StoreLink, conn: Connection) -> None:
     """A deferred trigger holds the COMMIT of the first terminal write; its backend is
     terminated there (the transaction never commits). The write is tried again on a fresh
     connection, and the job ends succeeded, with one terminal event."""
-    claim, guard = claimed(store, completer)
+    claim, guard = claimed(store, store_link)
     conn.execute(SLOW_COMMIT)
     conn.execute("INSERT INTO public.commit_pause VALUES (1)")
-    pid = completer.store.conn.info.backend_pid
+    pid = store_link.store.conn.info.backend_pid
 
     def terminate() -> None:
         time.sleep(1.0)
@@ -160,11 +160,11 @@ def test_a_terminal_write_whose_backend_dies_during_commit_is_written_once(
 
     t = threading.Thread(target=terminate)
     t.start()
-    finished = completer.finish(guard, TerminalWrite(claim.job_id, claim.attempt_id, True),
+    finished = store_link.finish(guard, TerminalWrite(claim.job_id, claim.attempt_id, True),
                                 wants_next=False)
     t.join()
     assert finished.written
-    assert completer.store.conn.info.backend_pid != pid
+    assert store_link.store.conn.info.backend_pid != pid
     assert conn.execute("SELECT status FROM jobs WHERE job_id = %s",
                         (claim.job_id,)).fetchone() == {"status": "succeeded"}
     ends = conn.execute("SELECT count(*) AS n FROM job_events WHERE job_id = %s "

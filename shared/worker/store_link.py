@@ -2,7 +2,7 @@
 executions, and their terminal writes — in batches.
 
 Executions that finish at about the same time share one round trip: each hands its terminal
-write to ``Completer.finish`` and waits; whichever finds the connection free writes every
+write to ``StoreLink.finish`` and waits; whichever finds the connection free writes every
 write handed in so far in one statement (``worker_finish_many``: each row matched on its
 own job and attempt, the rows that matched returned) and, in the same transaction, claims
 the next job for each execution that asked for one (``worker_claim``: each row a fresh
@@ -90,7 +90,7 @@ class _Handed:
     result: Finished = Finished(False)
 
 
-class Completer:
+class StoreLink:
     """One worker's connection for claims and fenced writes, shared by its executions."""
 
     def __init__(self, settings: Settings, queue: str) -> None:
