@@ -19,9 +19,9 @@ from jobfence.console.bounds import (
 )
 from jobfence.schedules import job_template, schedule_spec
 from jobfence.store import ActionOutcome, Store
-from tests.acceptance.serving import Reply, Served, serve
 from tests.support import run_cli
 from tests.support.procs import enqueue
+from tests.support.serving import Reply, Served, serve
 
 ACTIONS = 40
 TAIL = "é\x1b[2J" + "x" * 200_000  # escapes and a two-byte character: JSON is larger

@@ -306,7 +306,7 @@ def test_status_events_show_a_failed_commands_stderr_escaped(dsn: str) -> None:
 
 def test_the_api_answers_an_attempts_output(dsn: str, s3_env: dict[str, str],
                                            tmp_path: Path) -> None:
-    from tests.acceptance.serving import serve
+    from tests.support.serving import serve
 
     job_id = enqueue(dsn, _command("sh", "-c", "seq 1 3000; echo oops >&2; exit 3"),
                      "--max-attempts", "1", **s3_env)

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from tests.acceptance.serving import Served, serve
 from tests.support import role_dsn, run_cli
 from tests.support.kube import ControlPlane
 from tests.support.procs import FAST, alive, enqueue, job, kill_quietly, read_pid, spawn, wait_for
+from tests.support.serving import Served, serve
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")

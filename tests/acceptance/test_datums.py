@@ -303,7 +303,7 @@ def test_an_http_submission_with_s3_inputs_splits_runs_and_finalizes(
     the parent with its children counted (as `enqueue` prints it), a bad inputs URL is a
     400 with nothing written, and the datums run and the parent is finalized with its
     manifest, as for the CLI."""
-    from tests.acceptance.serving import serve
+    from tests.support.serving import serve
 
     url = put_inputs(s3_env, 5, prefix="http-in/")
     spec = {"actions": [{"name": "command", "params": {"argv": ["sh", "-c", UPPER]}}],

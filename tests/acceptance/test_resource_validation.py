@@ -18,10 +18,10 @@ import pytest
 
 import jobfence
 from devtools.sqlconn import connect
-from tests.acceptance.serving import serve
 from tests.support import REPO, role_dsn, run_cli
 from tests.support.factories import plugin_installed
 from tests.support.procs import FAST, job, wait_for
+from tests.support.serving import serve
 
 EXAMPLE = REPO / "examples" / "pg_maintenance"
 

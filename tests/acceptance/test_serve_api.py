@@ -19,9 +19,9 @@ from psycopg.conninfo import conninfo_to_dict
 from starlette.routing import Route
 
 from devtools.sqlconn import connect
-from tests.acceptance.serving import Served, free_port, serve
 from tests.support import role_dsn, run_cli
 from tests.support.procs import FAST, enqueue
+from tests.support.serving import Served, free_port, serve
 
 PROXY = {"JOBFENCE_AUTH": "proxy", "JOBFENCE_AUTH_READERS": "*",
          "JOBFENCE_AUTH_OPERATORS": "alice,group:oncall", "JOBFENCE_CLUSTER": "local"}

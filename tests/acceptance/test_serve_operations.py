@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from devtools.sqlconn import connect
-from tests.acceptance.serving import Served, serve
 from tests.support.procs import enqueue
+from tests.support.serving import Served, serve
 
 PROXY = {"JOBFENCE_AUTH": "proxy", "JOBFENCE_AUTH_READERS": "*",
          "JOBFENCE_AUTH_OPERATORS": "alice"}

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.collector import Collector, Span, collector
-from tests.acceptance.serving import Served, free_port, serve
 from tests.support import REPO, cli_env, role_dsn, run_cli
+from tests.support.collector import Collector, Span, collector
 from tests.support.procs import FAST, action_results
+from tests.support.serving import Served, free_port, serve
 
 PRODUCER, CONSUMER, INTERNAL = 4, 5, 1  # OTLP's span kinds
 APP_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

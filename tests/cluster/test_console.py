@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.acceptance.serving import Served, serve
 from tests.support.kube import ControlPlane, Installation, install, token, wait_for
+from tests.support.serving import Served, serve
 
 OPERATOR, READER = "oncall", "viewer"
 

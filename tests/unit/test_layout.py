@@ -148,3 +148,10 @@ def test_the_helpers_of_the_tests_are_in_tests_support() -> None:
     top = sorted(p.name for p in (REPO / "tests").glob("*.py") if not p.name.startswith("test_"))
     assert top == ["__init__.py", "conftest.py"]
     assert (REPO / "tests" / "support" / "__init__.py").is_file()
+    # In a layer's folder, tests and their fixtures only; the job-life model (tests/model)
+    # is a package of its own, the rule set the model-based tests run.
+    helpers = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").glob("*/*.py")
+                     if p.parent.name not in ("support", "model")
+                     and not p.name.startswith("test_")
+                     and p.name not in ("__init__.py", "conftest.py"))
+    assert helpers == [], "helpers of the tests belong in tests/support"

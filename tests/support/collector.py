@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from devtools import otelcol
-from tests.acceptance.serving import free_port
 from tests.support.procs import kill_quietly
+from tests.support.serving import free_port
 
 CONFIG = """\
 receivers:
