@@ -1,4 +1,5 @@
-"""An in-memory cluster for unit tests: pods in a dict, listed in pages, with failures
+"""An in-memory cluster for tests that need a fault on demand (unit tests, and integration
+tests beside a real store): pods in a dict, listed in pages, with failures
 on demand (a listing that breaks part-way, deletes that fail)."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""An in-memory object store for unit tests, with fault injection."""
+"""An in-memory object store, with faults on demand: for unit tests, and for integration
+tests beside a real store where a put or a delete must fail at a chosen moment."""
 
 from __future__ import annotations
 
