@@ -1,6 +1,6 @@
-"""An in-memory cluster for tests that need a fault on demand (unit tests, and integration
-tests beside a real store): pods in a dict, listed in pages, with failures
-on demand (a listing that breaks part-way, deletes that fail)."""
+"""An in-memory cluster: pods in a dict, listed in pages, with failures on demand (a listing
+that breaks part-way, deletes that fail) — for unit tests, and for integration tests beside
+a real store."""
 
 from __future__ import annotations
 
