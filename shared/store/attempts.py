@@ -208,8 +208,8 @@ class Attempts(Settling):
 
     def register_outputs(self, *, job_id: UUID, attempt_id: UUID,
                          outputs: Sequence[tuple[str, str]]) -> bool:
-        """Register (path, url) outputs as uploading, under the fence; False when lost:
-        Falconeri's ownership check, done by the database."""
+        """Register (path, url) outputs as uploading, under the fence; False when lost: the
+        check that this attempt still owns the job, done by the database."""
         rows = self._all("register_outputs", {
             "job_id": job_id, "attempt_id": attempt_id,
             "outputs": json.dumps([{"path": p, "url": u} for p, u in outputs])})

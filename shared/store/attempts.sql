@@ -69,7 +69,7 @@ SELECT * FROM {schema}.worker_snooze(%(job_id)s::uuid, %(attempt_id)s::uuid,
 
 -- register_outputs --
 -- Register output files before uploading them (status running), under the fence:
--- Falconeri's ownership check, done by the database. Idempotent.
+-- the check that this attempt still owns the job, done by the database. Idempotent.
 SELECT * FROM {schema}.worker_register_outputs(%(job_id)s::uuid, %(attempt_id)s::uuid,
     %(outputs)s::jsonb) AS path;
 
