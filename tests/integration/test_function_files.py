@@ -18,6 +18,7 @@ from jobfence.store import migrations
 from jobfence.store.migrations import Migrations, available, function_files, migrate
 from tests.support.pg import Databases
 from tests.support.schema_dump import catalog, first_difference
+from tests.support.shipped import shipped_migrations
 
 SCHEMA = "jobfence"
 PUBLIC_UNTIL = 8
@@ -46,13 +47,14 @@ def url(databases: Databases) -> Iterator[str]:
 
 def install_head(url: str, head: int) -> None:
     """The database as the release whose newest migration was ``head`` left it: up to 0008
-    in `public`, from 0009 on in the installation's schema."""
+    in `public`, from 0009 on in the installation's schema; each migration as it was
+    shipped, functions and all."""
     if head <= PUBLIC_UNTIL:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("""CREATE TABLE jobfence_schema_migrations (
                 version integer PRIMARY KEY, name text NOT NULL,
                 applied_at timestamptz NOT NULL DEFAULT now())""")
-            for mig in available()[:head]:
+            for mig in shipped_migrations()[:head]:
                 with conn.transaction():
                     conn.execute(mig.sql)
                     conn.execute("INSERT INTO jobfence_schema_migrations VALUES (%s, %s)",
@@ -65,7 +67,7 @@ def install_head(url: str, head: int) -> None:
             m.create_schema()
             m.use_schema()
             m.table_create()
-        for mig in available()[:head]:
+        for mig in shipped_migrations()[:head]:
             assert m.apply(mig)
 
 

@@ -16,6 +16,7 @@ from jobfence.store.migrations import available, migrate
 from tests.support import JOBFENCE, REPO, cli_env, run_cli
 from tests.support.pg import Databases
 from tests.support.schema_dump import dump
+from tests.support.shipped import shipped_migrations
 
 EXPECTED = Path(__file__).with_name("expected_schema.txt")
 
@@ -139,7 +140,7 @@ def test_a_database_migrated_by_the_previous_release_moves_forward_intact(
     (`public`): they move into `jobfence` with every job, event and result, and the
     installation goes on from there."""
     url = databases.create(migrated=False)
-    old = [m for m in available() if m.version <= 8]  # what the previous release shipped
+    old = shipped_migrations()[:8]  # what the previous release shipped
     try:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("""CREATE TABLE jobfence_schema_migrations (

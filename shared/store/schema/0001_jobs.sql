@@ -8,6 +8,10 @@
 --   * every state transition appends an audit event in the same statement (the two
 --     jobs_audit_* triggers), so no code path can transition without an event.
 -- Migrations after this one must be additive: old and new pods run side by side.
+--
+-- Its functions, triggers and views are no longer defined here: their live definitions are
+-- in store/<noun>.functions.sql, which every migrate runs after the migrations (0038 on);
+-- as this migration first wrote them, they are in the repository's history.
 
 CREATE TABLE jobfence_control (
     singleton        boolean PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -164,38 +168,3 @@ CREATE TABLE function_runs (
 );
 CREATE INDEX function_runs_function ON function_runs (function, started_at DESC);
 CREATE INDEX function_runs_started ON function_runs (started_at);
-
--- Retry delay: base * 2^(attempt - 1), capped, with "equal jitter" (half fixed, half random)
--- so that a burst of failures does not retry in lockstep.
-CREATE FUNCTION jobfence_retry_delay(attempt integer, base_seconds float8, cap_seconds float8)
-RETURNS interval LANGUAGE sql VOLATILE AS $$
-    SELECT make_interval(secs => d * (0.5 + random() * 0.5))
-    FROM (SELECT least(cap_seconds, base_seconds * power(2, greatest(attempt, 1) - 1)) AS d) s
-$$;
-
--- Audit triggers: statement-level with transition tables, so a bulk enqueue or a bulk
--- reclaim writes its events in one INSERT rather than one per row.
-CREATE FUNCTION jobfence_audit_insert() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO job_events (job_id, from_status, to_status, attempt_id, reason)
-    SELECT n.job_id, NULL, n.status, n.attempt_id, n.reason FROM new_rows n;
-    RETURN NULL;
-END
-$$;
-
-CREATE FUNCTION jobfence_audit_update() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO job_events (job_id, from_status, to_status, attempt_id, reason)
-    SELECT n.job_id, o.status, n.status, coalesce(o.attempt_id, n.attempt_id), n.reason
-    FROM old_rows o JOIN new_rows n USING (job_id)
-    WHERE o.status IS DISTINCT FROM n.status OR o.attempt_id IS DISTINCT FROM n.attempt_id;
-    RETURN NULL;
-END
-$$;
-
-CREATE TRIGGER jobs_audit_insert AFTER INSERT ON jobs
-    REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION jobfence_audit_insert();
-CREATE TRIGGER jobs_audit_update AFTER UPDATE ON jobs
-    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION jobfence_audit_update();

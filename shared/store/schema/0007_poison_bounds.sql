@@ -13,6 +13,10 @@
 --   (5,000 dependents released at once: 25 million comparisons). Without nested loops the
 --   same join is a hash join: linear, and as cheap for one row.
 -- Additive: old pods never read the new column and write durations within the bounds.
+--
+-- Its functions, triggers and views are no longer defined here: their live definitions are
+-- in store/<noun>.functions.sql, which every migrate runs after the migrations (0038 on);
+-- as this migration first wrote them, they are in the repository's history.
 
 UPDATE jobs SET ttl = interval '36500 days'
 WHERE ttl IS NOT NULL AND (ttl > interval '36500 days' OR ttl <= interval '0');
@@ -27,5 +31,3 @@ ALTER TABLE jobs ADD CONSTRAINT jobs_timeout_bounded
     CHECK (timeout IS NULL OR (timeout > interval '0' AND timeout <= interval '36500 days'))
     NOT VALID;
 ALTER TABLE jobs ADD CONSTRAINT jobs_interruptions_counted CHECK (interruptions >= 0);
-
-ALTER FUNCTION jobfence_audit_update() SET enable_nestloop = off;

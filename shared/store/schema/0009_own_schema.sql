@@ -7,8 +7,7 @@
 -- (SET search_path FROM CURRENT, evaluated now), never with the caller's: an application
 -- sharing the database can have its own `jobs` table, and its search path never changes
 -- what a jobfence function reads or writes.
-ALTER FUNCTION jobfence_retry_delay(integer, float8, float8) SET search_path FROM CURRENT;
-ALTER FUNCTION jobfence_reclaim(uuid[], text[], text[], float8, float8)
-    SET search_path FROM CURRENT;
-ALTER FUNCTION jobfence_audit_insert() SET search_path FROM CURRENT;
-ALTER FUNCTION jobfence_audit_update() SET search_path FROM CURRENT;
+--
+-- Its functions, triggers and views are no longer defined here: their live definitions are
+-- in store/<noun>.functions.sql, which every migrate runs after the migrations (0038 on);
+-- as this migration first wrote them, they are in the repository's history.

@@ -12,21 +12,11 @@
 --   of sha256('attempt', 0, the id's 16 bytes), as jobfence.tracing.attempt_span_id does):
 --   the worker learns the span, never another attempt's id. Like every worker_* function it
 --   answers only for the attempt that holds the fence, and never for a NULL one.
+--
+-- Its functions, triggers and views are no longer defined here: their live definitions are
+-- in store/<noun>.functions.sql, which every migrate runs after the migrations (0038 on);
+-- as this migration first wrote them, they are in the repository's history.
 
 ALTER TABLE {schema}.jobs ADD COLUMN traceparent text;
 ALTER TABLE {schema}.jobs ADD CONSTRAINT jobs_traceparent_form
     CHECK (traceparent ~ '^00-[0-9a-f]{{32}}-[0-9a-f]{{16}}-[0-9a-f]{{2}}$') NOT VALID;
-
-CREATE FUNCTION {schema}.worker_trace(p_job_id uuid, p_attempt_id uuid)
-RETURNS TABLE (traceparent text, first_span_id text)
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
-    SELECT j.traceparent,
-           (SELECT encode(substr(sha256('attempt'::bytea || '\x00'::bytea
-                                        || uuid_send(e.attempt_id)), 1, 8), 'hex')
-            FROM {schema}.job_events e
-            WHERE e.job_id = j.job_id AND e.to_status = 'running' AND e.attempt_id IS NOT NULL
-            ORDER BY e.event_id LIMIT 1)
-    FROM {schema}.jobs j
-    WHERE j.job_id = p_job_id AND p_attempt_id IS NOT NULL
-      AND j.attempt_id = p_attempt_id AND j.status = 'running';
-$$;

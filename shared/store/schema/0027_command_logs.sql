@@ -13,6 +13,10 @@
 --   S3 then), and a repeated call is harmless.
 -- Retention deletes a job's objects when one of its attempts registered an output or a
 -- log (store/maintenance.sql); orphan-cleanup keeps them while their job exists.
+--
+-- Its functions, triggers and views are no longer defined here: their live definitions are
+-- in store/<noun>.functions.sql, which every migrate runs after the migrations (0038 on);
+-- as this migration first wrote them, they are in the repository's history.
 
 CREATE TABLE {schema}.job_logs (
     job_id       uuid NOT NULL REFERENCES {schema}.jobs (job_id) ON DELETE CASCADE,
@@ -21,22 +25,3 @@ CREATE TABLE {schema}.job_logs (
     created_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (job_id, attempt_id, action_index)
 );
-
-CREATE FUNCTION {schema}.worker_register_log(p_job_id uuid, p_attempt_id uuid,
-                                            p_action_index integer)
-RETURNS integer
-LANGUAGE sql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
-    WITH fence AS (
-        SELECT j.job_id, j.attempt_id FROM {schema}.jobs j
-        WHERE j.job_id = p_job_id AND j.attempt_id = p_attempt_id
-          AND j.status = 'running' AND j.visible_at > clock_timestamp()
-          AND p_action_index BETWEEN 0 AND jsonb_array_length(j.actions) - 1
-        FOR SHARE
-    ), made AS (
-        INSERT INTO {schema}.job_logs (job_id, attempt_id, action_index)
-        SELECT f.job_id, f.attempt_id, p_action_index FROM fence f
-        ON CONFLICT DO NOTHING
-        RETURNING action_index
-    )
-    SELECT p_action_index FROM fence;
-$$;

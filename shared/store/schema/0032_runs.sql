@@ -20,6 +20,10 @@
 -- Additive: old workers call the same functions; a result they write is stamped by the
 -- trigger. Results written before this migration are stamped from the audit trail: the
 -- retries of their job recorded before them.
+--
+-- Its functions, triggers and views are no longer defined here: their live definitions are
+-- in store/<noun>.functions.sql, which every migrate runs after the migrations (0038 on);
+-- as this migration first wrote them, they are in the repository's history.
 
 ALTER TABLE {schema}.jobs ADD COLUMN run integer NOT NULL DEFAULT 0
     CONSTRAINT jobs_run_counted CHECK (run >= 0);
@@ -38,66 +42,5 @@ UPDATE {schema}.job_action_results a SET run = (
 WHERE a.job_id IN (SELECT j.job_id FROM {schema}.jobs j WHERE j.run > 0);
 
 -- A retry begins the job's next run, with its snoozes afresh (0031's rule, kept here).
-DROP TRIGGER jobs_retry_resets_snoozes ON {schema}.jobs;
-DROP FUNCTION {schema}.jobfence_retry_snoozes();
-
-CREATE FUNCTION {schema}.jobfence_retry_starts_run() RETURNS trigger
-LANGUAGE plpgsql SET search_path = {schema}, pg_temp AS $$
-BEGIN
-    NEW.snoozes := 0;
-    NEW.run := OLD.run + 1;
-    RETURN NEW;
-END;
-$$;
-
-CREATE TRIGGER jobs_retry_starts_run
-    BEFORE UPDATE OF status ON {schema}.jobs
-    FOR EACH ROW
-    WHEN (OLD.status IN ('failed', 'cancelled') AND NEW.status IN ('pending', 'waiting'))
-    EXECUTE FUNCTION {schema}.jobfence_retry_starts_run();
-
--- Every action result belongs to its job's run at the time it is written.
-CREATE FUNCTION {schema}.jobfence_result_run() RETURNS trigger
-LANGUAGE plpgsql SET search_path = {schema}, pg_temp AS $$
-BEGIN
-    NEW.run := coalesce((SELECT j.run FROM {schema}.jobs j WHERE j.job_id = NEW.job_id), 0);
-    RETURN NEW;
-END;
-$$;
-
-CREATE TRIGGER job_action_results_run
-    BEFORE INSERT ON {schema}.job_action_results
-    FOR EACH ROW
-    EXECUTE FUNCTION {schema}.jobfence_result_run();
-
--- The actions the job's current run finished (for the attempt holding the fence).
-CREATE OR REPLACE FUNCTION {schema}.worker_done_actions(p_job_id uuid, p_attempt_id uuid)
-RETURNS SETOF integer
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
-    SELECT DISTINCT r.action_index
-    FROM {schema}.jobs j JOIN {schema}.job_action_results r ON r.job_id = j.job_id
-    WHERE j.job_id = p_job_id AND j.attempt_id = p_attempt_id AND j.status = 'running'
-      AND r.status = 'succeeded' AND r.run = j.run;
-$$;
-
--- A parent's children with their committed outputs: for a child that succeeded, the
--- confirmed files of the attempt that won, and of every earlier attempt of its run that
--- finished an action (a resumed run skipped those actions; their files are its outputs).
-CREATE OR REPLACE FUNCTION {schema}.jobfence_children_page(p_parent_id uuid, p_after uuid,
-                                                           p_limit integer)
-RETURNS TABLE (job_id uuid, status text, attempt_id uuid, inputs jsonb, error text,
-               outputs text[])
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
-    SELECT c.job_id, c.status, c.attempt_id, c.inputs, c.error,
-        ARRAY(SELECT o.url FROM {schema}.job_outputs o
-              WHERE c.status = 'succeeded' AND o.job_id = c.job_id AND o.status = 'done'
-                AND (o.attempt_id = c.attempt_id
-                     OR EXISTS (SELECT FROM {schema}.job_action_results r
-                                WHERE r.job_id = c.job_id AND r.attempt_id = o.attempt_id
-                                  AND r.status = 'succeeded' AND r.run = c.run))
-              ORDER BY o.path, o.created_at)
-    FROM {schema}.jobs c
-    WHERE c.parent_id = p_parent_id AND c.job_id > p_after
-    ORDER BY c.job_id
-    LIMIT least(greatest(p_limit, 0), 10000);
-$$;
+DROP TRIGGER IF EXISTS jobs_retry_resets_snoozes ON {schema}.jobs;
+DROP FUNCTION IF EXISTS {schema}.jobfence_retry_snoozes();

@@ -9,14 +9,7 @@
 -- Bounded: only the guards jobfence has (a fixed set of labels), the worker's own queue
 -- name as it is stored (a DNS label), a count between 1 and 1e9 per call.
 -- Additive: a worker of an older release never calls it.
-
-CREATE FUNCTION {schema}.worker_guard_faults(p_queue text, p_guards text[], p_counts bigint[])
-RETURNS void
-LANGUAGE sql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
-    INSERT INTO {schema}.job_metric_deltas (queue, name, label, le, value)
-    SELECT p_queue, 'guard_faults', f.guard, 'Infinity', least(f.n, 1000000000)::float8
-    FROM unnest(p_guards, p_counts) AS f (guard, n)
-    WHERE f.n > 0
-      AND f.guard IN ('heartbeat', 'stop_check', 'watchdog', 'tree_kill', 'output', 'sidecar')
-      AND p_queue ~ '^[a-z0-9]([-a-z0-9]{{0,61}}[a-z0-9])?$'
-$$;
+--
+-- Its functions, triggers and views are no longer defined here: their live definitions are
+-- in store/<noun>.functions.sql, which every migrate runs after the migrations (0038 on);
+-- as this migration first wrote them, they are in the repository's history.
