@@ -12,7 +12,9 @@ every object ``{schema}.name`` (braces of its own doubled), as the named stateme
 every function it creates pins ``search_path = {schema}, pg_temp`` (invariant 13).
 Migrations must be additive: a rolling deploy runs old and new pods against the same schema.
 
-Migrations keep tables, columns, indexes and data; from 0038 on they define no function.
+Migrations keep tables, columns, indexes and data, and define no function, trigger or view
+(those before 0038 did when they were shipped; what they defined is in the function files,
+and an installation that ran them as shipped upgrades to the same catalog).
 The live definition of every function, trigger and view is in ``store/<noun>.functions.sql``
 (``FUNCTION_FILES``), a template like the migrations: once they are applied, each file whose
 text changed since it last ran here is run again, all of them in one transaction under the
