@@ -511,46 +511,10 @@ BEGIN
 END;
 $$;
 
--- Give a running attempt's job back (its worker was told to stop, e.g. SIGTERM): pending
--- now, the attempt not counted while the job was interrupted fewer than
--- p_max_interruptions times; after that it counts, and the job fails once its attempts
--- are exhausted (fenced).
-CREATE OR REPLACE FUNCTION {schema}.worker_interrupt(p_job_id uuid, p_attempt_id uuid,
-                                                    p_reason text,
-                                                    p_max_interruptions integer)
-RETURNS TABLE (job_id uuid, status text, parent_id uuid)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
-#variable_conflict use_column
-BEGIN
-    PERFORM {schema}.jobfence_check_bounds('max_interruptions', p_max_interruptions, 0,
-                                          1000000);
-    RETURN QUERY
-    UPDATE {schema}.jobs j SET
-        status = CASE WHEN j.interruptions < p_max_interruptions
-                        OR j.attempt_count < j.max_attempts THEN 'pending' ELSE 'failed' END,
-        attempt_count = CASE WHEN j.interruptions < p_max_interruptions
-                             THEN j.attempt_count - 1 ELSE j.attempt_count END,
-        interruptions = j.interruptions + 1,
-        attempt_id = CASE WHEN j.interruptions < p_max_interruptions
-                            OR j.attempt_count < j.max_attempts THEN NULL
-                          ELSE j.attempt_id END,
-        visible_at = now(),
-        finished_at = CASE WHEN j.interruptions >= p_max_interruptions
-                            AND j.attempt_count >= j.max_attempts THEN now() END,
-        retain_until = CASE WHEN j.interruptions >= p_max_interruptions
-                             AND j.attempt_count >= j.max_attempts THEN now() + j.ttl END,
-        claimed_by = NULL,
-        run_deadline_at = NULL,
-        reason = p_reason,
-        error = p_reason
-    WHERE j.job_id = p_job_id AND j.attempt_id = p_attempt_id
-      AND j.status = 'running' AND j.visible_at > clock_timestamp()
-    RETURNING j.job_id, j.status, j.parent_id;
-END;
-$$;
-
--- SIGTERM with many jobs in hand: give every one back at once, each matched on its own
--- fence, exactly as worker_interrupt gives back one.
+-- Give running attempts' jobs back (their worker was told to stop, e.g. SIGTERM), each
+-- matched on its own fence: pending now, the attempt not counted while the job was
+-- interrupted fewer than p_max_interruptions times; after that it counts, and the job
+-- fails once its attempts are exhausted.
 CREATE OR REPLACE FUNCTION {schema}.worker_interrupt_many(
     p_job_ids uuid[], p_attempt_ids uuid[], p_reason text, p_max_interruptions integer)
 RETURNS TABLE (job_id uuid, status text, parent_id uuid)
@@ -584,6 +548,16 @@ BEGIN
       AND j.status = 'running' AND j.visible_at > clock_timestamp()
     RETURNING j.job_id, j.status, j.parent_id;
 END;
+$$;
+
+-- One attempt given back (a worker with one job in hand): a batch of one, by the same rules.
+CREATE OR REPLACE FUNCTION {schema}.worker_interrupt(p_job_id uuid, p_attempt_id uuid,
+                                                    p_reason text,
+                                                    p_max_interruptions integer)
+RETURNS TABLE (job_id uuid, status text, parent_id uuid)
+LANGUAGE sql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
+    SELECT * FROM {schema}.worker_interrupt_many(ARRAY[p_job_id], ARRAY[p_attempt_id],
+                                                 p_reason, p_max_interruptions);
 $$;
 
 -- The attempt whose fence was rotated confirms that its command is gone: its job's

@@ -232,66 +232,23 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     made record;
-    cancelled_it boolean := false;
+    refused text;
     found_status text;
 BEGIN
-    FOR made IN
-        UPDATE {schema}.jobs c SET
-            status = 'cancelled',
-            stopping_attempt_id = CASE WHEN c.status = 'running'
-                                        AND c.visible_at > clock_timestamp()
-                                       THEN c.attempt_id END,
-            stopping_until = CASE WHEN c.status = 'running'
-                                   AND c.visible_at > clock_timestamp()
-                                  THEN c.visible_at END,
-            attempt_id = NULL,
-            claimed_by = NULL,
-            run_deadline_at = NULL,
-            finished_at = now(),
-            retain_until = now() + c.ttl,
-            reason = p_reason,
-            error = p_reason
-        WHERE c.parent_id = p_job_id AND c.status IN ('waiting', 'pending', 'running')
-        RETURNING c.job_id, c.status, c.parent_id, c.stopping_attempt_id
-    LOOP
-        IF made.stopping_attempt_id IS NOT NULL THEN
-            PERFORM pg_notify(current_schema() || '.stop', made.job_id::text);
+    -- One job is a selection of one: the rules are operator_cancel_many's.
+    FOR made IN SELECT * FROM {schema}.operator_cancel_many(ARRAY[p_job_id], p_reason) LOOP
+        IF made.refusal IS NULL THEN
+            job_id := made.job_id; status := made.status; parent_id := made.parent_id;
+            RETURN NEXT;
+        ELSE
+            refused := made.refusal;
+            found_status := made.status;
         END IF;
-        job_id := made.job_id; status := made.status; parent_id := made.parent_id;
-        RETURN NEXT;
     END LOOP;
-    FOR made IN
-        UPDATE {schema}.jobs j SET
-            status = 'cancelled',
-            stopping_attempt_id = CASE WHEN j.status = 'running' AND NOT j.is_parent
-                                        AND j.visible_at > clock_timestamp()
-                                       THEN j.attempt_id END,
-            stopping_until = CASE WHEN j.status = 'running' AND NOT j.is_parent
-                                   AND j.visible_at > clock_timestamp()
-                                  THEN j.visible_at END,
-            attempt_id = NULL,
-            claimed_by = NULL,
-            run_deadline_at = NULL,
-            finished_at = now(),
-            retain_until = now() + j.ttl,
-            reason = p_reason,
-            error = p_reason
-        WHERE j.job_id = p_job_id AND j.status IN ('waiting', 'pending', 'running')
-        RETURNING j.job_id, j.status, j.parent_id, j.stopping_attempt_id
-    LOOP
-        IF made.stopping_attempt_id IS NOT NULL THEN
-            PERFORM pg_notify(current_schema() || '.stop', made.job_id::text);
-        END IF;
-        cancelled_it := true;
-        job_id := made.job_id; status := made.status; parent_id := made.parent_id;
-        RETURN NEXT;
-    END LOOP;
-    IF NOT cancelled_it THEN
-        SELECT j.status INTO found_status FROM {schema}.jobs j WHERE j.job_id = p_job_id;
-        IF found_status IS NULL THEN
-            RAISE EXCEPTION USING ERRCODE = 'JF404', DETAIL = p_job_id::text,
-                MESSAGE = format('job %s not found', p_job_id);
-        END IF;
+    IF refused = 'not_found' OR p_job_id IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'JF404', DETAIL = p_job_id::text,
+            MESSAGE = format('job %s not found', p_job_id);
+    ELSIF refused IS NOT NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'JF409',
             MESSAGE = format('job %s is already %s', p_job_id, found_status);
     END IF;
