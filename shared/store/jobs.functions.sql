@@ -47,6 +47,17 @@ LANGUAGE sql SET search_path = {schema}, pg_temp AS $$
     FROM (SELECT least(cap_seconds, base_seconds * power(2, greatest(attempt, 1) - 1)) AS d) s
 $$;
 
+-- Workers waiting for work on these queues are told, on `<schema>.ready`, one notification
+-- per queue, delivered at commit (worker/wakeup.py): called by the audit triggers with the
+-- queues of a statement's jobs that are ready now. Nothing for no queue.
+CREATE OR REPLACE FUNCTION {schema}.jobfence_ready(p_queues text[]) RETURNS void
+LANGUAGE plpgsql SET search_path = {schema}, pg_temp AS $$
+BEGIN
+    PERFORM pg_notify(current_schema() || '.ready', q) FROM unnest(p_queues) AS q
+    WHERE q IS NOT NULL;
+END
+$$;
+
 -- The audit trail of a statement's new jobs: one event each (the statement's transition
 -- table), written by the trigger alone, as the owner role.
 CREATE OR REPLACE FUNCTION {schema}.jobfence_audit_insert() RETURNS trigger
@@ -54,6 +65,8 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
 BEGIN
     INSERT INTO {schema}.job_events (job_id, from_status, to_status, attempt_id, reason)
     SELECT n.job_id, NULL, n.status, n.attempt_id, n.reason FROM new_rows n;
+    PERFORM {schema}.jobfence_ready(array_agg(DISTINCT n.queue)) FROM new_rows n
+    WHERE n.status = 'pending' AND n.visible_at <= now();
     RETURN NULL;
 END
 $$;
@@ -77,6 +90,8 @@ BEGIN
     PERFORM pg_notify(TG_TABLE_SCHEMA || '.finished', n.job_id::text)
     FROM new_rows n JOIN {schema}.job_watchers w ON w.job_id = n.job_id
     WHERE n.status IN ('succeeded', 'failed', 'cancelled');
+    PERFORM {schema}.jobfence_ready(array_agg(DISTINCT n.queue)) FROM new_rows n
+    WHERE n.status = 'pending' AND n.visible_at <= now();
     -- What the statement adds to the job metrics, one row per (queue, metric, bucket); no
     -- join but the one above (this function plans without nested loops). A parent's
     -- finalization looks up when its last child ended: once per parent, by its children's

@@ -12,6 +12,7 @@ store_link      the worker's connection: claims, fenced writes, terminal writes 
 guard           each execution's lease, run deadline and kill switch; the worker's
                 heartbeat (every lease in one statement) and watchdog threads
 side_channel    the guards' own connection (LISTEN for stops where it can)
+wakeup          told when the queue has work ready (LISTEN), so that a waiting loop looks
 sandbox         what a job's child gets: its environment; where its spaces come from
 jobspace        a job's space made by the worker itself (``LocalSpaces``)
 sidecar         the command sidecar: its protocol, the worker's link, the sidecar's side

@@ -44,6 +44,7 @@ from jobfence.worker.output import LineBudget
 from jobfence.worker.proctree import kill_descendants
 from jobfence.worker.sandbox import Sandbox, Spaces
 from jobfence.worker.store_link import StoreLink
+from jobfence.worker.wakeup import Wakeup
 
 log = get_logger("jobfence.worker")
 
@@ -63,7 +64,8 @@ leases through the guards' own connection; the worker stops for the outage only 
 runs."""
 
 IDLE_POLL_SECONDS = 0.02
-"""With ``--idle-seconds``, while nothing runs: how often the worker looks for ready work."""
+"""With ``--idle-seconds``, while nothing runs: how often the worker looks for ready work.
+Where it can LISTEN it is also told at once (``jobfence.worker.wakeup``)."""
 
 
 @dataclass
@@ -82,6 +84,9 @@ class Report:
     """Jobs this worker could not run (no free uid for their command): pending again, their
     attempts not spent."""
     terminated: bool = False
+    listened: bool = False
+    """Whether the worker listened for ready work (it waited for some, and no transaction
+    pooler stood between it and the database)."""
     stopped_by: str = ""
     """Why the worker stopped claiming: nothing_ready, max_jobs, max_seconds, sigterm,
     sidecar_lost (its command sidecar went away: no command can start here any more),
@@ -245,6 +250,10 @@ class Worker:
         """Set while the loop's last claim found fewer jobs than it asked for: the first
         slot whose next claim then finds a job tells the loop (more may be ready)."""
         self._main_done = threading.Event()
+        self._wakeup: Wakeup | None = None
+        self._woken = threading.Event()
+        """Set while a wake-up's ``MORE`` waits in the queue: a burst of notifications
+        makes one look, not one each."""
 
     def objects(self) -> ObjectStore:
         """The object store, built on first use: a job without S3 never imports boto3."""
@@ -253,6 +262,8 @@ class Worker:
         return self._objects
 
     def close(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.close()
         # No job runs any more: whatever a job left that could not be told apart dies now.
         kill_descendants(reap_children=True)
         self.wiring.guards.close()  # its threads end before the connections they use
@@ -295,6 +306,9 @@ class Worker:
             idle_seconds: float = 0.0) -> Report:
         budget = Budget(max_jobs, max_seconds, self.sandbox.spaces,
                         self.wiring.guards.failed)
+        if idle_seconds > 0 or (self.concurrency > 1 and max_jobs > 1):  # it will wait
+            self._wakeup = Wakeup(self.settings, self.queue, self._wake)
+            self.report.listened = self._wakeup.enabled
         crash: BaseException | None = None
         try:
             with on_termination(lambda signum: self._on_signal(signum, budget)) as terminated:
@@ -313,6 +327,12 @@ class Worker:
         if crash is not None:
             raise crash
         return self.report
+
+    def _wake(self) -> None:
+        """Ready work on this queue, says the database: the loop looks now."""
+        if not self._woken.is_set():
+            self._woken.set()
+            self._results.put(MORE)
 
     def _loop(self, budget: Budget, idle_seconds: float) -> BaseException | None:
         """Claim for free slots and count results until the worker stops claiming and its
@@ -362,8 +382,13 @@ class Worker:
                         self._start(claim, budget)
                     running += len(claims)
                     continue
-                if running == 0:
-                    time.sleep(max(0.0, looked + poll - now))
+                if running == 0:  # nothing can come back but a wake-up
+                    try:
+                        if self._results.get(timeout=max(0.0, looked + poll - now)) is MORE:
+                            self._woken.clear()
+                            dry = False
+                    except queue.Empty:
+                        pass
                     continue
             wait = (max(0.0, looked + BUSY_POLL_SECONDS - now)
                     if dry and free > 0 and why is None else None)
@@ -371,7 +396,8 @@ class Worker:
                 got = self._results.get(timeout=wait)
             except queue.Empty:
                 continue
-            if got is MORE:  # a slot's next claim found work: the free slots look now
+            if got is MORE:  # a slot's next claim found work, or the database said some is
+                self._woken.clear()  # ready: the free slots look now
                 dry = False
                 continue
             running -= 1  # a slot is free
