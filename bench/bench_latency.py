@@ -84,6 +84,8 @@ def run(bench: Bench) -> Section:
                    "(`--idle-seconds`); a worker with jobs in hand takes the next one in the "
                    "same transaction as a terminal write, and its free slots look again "
                    "every quarter second, or at once when a terminal write's claim found "
-                   "work. A pool scaled by KEDA adds its polling interval and a "
-                   "pod's start to the first job of a burst.")
+                   "work. A job due later is found by the poll: the notification a waiting "
+                   "worker listens for (`<schema>.ready`: the next section) goes out only "
+                   "for work ready at its commit. A pool scaled by KEDA adds its polling "
+                   "interval and a pod's start to the first job of a burst.")
     return s

@@ -27,6 +27,7 @@ BENCHMARKS = {
     "history": "bench.bench_history",
     "sigterm": "bench.bench_sigterm",
     "latency": "bench.bench_latency",
+    "arrivals": "bench.bench_arrivals",
     "statements": "bench.bench_statements",
     "cancel": "bench.bench_cancel",
     "reclaim": "bench.bench_reclaim",
