@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import time
 
-from bench.bench_latency import CONCURRENCY, PROCESSES
+from bench.bench_latency import CONCURRENCY, PROCESSES, started_after
 from bench.common import JOBFENCE, REPO, Bench, Section, create_database
 from devtools.embedded_pg import EmbeddedPostgres
 from devtools.sqlconn import connect
@@ -53,16 +53,7 @@ def arrivals(bench: Bench, pg: EmbeddedPostgres, seconds: float, concurrency: in
                 {"name": "sleep", "params": {"seconds": 0}}])])
     for w in workers:
         w.wait()
-    with connect(dsn) as conn:
-        row = conn.execute("""
-            SELECT count(*) FILTER (WHERE status = 'succeeded') AS ok,
-                   percentile_cont(0.5) WITHIN GROUP (ORDER BY
-                       extract(epoch FROM started_at - created_at)) * 1000 AS p50,
-                   percentile_cont(0.99) WITHIN GROUP (ORDER BY
-                       extract(epoch FROM started_at - created_at)) * 1000 AS p99
-            FROM jobs""").fetchone()
-    assert row is not None and row["ok"] == jobs, row
-    return float(row["p50"]), float(row["p99"]), jobs
+    return started_after(dsn, "created_at", jobs)
 
 
 def run(bench: Bench) -> Section:

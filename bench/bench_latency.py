@@ -54,14 +54,26 @@ def lateness(bench: Bench, pg: EmbeddedPostgres, rate: float, seconds: float,
                    cwd=REPO, capture_output=True, text=True, check=True)
     for w in workers:
         w.wait()
+    return started_after(dsn, "run_at", jobs)
+
+
+LATENESS = {
+    since: f"""
+        SELECT count(*) FILTER (WHERE status = 'succeeded') AS ok,
+               percentile_cont(0.5) WITHIN GROUP (ORDER BY
+                   extract(epoch FROM started_at - {since})) * 1000 AS p50,
+               percentile_cont(0.99) WITHIN GROUP (ORDER BY
+                   extract(epoch FROM started_at - {since})) * 1000 AS p99
+        FROM jobs"""
+    for since in ("run_at", "created_at")}
+"""p50 and p99 of a job's start after its ``run_at``, or after its enqueue."""
+
+
+def started_after(dsn: str, since: str, jobs: int) -> tuple[float, float, int]:
+    """p50 and p99, in ms, of the jobs' start after ``since`` (``run_at`` or
+    ``created_at``), once all ``jobs`` succeeded; and how many ran."""
     with connect(dsn) as conn:
-        row = conn.execute("""
-            SELECT count(*) FILTER (WHERE status = 'succeeded') AS ok,
-                   percentile_cont(0.5) WITHIN GROUP (ORDER BY
-                       extract(epoch FROM started_at - run_at)) * 1000 AS p50,
-                   percentile_cont(0.99) WITHIN GROUP (ORDER BY
-                       extract(epoch FROM started_at - run_at)) * 1000 AS p99
-            FROM jobs""").fetchone()
+        row = conn.execute(LATENESS[since]).fetchone()
     assert row is not None and row["ok"] == jobs, row
     return float(row["p50"]), float(row["p99"]), jobs
 
