@@ -85,6 +85,10 @@ STOPPING_ONLY = {"worker_stopped"}
 """The one write of a worker that acts on an attempt after its fence was rotated: it clears
 the stopping mark of the attempt it names (``stopping_attempt_id``), and nothing else."""
 
+ONE_OF_MANY = {"worker_interrupt": "worker_interrupt_many"}
+"""The writes of one attempt that are a batch of one: the batch's own function matches each
+row on its attempt (``a.attempt_id``, the batch's pairs) and its lease."""
+
 AFTER_THE_END = {"worker_finalize_parent"}
 """The one write of a worker after its attempt's own terminal write: the parent of the
 child that attempt ended, once no child of it is active (``jobfence_parent_of_attempt``)."""
@@ -104,6 +108,12 @@ def test_the_workers_writes_carry_the_fence_as_installed(catalog: list[dict[str,
             continue
         if name in AFTER_THE_END:
             assert "jobfence_parent_of_attempt(p_child_id, p_attempt_id)" in body, name
+            continue
+        if name in ONE_OF_MANY:
+            assert f"{ONE_OF_MANY[name]}(ARRAY[p_job_id], ARRAY[p_attempt_id]" in body, name
+            body = next(f["body"] for f in catalog if f["name"] == ONE_OF_MANY[name])
+            assert "j.attempt_id = a.attempt_id" in body, name
+            assert "visible_at > clock_timestamp()" in body, name
             continue
         assert re.search(r"\battempt_id = p_attempt_id\b", body), name
         assert "visible_at > clock_timestamp()" in body, name
