@@ -111,9 +111,9 @@ def test_the_workers_writes_carry_the_fence_as_installed(catalog: list[dict[str,
             continue
         if name in ONE_OF_MANY:
             assert f"{ONE_OF_MANY[name]}(ARRAY[p_job_id], ARRAY[p_attempt_id]" in body, name
-            body = next(f["body"] for f in catalog if f["name"] == ONE_OF_MANY[name])
-            assert "j.attempt_id = a.attempt_id" in body, name
-            assert "visible_at > clock_timestamp()" in body, name
+            batch = next(f["body"] for f in catalog if f["name"] == ONE_OF_MANY[name])
+            assert "j.attempt_id = a.attempt_id" in batch, name
+            assert "visible_at > clock_timestamp()" in batch, name
             continue
         assert re.search(r"\battempt_id = p_attempt_id\b", body), name
         assert "visible_at > clock_timestamp()" in body, name
