@@ -387,13 +387,17 @@ def notified(conn: Connection, timeout: float) -> bool:
         return any(True for _ in conn.notifies(timeout=max(0.0, timeout), stop_after=1))
 
 
-def readable(conn: Connection, timeout: float) -> bool:
+def readable(conn: Connection, timeout: float, also: int | None = None) -> bool:
     """Whether the server sent something (a notification) within ``timeout`` seconds; waits
-    on the socket without taking the connection, so another thread may use it meanwhile."""
+    on the socket without taking the connection, so another thread may use it meanwhile.
+    With ``also`` (a descriptor), the wait ends as soon as that is readable too."""
     # Closed or lost meanwhile (psycopg raises its own error from ``fileno`` then): nothing
     # to read; whoever uses the connection next finds it gone and connects again.
     with contextlib.suppress(OSError, ValueError, psycopg.Error):
-        return bool(select.select([conn.fileno()], [], [], max(0.0, timeout))[0])
+        fd = conn.fileno()
+        ready = select.select([fd] if also is None else [fd, also], [], [],
+                              max(0.0, timeout))[0]
+        return fd in ready
     return False
 
 

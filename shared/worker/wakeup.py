@@ -17,6 +17,7 @@ queue is ignored.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable
 
@@ -29,8 +30,8 @@ from jobfence.settings import Settings
 log = get_logger("jobfence.worker")
 
 LOOK_SECONDS = 0.5
-"""How long the listening thread waits on its socket before it checks whether it should
-stop (it wakes at once for a notification)."""
+"""How long the listening thread waits on its socket before it looks whether its
+connection was closed (it wakes at once for a notification, and for ``close``)."""
 
 BACKOFF_SECONDS = (0.1, 1.0)
 """Between attempts to listen again after the connection was lost: the first, the most."""
@@ -55,6 +56,7 @@ class Wakeup:
         self.times_listened = 0
         """How many times a connection started listening (1 unless one was lost)."""
         self._closed = threading.Event()
+        self._stop_r, self._stop_w = os.pipe()  # close() writes: the wait ends at once
         self._conn: Connection | None = None
         self._thread = threading.Thread(target=self._run, name="jobfence-wakeup", daemon=True)
         if self.enabled:
@@ -84,7 +86,7 @@ class Wakeup:
         self.listening.set()
         self.wake()  # what became ready while nothing listened is looked for now
         while not self._closed.is_set():
-            if db.readable(conn, LOOK_SECONDS):
+            if db.readable(conn, LOOK_SECONDS, also=self._stop_r):
                 # A closed or broken connection reads as readable: payloads raises then.
                 if self.queue in db.payloads(conn):
                     self.wake()
@@ -98,7 +100,13 @@ class Wakeup:
                 conn.close()
 
     def close(self) -> None:
-        """Stop listening; the thread ends within ``LOOK_SECONDS``."""
+        """Stop listening: the thread ends at once (its connection closed)."""
+        if self._closed.is_set():
+            return
         self._closed.set()
+        os.write(self._stop_w, b"x")
         if self._thread.is_alive():
             self._thread.join(LOOK_SECONDS * 2)
+        if not self._thread.is_alive():
+            os.close(self._stop_r)
+            os.close(self._stop_w)
