@@ -68,8 +68,9 @@ class Wakeup:
             try:
                 self._listen()
                 pause = BACKOFF_SECONDS[0]
-            except JobfenceError as exc:  # unreachable, or lost: the poll goes on meanwhile
-                log.warning("wakeup_lost", error=str(exc), retry_in=pause)
+            except Exception as exc:  # unreachable, lost, or a bug: the poll goes on
+                log.warning("wakeup_lost", error=str(exc) if isinstance(exc, JobfenceError)
+                            else repr(exc), retry_in=pause)
             finally:
                 self.listening.clear()
                 self._close_conn()
