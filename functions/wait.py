@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         tty = sys.stdout.isatty()
         # Behind a transaction pooler a LISTEN would be heard on a server connection this
         # session no longer holds: poll at --interval instead.
-        listening = settings.database_pooler != "transaction"
+        listening = settings.can_listen
         with cli.open_store(settings, "wait") as store:
             if listening:
                 db.listen(store.conn, store.jobs.watch(job_id))  # before the first look

@@ -349,6 +349,13 @@ class Settings(CommandSettings):
         return RetryPolicy(self.retry_base_seconds, self.retry_max_seconds)
 
     @property
+    def can_listen(self) -> bool:
+        """Whether a connection keeps its session, so that LISTEN works: not behind a
+        transaction pooler, where the next statement may run on another server
+        connection."""
+        return self.database_pooler != "transaction"
+
+    @property
     def worker(self) -> str:
         assert self.worker_id is not None
         return self.worker_id

@@ -30,7 +30,7 @@ class SideChannel:
         self._conn: Connection | None = None
         self._store_of_conn: Store | None = None
         self.timeout = max(0.2, min(settings.heartbeat, 5.0))
-        self.listens = settings.database_pooler != "transaction"
+        self.listens = settings.can_listen
         self._listening = False
 
     def _store(self) -> Store:

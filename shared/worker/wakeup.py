@@ -51,7 +51,7 @@ class Wakeup:
         self.settings = settings
         self.queue = queue
         self.wake = wake
-        self.enabled = settings.database_pooler != "transaction"
+        self.enabled = settings.can_listen
         self.listening = threading.Event()
         self.times_listened = 0
         """How many times a connection started listening (1 unless one was lost)."""
