@@ -14,7 +14,7 @@ from jobfence.cluster import PERIODIC_FUNCTIONS
 from jobfence.errors import InvalidSpec, WaitTimeout
 from jobfence.limits import MAX_WAIT_SECONDS
 from jobfence.store import Store
-from jobfence.store.types import FunctionRun
+from jobfence.store.runs import FunctionRun
 
 RUN_STATUSES = ("running", "succeeded", "failed", "interrupted", "skipped")
 

@@ -107,34 +107,53 @@ def check_structure(data: object, where: str = "spec", *, max_depth: int = MAX_D
 
     Iterative, and every visit counts against ``max_nodes`` — a value reached twice (a YAML
     alias) counts twice, exactly as it would cost when serialized — so a bomb is refused
-    after ``max_nodes`` steps, whatever its expanded size."""
+    after ``max_nodes`` steps, whatever its expanded size. A value's path (``spec.a[0]``) is
+    spelled out only for the message of the one refused: the walk itself carries a link to
+    its parent's."""
     budget = max_nodes
-    stack: list[tuple[object, int, str]] = [(data, 0, where)]
+    stack: list[tuple[object, int, _Trail]] = [(data, 0, None)]
     while stack:
-        value, depth, path = stack.pop()
+        value, depth, trail = stack.pop()
         budget -= 1
         if budget < 0:
             raise Unstorable(f"{where}: more than {max_nodes:,} values once expanded "
                              "(YAML aliases count each time they are used)")
         if depth > max_depth:
-            raise Unstorable(f"{path}: nested more than {max_depth} levels deep")
+            raise Unstorable(f"{_spelled(where, trail)}: nested more than {max_depth} levels "
+                             "deep")
         if isinstance(value, str):
-            check_text(value, path)
-        elif isinstance(value, bool | int) or value is None:
+            if "\x00" in value or not value.isascii():
+                check_text(value, _spelled(where, trail))
+        elif isinstance(value, int) or value is None:  # bool is an int
             continue
         elif isinstance(value, float):
             if not math.isfinite(value):
-                raise Unstorable(f"{path}: {value} is not a JSON number")
-        elif isinstance(value, Mapping):
+                raise Unstorable(f"{_spelled(where, trail)}: {value} is not a JSON number")
+        elif isinstance(value, dict | Mapping):
             for key, item in value.items():
                 if not isinstance(key, str):
-                    raise Unstorable(f"{path}: key {key!r} is not a string")
-                check_text(key, f"{path}: key")
-                stack.append((item, depth + 1, f"{path}.{key}"))
+                    raise Unstorable(f"{_spelled(where, trail)}: key {key!r} is not a "
+                                     "string")
+                if "\x00" in key or not key.isascii():
+                    check_text(key, f"{_spelled(where, trail)}: key")
+                stack.append((item, depth + 1, (trail, key)))
         elif isinstance(value, list | tuple):
-            stack.extend((item, depth + 1, f"{path}[{i}]") for i, item in enumerate(value))
+            stack.extend((item, depth + 1, (trail, i)) for i, item in enumerate(value))
         else:
-            raise Unstorable(f"{path}: a {type(value).__name__} is not a JSON value")
+            raise Unstorable(f"{_spelled(where, trail)}: a {type(value).__name__} is not a "
+                             "JSON value")
+
+
+_Trail = tuple[Any, str | int] | None
+"""Where a value sits: its parent's trail and its key (an object's) or index (a list's)."""
+
+
+def _spelled(where: str, trail: _Trail) -> str:
+    steps: list[str] = []
+    while trail is not None:
+        trail, step = trail
+        steps.append(f"[{step}]" if isinstance(step, int) else f".{step}")
+    return where + "".join(reversed(steps))
 
 
 def check_duration(value: timedelta, text: object) -> timedelta:

@@ -18,7 +18,7 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -212,26 +212,34 @@ def _traceparent(span: Span) -> TraceParent | None:
     return TraceParent(ctx.trace_id, ctx.span_id, int(ctx.trace_flags))
 
 
+Described = Callable[[Sequence[str], int, "NewJob | None"], None]
+"""Called once the jobs are written: their queues, how many, the first."""
+
+
 @contextmanager
-def producer(jobs: Sequence[NewJob], caller: TraceParent | None) -> Iterator[TraceParent | None]:
-    """The enqueue's producer span, current while the jobs are written; its traceparent."""
+def producer(caller: TraceParent | None) -> Iterator[tuple[TraceParent | None, Described]]:
+    """The enqueue's producer span, current while the jobs are written: its traceparent,
+    and what names the span once the jobs are known (``enqueue QUEUE``, the message count
+    or, for one job, its id)."""
     parent = (trace.set_span_in_context(NonRecordingSpan(_remote(caller))) if caller
               else otel_context.get_current())
-    queues = sorted({j.queue for j in jobs})
-    attributes: dict[str, Any] = {
-        "messaging.system": SYSTEM, "messaging.operation.type": "send",
-        "messaging.operation.name": "enqueue",
-        "messaging.destination.name": ",".join(queues),
-    }
-    if len(jobs) == 1:
-        attributes["messaging.message.id"] = str(jobs[0].job_id)
-        attributes["jobfence.job.id"] = str(jobs[0].job_id)
-    else:
-        attributes["messaging.batch.message_count"] = len(jobs)
-    name = f"enqueue {queues[0]}" if len(queues) == 1 else "enqueue"
-    with _tracer().start_as_current_span(name, context=parent, kind=SpanKind.PRODUCER,
-                                         attributes=attributes) as span:
-        yield _traceparent(span)
+    with _tracer().start_as_current_span("enqueue", context=parent, kind=SpanKind.PRODUCER,
+                                         attributes={
+                                             "messaging.system": SYSTEM,
+                                             "messaging.operation.type": "send",
+                                             "messaging.operation.name": "enqueue"}) as span:
+
+        def described(queues: Sequence[str], count: int, first: NewJob | None) -> None:
+            span.set_attribute("messaging.destination.name", ",".join(queues))
+            if count == 1 and first is not None:
+                span.set_attribute("messaging.message.id", str(first.job_id))
+                span.set_attribute("jobfence.job.id", str(first.job_id))
+            else:
+                span.set_attribute("messaging.batch.message_count", count)
+            if len(queues) == 1:
+                span.update_name(f"enqueue {queues[0]}")
+
+        yield _traceparent(span), described
 
 
 class _Attempt(AttemptSpan):

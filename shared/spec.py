@@ -137,9 +137,11 @@ class JobSpec(BaseModel):
     @classmethod
     def _known_actions(cls, actions: list[ActionSpec]) -> list[ActionSpec]:
         # Resolve names and normalize params now: an unknown action is an input error.
-        return [ActionSpec(name=a.name, params=_validated(a.name, _canonical(a.params)),
-                           inactivity_timeout=a.inactivity_timeout)
-                for a in actions]
+        out = []
+        for a in actions:
+            params = _validated(a.name, _canonical(a.params))
+            out.append(a if params == a.params else a.model_copy(update={"params": params}))
+        return out
 
     def stored_actions(self) -> list[dict[str, Any]]:
         """The actions as a job keeps them: each with its inactivity timeout (its own, else
@@ -178,8 +180,12 @@ def _starts_before_it_expires(expires_in: timedelta, run_at: datetime | None,
                              "may start")
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, default=str)
+"""One encoder for every spec (``json.dumps`` with arguments makes one a call)."""
+
+
 def _canonical(params: Mapping[str, Any]) -> str:
-    return json.dumps(params, sort_keys=True, default=str)
+    return _CANONICAL.encode(params)
 
 
 @lru_cache(maxsize=1024)
@@ -203,7 +209,8 @@ def _describe(exc: ValidationError, where: str) -> str:
 
 
 def parse_specs(data: object) -> list[JobSpec]:
-    """One spec or a list of them, each validated; InvalidSpec names the first bad one.
+    """One spec or a list of them, held whole (an API body, a YAML text), each validated;
+    InvalidSpec names the first bad one.
 
     The whole input is walked first (``jobfence.limits.check_structure``): nothing that JSON or
     PostgreSQL cannot hold, nothing nested too deep, nothing that expands past the node
@@ -216,44 +223,75 @@ def parse_specs(data: object) -> list[JobSpec]:
     if not items:
         raise InvalidSpec("the spec list is empty")
     if len(items) > MAX_SPECS_PER_CALL:
-        raise InvalidSpec(f"at most {MAX_SPECS_PER_CALL} specs per call, got {len(items)}")
-    specs = []
-    for i, item in enumerate(items):
-        where = "spec" if not isinstance(data, list) else f"spec #{i}"
-        if not isinstance(item, Mapping):
-            raise InvalidSpec(f"{where}: expected a JSON object, got {type(item).__name__}")
-        try:
-            specs.append(JobSpec.model_validate(item))
-        except ValidationError as exc:
-            raise InvalidSpec(_describe(exc, where)) from None
-    keys = [s.idempotency_key for s in specs if s.idempotency_key]
-    if len(keys) != len(set(keys)):
-        raise InvalidSpec("an idempotency key appears twice in one call")
-    check_resources(specs, listed=isinstance(data, list))
+        raise InvalidSpec(f"at most {MAX_SPECS_PER_CALL} specs per call, got {len(items)} "
+                          "(a JSON list given to `enqueue --spec` may be of any length)")
+    checking = Checking()
+    listed = isinstance(data, list)
+    specs = [checking.spec(item, f"spec #{i}" if listed else "spec", walked=True)
+             for i, item in enumerate(items)]
+    checking.resources(specs, listed=listed)
     return specs
 
 
-def check_resources(specs: Sequence[JobSpec], *, listed: bool = True) -> None:
-    """Let each action that checks resources (``jobfence.actions.ResourceValidator``)
-    check its job's ``resource``, once per distinct (action, params, resource) of the call;
-    InvalidSpec names the first spec refused and says why. After every other check: a
-    plugin's look (a catalog, an API) is never paid for a spec refused anyway."""
-    checked: set[tuple[str, str, str | None]] = set()
-    for i, spec in enumerate(specs):
-        for action in spec.actions:
-            key = (action.name, _canonical(action.params), spec.resource)
-            found = get_action(action.name)
-            if key in checked or not isinstance(found, ResourceValidator):
-                continue
+class Checking:
+    """The checks of one call's specs, spec by spec (``spec``) and then a batch at a time
+    (``resources``): a list given whole or read as a stream is held to the same rules. An
+    idempotency key at most once in the call (the keys seen are kept: text, not specs);
+    each resource checked once per distinct (action, params, resource) while that is few."""
+
+    RESOURCES_KEPT = 10_000
+
+    def __init__(self) -> None:
+        self.keys: set[str] = set()
+        self.checked: set[tuple[str, str, str | None]] = set()
+        self.count = 0
+
+    def spec(self, item: object, where: str, *, walked: bool = False) -> JobSpec:
+        """One spec's data validated (its structure first, unless ``walked`` already)."""
+        if not isinstance(item, Mapping):
+            raise InvalidSpec(f"{where}: expected a JSON object, got {type(item).__name__}")
+        if not walked:
             try:
-                found.validate_resource(spec.resource, action.params)
-            except (InvalidSpec, ValueError) as exc:
-                where = f"spec #{i}" if listed else "spec"
-                shown = "no resource" if spec.resource is None else \
-                    f"resource {spec.resource[:200]!r}"
-                raise InvalidSpec(f"{where}: {shown}: action {action.name!r}: "
-                                  f"{str(exc)[:2000]}") from None
-            checked.add(key)
+                check_structure(item, where)
+            except Unstorable as exc:
+                raise InvalidSpec(str(exc)) from None
+        try:
+            spec = JobSpec.model_validate(item)
+        except ValidationError as exc:
+            raise InvalidSpec(_describe(exc, where)) from None
+        key = spec.idempotency_key
+        if key is not None:
+            if key in self.keys:
+                raise InvalidSpec(f"{where}: idempotency key appears twice in one call: "
+                                  f"{key[:200]!r}")
+            self.keys.add(key)
+        return spec
+
+    def resources(self, specs: Sequence[JobSpec], *, listed: bool = True) -> None:
+        """Let each action that checks resources (``jobfence.actions.ResourceValidator``)
+        check its job's ``resource``; InvalidSpec names the first spec refused and says
+        why. After every other check of the batch: a plugin's look (a catalog, an API) is
+        never paid for a spec refused anyway. ``specs`` are the call's next ones."""
+        first, self.count = self.count, self.count + len(specs)
+        if len(self.checked) > self.RESOURCES_KEPT:
+            self.checked.clear()
+        for i, spec in enumerate(specs, start=first):
+            for action in spec.actions:
+                found = get_action(action.name)
+                if not callable(getattr(found, "validate_resource", None)):
+                    continue  # not a ResourceValidator (its runtime check is slow)
+                key = (action.name, _canonical(action.params), spec.resource)
+                if key in self.checked or not isinstance(found, ResourceValidator):
+                    continue
+                try:
+                    found.validate_resource(spec.resource, action.params)
+                except (InvalidSpec, ValueError) as exc:
+                    where = f"spec #{i}" if listed else "spec"
+                    shown = "no resource" if spec.resource is None else \
+                        f"resource {spec.resource[:200]!r}"
+                    raise InvalidSpec(f"{where}: {shown}: action {action.name!r}: "
+                                      f"{str(exc)[:2000]}") from None
+                self.checked.add(key)
 
 
 def _yaml_loader() -> type:

@@ -39,7 +39,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from jobfence.errors import ConfigError, JobfenceError
@@ -171,22 +171,42 @@ def flush() -> None:
 # -- spans -----------------------------------------------------------------------------------
 
 
+class EnqueueTrace:
+    """What the jobs of one enqueue carry (``traceparent``: the producer span's, else the
+    caller's own when valid, else None), and what the producer span says of them: every
+    batch written is ``sent`` here (an enqueue streamed from a long list is not held
+    whole), and the span's name and attributes are set from them when it ends."""
+
+    def __init__(self, traceparent: str | None) -> None:
+        self.traceparent = traceparent
+        self.queues: set[str] = set()
+        self.count = 0
+        self.first: NewJob | None = None
+
+    def sent(self, jobs: Sequence[NewJob]) -> None:
+        if jobs and self.first is None:
+            self.first = jobs[0]
+        self.count += len(jobs)
+        self.queues.update(j.queue for j in jobs)
+
+
 @contextmanager
-def enqueue_span(settings: Settings, jobs: Sequence[NewJob],
-                 traceparent: str | None = None) -> Iterator[list[NewJob]]:
-    """The jobs of one enqueue, each carrying the traceparent to store, inside the
-    enqueue's producer span (a child of ``traceparent``, else of the current context).
-    Where nothing traces, the jobs carry ``traceparent`` itself when it is a valid one, so
-    that a tracing worker still joins the caller's trace."""
+def enqueue_span(settings: Settings, traceparent: str | None = None) -> Iterator[EnqueueTrace]:
+    """One enqueue, inside its producer span (a child of ``traceparent``, else of the
+    current context) where this process traces. Where nothing traces, the jobs carry
+    ``traceparent`` itself when it is a valid one, so that a tracing worker still joins the
+    caller's trace."""
     backend = _for_enqueue(settings)
     caller = parse_traceparent(traceparent)
     if backend is None:
-        stored = str(caller) if caller else None
-        yield [replace(j, traceparent=stored) for j in jobs]
+        yield EnqueueTrace(str(caller) if caller else None)
         return
-    with backend.producer(jobs, caller) as made:
-        stored = str(made) if made else None
-        yield [replace(j, traceparent=stored) for j in jobs]
+    with backend.producer(caller) as (made, ended):
+        traced = EnqueueTrace(str(made) if made else None)
+        try:
+            yield traced
+        finally:
+            ended(sorted(traced.queues), traced.count, traced.first)
 
 
 @contextmanager

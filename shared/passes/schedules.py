@@ -72,8 +72,9 @@ def _fire(settings: Settings, store: Store,
     the jobs carry its traceparent, as every enqueued job does."""
     made = [NewJob(job_id=job_id, actions=[], max_attempts=1, queue=d.queue)
             for d, _, _, job_id in ticks]
-    with tracing.enqueue_span(settings, made) as traced:
-        return store.schedules.fire(ticks, traced[0].traceparent)
+    with tracing.enqueue_span(settings) as traced:
+        traced.sent(made)
+        return store.schedules.fire(ticks, traced.traceparent)
 
 
 def run_once(settings: Settings, deps: Deps) -> Report:

@@ -4,7 +4,8 @@ cancelling them (fences rotated)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, NamedTuple
 from uuid import UUID
@@ -43,6 +44,48 @@ class Acted(NamedTuple):
     refusal: str | None
 
 
+class Enqueuing:
+    """The batches of one enqueue, each added in its transaction (``Jobs.enqueuing``)."""
+
+    def __init__(self, jobs: Jobs, owned: bool) -> None:
+        self.jobs = jobs
+        self.owned = owned
+        """Whether the transaction is the enqueue's own (not the caller's): then its new
+        waiting jobs are looked at again after its commit (``Jobs.settled_late``)."""
+
+    def add(self, batch: Sequence[NewJob], children: ChildBatches | None = None,
+            rows: str | None = None) -> list[Enqueued]:
+        """Insert a batch of jobs (``rows``: their JSON, when made ahead), their
+        dependencies and a parent's children. A repeated
+        idempotency key returns the existing job when the spec is the same and raises
+        ``IdempotencyConflict`` when it is not; ``ResourceBusy`` when a resource is held by
+        an active job (the unique index decides, race-free); an ``after`` id that does not
+        exist raises ``JobNotFound``. A job whose dependencies have all finished already is
+        resolved here."""
+        jobs, deps = self.jobs, self.jobs.dependencies
+        after = sorted({d for job in batch for d in job.after}, key=str)
+        finished = False
+        if after:
+            found = deps.status(after)
+            missing = [d for d in after if d not in found]
+            if missing:
+                raise JobNotFound(missing[0])
+            finished = any(status in TERMINAL for status in found.values())
+        inserted = jobs.insert_many(batch, rows)
+        answers = jobs.idempotent_replays(batch, inserted)
+        if children is not None:
+            answers = [jobs.insert_children(a, j, children) if a.created and j.is_parent
+                       else a for a, j in zip(answers, batch, strict=True)]
+        deps.insert_many([(j.job_id, d) for j in batch if j.job_id in inserted
+                          for d in j.after])
+        waiting = [j.job_id for j in batch if j.job_id in inserted and j.after]
+        if waiting and finished:  # some dependency had finished already
+            settled = {t.job_id: t.status for t in deps.resolve(waiting)}
+            answers = [Enqueued(a.job_id, settled.get(a.job_id, a.status), a.created,
+                                a.children) for a in answers]
+        return answers
+
+
 class Jobs(Settling):
     sql_file = "jobs.sql"
 
@@ -53,73 +96,58 @@ class Jobs(Settling):
 
     # -- enqueue ---------------------------------------------------------------------------
 
-    def enqueue(self, jobs: Sequence[NewJob],
-                children: ChildBatches | None = None) -> list[Enqueued]:
-        """Insert jobs in one transaction, all or nothing; a parent's children are made by
-        ``children`` and inserted batch by batch in the same transaction (memory stays
-        bounded however many there are).
-
-        Refused while draining (``Drained``); ``ResourceBusy`` when a resource is held by an
-        active job (the unique index decides, race-free); a repeated idempotency key returns
-        the existing job when the spec is the same and raises ``IdempotencyConflict`` when
-        it is not; an ``after`` id that does not exist raises ``JobNotFound``.
-
-        Inside a transaction the caller owns, everything is written in it (as a savepoint)
-        and the caller's commit makes it visible; otherwise in a transaction of its own, and
-        the dependencies are read again after its commit (see ``jobfence.store.dependencies``).
-        """
-        deps = self.dependencies
+    @contextmanager
+    def enqueuing(self) -> Iterator[Enqueuing]:
+        """One enqueue's transaction, the drain lock taken: every batch ``add``ed to it is
+        written all or nothing (refused while draining: ``Drained``). Inside a transaction
+        the caller owns, a savepoint of it, made visible by the caller's commit."""
         owned = not db.in_transaction(self.conn)
-        after = sorted({d for job in jobs for d in job.after}, key=str)
-        settled: dict[UUID, str] = {}
         with db.transaction(self.conn):
             self.control.drain_lock()
-            finished = False
-            if after:
-                found = deps.status(after)
-                missing = [d for d in after if d not in found]
-                if missing:
-                    raise JobNotFound(missing[0])
-                finished = any(status in TERMINAL for status in found.values())
-            inserted = self.insert_many(jobs)
-            results = self._idempotent_replays(jobs, inserted)
-            if children is not None:
-                results = [self._insert_children(r, j, children) if r.created and j.is_parent
-                           else r for r, j in zip(results, jobs, strict=True)]
-            deps.insert_many([(j.job_id, d) for j in jobs if j.job_id in inserted
-                              for d in j.after])
-            waiting = [j.job_id for j in jobs if j.job_id in inserted and j.after]
-            if waiting and finished:  # some dependency had already finished
-                settled = {t.job_id: t.status for t in deps.resolve(waiting)}
-        if waiting and owned:
-            # A dependency may have finished after the check above: its own look for
-            # dependents could not see these rows. Read again, after this commit.
-            still = [j for j in waiting if settled.get(j, "waiting") == "waiting"]
-            if still and any(s in TERMINAL for s in deps.status(after).values()):
-                settled |= {t.job_id: t.status for t in deps.resolve(still)}
-        if settled:
-            results = [Enqueued(r.job_id, settled.get(r.job_id, r.status), r.created,
-                                r.children) for r in results]
-        return results
+            yield Enqueuing(self, owned)
 
-    def insert_many(self, jobs: Sequence[NewJob]) -> set[UUID]:
-        """Insert a batch of new jobs; the ids inserted (a repeated idempotency key inserts
-        nothing for its job). ``InvalidSpec`` when a job would expire before it may start
-        by the database's clock — its ``expires_in`` counts from the transaction's start,
-        which may be long before the spec was checked — and the caller's transaction (or
-        savepoint) then writes nothing."""
-        rows = self._all("insert_many", {"jobs": json.dumps([job.row() for job in jobs])})
-        if not all(r["expires_late"] for r in rows):
+    def enqueue(self, jobs: Sequence[NewJob],
+                children: ChildBatches | None = None) -> list[Enqueued]:
+        """Insert jobs in one transaction, all or nothing (``enqueuing``, one batch); a
+        parent's children are made by ``children`` and inserted batch by batch in the same
+        transaction (memory stays bounded however many there are)."""
+        with self.enqueuing() as adding:
+            answers = adding.add(jobs, children)
+        return self.settled_late(answers) if adding.owned else answers
+
+    def settled_late(self, answers: Sequence[Enqueued]) -> list[Enqueued]:
+        """After the commit of an enqueue of its own: its new jobs still waiting resolved
+        if their dependencies allow. A dependency that finished while the enqueue ran could
+        not see them as its dependents; after the commit, nothing is missed."""
+        still = [a.job_id for a in answers if a.created and a.status == "waiting"]
+        if not still:
+            return list(answers)
+        settled = {t.job_id: t.status for t in self.dependencies.resolve(still)}
+        return [Enqueued(a.job_id, settled.get(a.job_id, a.status), a.created, a.children)
+                for a in answers]
+
+    def insert_many(self, jobs: Sequence[NewJob], rows: str | None = None) -> set[UUID]:
+        """Insert a batch of new jobs (``rows``: their rows' JSON, made ahead by the caller,
+        else here); the ids inserted (a repeated idempotency key inserts nothing for its
+        job). ``InvalidSpec`` when a job would expire before it may start by the database's
+        clock — its ``expires_in`` counts from the transaction's start, which may be long
+        before the spec was checked — and the caller's transaction (or savepoint) then
+        writes nothing."""
+        if rows is None:
+            rows = json.dumps([job.row() for job in jobs])
+        [answer] = self._all("insert_many", {"jobs": rows})
+        if not answer["expires_late"]:
             raise InvalidSpec("a job would expire before it may start: its expires_in, "
                               "counted from the start of this transaction by the database's "
                               "clock, ends before its run_at or delay")
-        return {r["job_id"] for r in rows}
+        keyed = set(answer["keyed"])
+        return {j.job_id for j in jobs if j.idempotency_key is None or j.job_id in keyed}
 
     def by_idempotency_keys(self, keys: Sequence[str]) -> dict[str, dict[str, Any]]:
         return {r["idempotency_key"]: r for r in self._all("by_idempotency_keys",
                                                             {"keys": list(keys)})}
 
-    def _insert_children(self, parent: Enqueued, job: NewJob,
+    def insert_children(self, parent: Enqueued, job: NewJob,
                          children: ChildBatches) -> Enqueued:
         count = 0
         for batch in children(job):
@@ -129,7 +157,7 @@ class Jobs(Settling):
             raise InvalidSpec(f"job {job.job_id}: its inputs matched no objects")
         return Enqueued(parent.job_id, parent.status, parent.created, count)
 
-    def _idempotent_replays(self, jobs: Sequence[NewJob], inserted: set[UUID]) -> list[Enqueued]:
+    def idempotent_replays(self, jobs: Sequence[NewJob], inserted: set[UUID]) -> list[Enqueued]:
         replayed = [j.idempotency_key for j in jobs if j.job_id not in inserted]
         existing = self.by_idempotency_keys([k for k in replayed if k]) if replayed else {}
         out = []

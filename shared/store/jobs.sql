@@ -5,33 +5,42 @@
 -- insert_many --
 -- Insert a batch of new jobs (a datum parent starts out running, never claimed); a repeated
 -- idempotency key inserts nothing for that job. A scheduled job (run_at, or delay from now)
--- is not claimable before then: that is its visible_at. expires_late says whether a job
--- that expires may start first, by the database's clock (the caller refuses the batch
--- when one may not).
-INSERT INTO {schema}.jobs (
-    job_id, status, actions, resource, priority, max_attempts, visible_at, parent_id,
-    is_parent, inputs, labels, ttl, timeout, expires_at, idempotency_key, spec_hash, reason,
-    started_at, queue, run_at, traceparent
+-- is not claimable before then: that is its visible_at. One row back, however large the
+-- batch: the ids inserted of the jobs that have an idempotency key (every other job is
+-- inserted or the statement fails), and whether every job that expires may start first,
+-- by the database's clock (the caller refuses the batch when one may not). A field a job's
+-- row leaves out is NULL (NewJob.row writes only what is set; what it adds, it ignores).
+WITH inserted AS (
+    INSERT INTO {schema}.jobs (
+        job_id, status, actions, resource, priority, max_attempts, visible_at, parent_id,
+        is_parent, inputs, labels, ttl, timeout, expires_at, idempotency_key, spec_hash,
+        reason, started_at, queue, run_at, traceparent
+    )
+    SELECT
+        x.job_id, x.status, x.actions, x.resource, x.priority, x.max_attempts,
+        coalesce(s.run_at, now()), x.parent_id,
+        x.is_parent, x.inputs, coalesce(x.labels, '{{}}'::jsonb),
+        make_interval(secs => x.ttl_seconds), make_interval(secs => x.timeout_seconds),
+        now() + make_interval(secs => x.expires_in_seconds),
+        x.idempotency_key, x.spec_hash, 'enqueued',
+        CASE WHEN x.status = 'running' THEN now() END, x.queue, s.run_at, x.traceparent
+    FROM jsonb_to_recordset(%(jobs)s::jsonb) AS x (
+        job_id uuid, status text, actions jsonb, resource text, priority integer,
+        max_attempts integer, parent_id uuid, is_parent boolean, inputs jsonb, labels jsonb,
+        ttl_seconds float8, timeout_seconds float8, expires_in_seconds float8,
+        idempotency_key text, spec_hash text, queue text, run_at timestamptz,
+        delay_seconds float8, traceparent text
+    )
+    CROSS JOIN LATERAL (SELECT coalesce(x.run_at,
+                                        now() + make_interval(secs => x.delay_seconds)) AS run_at) s
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING job_id, idempotency_key,
+              (expires_at IS NULL OR run_at IS NULL OR expires_at > run_at) AS expires_late
 )
-SELECT
-    x.job_id, x.status, x.actions, x.resource, x.priority, x.max_attempts,
-    coalesce(s.run_at, now()), x.parent_id,
-    x.is_parent, x.inputs, coalesce(x.labels, '{{}}'::jsonb),
-    make_interval(secs => x.ttl_seconds), make_interval(secs => x.timeout_seconds),
-    now() + make_interval(secs => x.expires_in_seconds),
-    x.idempotency_key, x.spec_hash, x.reason,
-    CASE WHEN x.status = 'running' THEN now() END, x.queue, s.run_at, x.traceparent
-FROM jsonb_to_recordset(%(jobs)s::jsonb) AS x (
-    job_id uuid, status text, actions jsonb, resource text, priority integer,
-    max_attempts integer, parent_id uuid, is_parent boolean, inputs jsonb, labels jsonb,
-    ttl_seconds float8, timeout_seconds float8, expires_in_seconds float8,
-    idempotency_key text, spec_hash text, reason text, queue text, run_at timestamptz,
-    delay_seconds float8, traceparent text
-)
-CROSS JOIN LATERAL (SELECT coalesce(x.run_at,
-                                    now() + make_interval(secs => x.delay_seconds)) AS run_at) s
-ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING job_id, (expires_at IS NULL OR run_at IS NULL OR expires_at > run_at) AS expires_late;
+SELECT coalesce(array_agg(job_id) FILTER (WHERE idempotency_key IS NOT NULL),
+                '{{}}') AS keyed,
+       coalesce(bool_and(expires_late), true) AS expires_late
+FROM inserted;
 
 -- by_idempotency_keys --
 -- Jobs already enqueued under these idempotency keys.

@@ -7,12 +7,50 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Collection
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from jobfence import db
 from jobfence.store.base import Noun
-from jobfence.store.types import FunctionRun, FunctionStatus, FunctionTotal
+
+
+class FunctionStatus(NamedTuple):
+    """A periodic function's last run, and its last success."""
+
+    function: str
+    last_run_at: datetime
+    last_status: str
+    last_trigger: str
+    last_duration_seconds: float | None
+    last_success_at: datetime | None
+    consecutive_failures: int = 0
+    """Failed runs since the last success."""
+    last_values: dict[str, float] | None = None
+    """What the last successful run saw (pods listed, orphan suspects...): current values."""
+
+
+class FunctionTotal(NamedTuple):
+    function: str
+    item: str
+    total: float
+
+
+class FunctionRun(NamedTuple):
+    """One run of a periodic function, as ``jobfence runs`` shows it."""
+
+    run_id: int
+    function: str
+    trigger: str
+    triggered_by: str | None
+    trigger_reason: str | None
+    status: str
+    host: str | None
+    started_at: datetime
+    finished_at: datetime | None
+    duration_seconds: float | None
+    counts: dict[str, Any]
+    error: str | None
 
 
 class Runs(Noun):

@@ -5,8 +5,8 @@ a short-lived function defines them all at every start)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 from uuid import UUID
@@ -17,9 +17,9 @@ ACTIVE = ("waiting", "pending", "running")
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
-@dataclass(frozen=True, slots=True)
-class NewJob:
-    """A validated job ready to insert (see jobfence.spec / jobfence.functions.enqueue)."""
+class NewJob(NamedTuple):
+    """A validated job ready to insert (see jobfence.spec / jobfence.functions.enqueue): a
+    tuple, made three times faster than a frozen dataclass (an enqueue makes one per job)."""
 
     job_id: UUID
     actions: list[dict[str, Any]]
@@ -30,7 +30,7 @@ class NewJob:
     parent_id: UUID | None = None
     is_parent: bool = False
     inputs: Any = None
-    labels: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = {}  # never changed: a job's own is a copy
     ttl_seconds: float | None = None
     timeout_seconds: float | None = None
     expires_in_seconds: float | None = None
@@ -52,32 +52,53 @@ class NewJob:
         return "running" if self.is_parent else "pending"
 
     def row(self) -> dict[str, Any]:
-        return {
+        """The job as ``insert_many`` reads it: a field left out is NULL there, so what is
+        unset is left out (the JSON of a large enqueue is most of its client's time)."""
+        row: dict[str, Any] = {
             "job_id": str(self.job_id),
             "status": self.status,
             "actions": self.actions,
-            "resource": self.resource,
             "priority": self.priority,
             "max_attempts": self.max_attempts,
-            "parent_id": str(self.parent_id) if self.parent_id else None,
             "is_parent": self.is_parent,
-            "inputs": self.inputs,
-            "labels": self.labels,
-            "ttl_seconds": self.ttl_seconds,
-            "timeout_seconds": self.timeout_seconds,
-            "expires_in_seconds": self.expires_in_seconds,
-            "idempotency_key": self.idempotency_key,
-            "spec_hash": self.spec_hash,
-            "reason": "enqueued",
             "queue": self.queue,
-            "run_at": self.run_at.isoformat() if self.run_at else None,
-            "delay_seconds": self.delay_seconds,
-            "traceparent": self.traceparent,
         }
+        if self.labels:
+            row["labels"] = self.labels
+        for name in _SOMETIMES:
+            value = getattr(self, name)
+            if value is not None:
+                row[name] = value
+        if self.parent_id is not None:
+            row["parent_id"] = str(self.parent_id)
+        if self.run_at is not None:
+            row["run_at"] = self.run_at.isoformat()
+        if self.after:
+            row["after"] = [str(d) for d in self.after]
+        return row
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> NewJob:
+        """The job ``row`` was made of."""
+        after = tuple(UUID(d) for d in row.get("after", ()))
+        return cls(
+            job_id=UUID(row["job_id"]), actions=row["actions"],
+            max_attempts=row["max_attempts"], priority=row["priority"],
+            is_parent=row["is_parent"], queue=row["queue"], labels=row.get("labels", {}),
+            after=after, waiting=row["status"] == "waiting" and not after,
+            parent_id=UUID(row["parent_id"]) if "parent_id" in row else None,
+            run_at=datetime.fromisoformat(row["run_at"]) if "run_at" in row else None,
+            **{name: row.get(name) for name in _SOMETIMES})
 
 
-@dataclass(frozen=True, slots=True)
-class Enqueued:
+_SOMETIMES = ("resource", "inputs", "ttl_seconds", "timeout_seconds", "expires_in_seconds",
+              "idempotency_key", "spec_hash", "delay_seconds", "traceparent")
+"""The fields of a new job's row written only when set."""
+
+
+class Enqueued(NamedTuple):
+    """What became of one spec of an enqueue (a tuple: one is made per job)."""
+
     job_id: UUID
     status: str
     created: bool = True
@@ -299,44 +320,6 @@ class QueueStatus(NamedTuple):
     rate_limit: int | None = None
     rate_period_seconds: float | None = None
     rate_started: int | None = None
-
-
-class FunctionStatus(NamedTuple):
-    """A periodic function's last run, and its last success."""
-
-    function: str
-    last_run_at: datetime
-    last_status: str
-    last_trigger: str
-    last_duration_seconds: float | None
-    last_success_at: datetime | None
-    consecutive_failures: int = 0
-    """Failed runs since the last success."""
-    last_values: dict[str, float] | None = None
-    """What the last successful run saw (pods listed, orphan suspects...): current values."""
-
-
-class FunctionTotal(NamedTuple):
-    function: str
-    item: str
-    total: float
-
-
-class FunctionRun(NamedTuple):
-    """One run of a periodic function, as ``jobfence runs`` shows it."""
-
-    run_id: int
-    function: str
-    trigger: str
-    triggered_by: str | None
-    trigger_reason: str | None
-    status: str
-    host: str | None
-    started_at: datetime
-    finished_at: datetime | None
-    duration_seconds: float | None
-    counts: dict[str, Any]
-    error: str | None
 
 
 class FunctionTrigger(NamedTuple):

@@ -111,8 +111,9 @@ from jobfence.store.types import Claim, NewJob
 settings = load_settings()
 tracing.setup(settings, "worker")
 job = NewJob(job_id=uuid.uuid4(), actions=[], max_attempts=1)
-with tracing.enqueue_span(settings, [job], sys.argv[1]) as jobs:
-    stored = jobs[0].traceparent
+with tracing.enqueue_span(settings, sys.argv[1]) as traced:
+    traced.sent([job])
+    stored = traced.traceparent
 claim = Claim(uuid.uuid4(), uuid.uuid4(), 1, 1, [], None, None, None, None)
 with tracing.attempt_span(lambda read: None, claim, "default") as span:
     with tracing.action_span(0, "sleep"):
