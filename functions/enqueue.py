@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
-from typing import TypeVar
+from contextlib import nullcontext
 
 from jobfence import cli
 from jobfence.errors import InvalidSpec
@@ -19,8 +19,6 @@ from jobfence.spec import JobSpec, parse_action_arg, parse_specs
 from jobfence.spec_stream import spec_batches, spec_items
 from jobfence.store import Enqueued
 from jobfence.submit import enqueued_object, submit_stream
-
-T = TypeVar("T")
 
 
 def parser() -> cli.Parser:
@@ -64,12 +62,7 @@ def spec_batches_of(argv: list[str]) -> tuple[list[JobSpec], Iterator[list[JobSp
     if args.spec:
         if args.actions or any(v is not None for v in flags.values()) or args.label:
             raise InvalidSpec("give either --spec or ACTION arguments with flags, not both")
-        source = "stdin" if args.spec == "-" else args.spec
-        try:
-            stream = sys.stdin.buffer if args.spec == "-" else open(args.spec, "rb")  # noqa: SIM115
-        except OSError as exc:
-            raise InvalidSpec(f"cannot read spec {source!r}: {exc.strerror}") from None
-        batches = spec_batches(_readable(spec_items(stream, source), source))
+        batches = spec_batches(_specs_in(args.spec))
         return next(batches), batches
     if not args.actions:
         raise InvalidSpec("nothing to enqueue: give ACTION arguments or --spec FILE")
@@ -81,9 +74,13 @@ def spec_batches_of(argv: list[str]) -> tuple[list[JobSpec], Iterator[list[JobSp
     return parse_specs(spec), iter(())
 
 
-def _readable(items: Iterator[T], source: str) -> Iterator[T]:
+def _specs_in(path: str) -> Iterator[tuple[str, object, bool]]:
+    """The specs of a file (``-``: stdin) as ``jobfence.spec_stream`` reads them; the file
+    closed once they are read."""
+    source = "stdin" if path == "-" else path
     try:
-        yield from items
+        with nullcontext(sys.stdin.buffer) if path == "-" else open(path, "rb") as stream:
+            yield from spec_items(stream, source)
     except OSError as exc:
         raise InvalidSpec(f"cannot read spec {source!r}: {exc.strerror}") from None
 

@@ -12,7 +12,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, TypeVar, cast
+from typing import IO, Any, TypeVar, cast
 from uuid import UUID
 
 from jobfence import tracing
@@ -118,15 +118,16 @@ Sent = tuple[Sequence[NewJob], str | None]
 
 class Kept:
     """What an enqueue keeps while it runs: each batch sent (sent again when the outcome of
-    its commit is lost) and each batch's answers (given once it has committed). In memory;
+    its commit is lost) and each batch's answers, by try (``retry``): the answers given are
+    those of the try that committed — a try rolled back is ``dropped``. In memory;
     ``Spooled`` keeps them on disk."""
 
     def __init__(self) -> None:
         self._sent: list[Sent] = []
-        self._answers: list[list[Enqueued]] = []
+        self._tries: list[list[list[Enqueued]]] = [[]]
 
     def close(self) -> None:
-        self._sent, self._answers = [], []
+        self._sent, self._tries = [], [[]]
 
     def keep_sent(self, batch: Sent) -> None:
         self._sent.append(batch)
@@ -134,61 +135,68 @@ class Kept:
     def sent(self) -> Iterator[Sent]:
         return iter(self._sent)
 
+    def retry(self) -> None:
+        self._tries.append([])
+
+    def drop(self) -> None:
+        self._tries.pop()
+
     def keep_answers(self, answers: list[Enqueued]) -> None:
-        self._answers.append(answers)
+        self._tries[-1].append(answers)
 
     def answers(self) -> Iterator[list[Enqueued]]:
-        return iter(self._answers)
-
-    def forget_answers(self) -> None:
-        self._answers = []
+        return iter(self._tries[-1])
 
 
 class Spooled(Kept):
-    """``Kept`` in two private temporary files (gone once closed), read back in order: a
-    batch sent as its rows' JSON (the jobs made again from it only to send it again), its
-    answers as plain tuples (pickled at C speed)."""
+    """``Kept`` in private temporary files (gone once closed), read back in order: a batch
+    sent as its rows' JSON (the jobs made again from it only to send it again), its answers
+    as plain tuples (pickled at C speed), a file for each try."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._files = {name: tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
-                       for name in ("sent", "answers")}
+        self._sent_file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
+        self._answer_files = [tempfile.TemporaryFile()]  # noqa: SIM115 - as above
 
     def close(self) -> None:
-        for f in self._files.values():
+        for f in [self._sent_file, *self._answer_files]:
             f.close()
 
     def keep_sent(self, batch: Sent) -> None:
         jobs, rows = batch
-        self._dump("sent", rows if rows is not None else json.dumps([j.row() for j in jobs]))
+        _dump(self._sent_file, rows if rows is not None
+              else json.dumps([j.row() for j in jobs]))
 
     def sent(self) -> Iterator[Sent]:
-        for rows in self._read("sent"):
+        for rows in _read(self._sent_file):
             yield [NewJob.from_row(row) for row in json.loads(rows)], rows
 
+    def retry(self) -> None:
+        self._answer_files.append(tempfile.TemporaryFile())  # noqa: SIM115 - as above
+
+    def drop(self) -> None:
+        self._answer_files.pop().close()
+
     def keep_answers(self, answers: list[Enqueued]) -> None:
-        self._dump("answers", [(a.job_id.int, *a[1:]) for a in answers])
+        _dump(self._answer_files[-1], [(a.job_id.int, *a[1:]) for a in answers])
 
     def answers(self) -> Iterator[list[Enqueued]]:
-        for kept in self._read("answers"):
+        for kept in _read(self._answer_files[-1]):
             yield [Enqueued(UUID(int=job_id), *rest) for job_id, *rest in kept]
 
-    def forget_answers(self) -> None:
-        self._files["answers"].truncate(0)
 
-    def _dump(self, name: str, value: object) -> None:
-        f = self._files[name]
-        f.seek(0, os.SEEK_END)
-        pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
+def _dump(f: IO[bytes], value: object) -> None:
+    f.seek(0, os.SEEK_END)
+    pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
 
-    def _read(self, name: str) -> Iterator[Any]:
-        f = self._files[name]
-        end, at = f.seek(0, os.SEEK_END), 0
-        while at < end:
-            f.seek(at)
-            value = pickle.load(f)  # noqa: S301 - a private file this process wrote
-            at = f.tell()
-            yield value
+
+def _read(f: IO[bytes]) -> Iterator[Any]:
+    end, at = f.seek(0, os.SEEK_END), 0
+    while at < end:
+        f.seek(at)
+        value = pickle.load(f)  # noqa: S301 - a private file this process wrote
+        at = f.tell()
+        yield value
 
 
 def _children(settings: Settings,
@@ -271,8 +279,12 @@ def _resolve(reopen: Callable[[], Store], kept: Kept, fresh: Iterator[Sent],
                 log.info("enqueue_outcome_resolved", committed=True)
             else:  # never committed (or only replays): the same jobs again
                 log.info("enqueue_outcome_resolved", committed=False)
-                kept.forget_answers()
-                _write(store, kept, fresh, children, resend=True)
+                kept.retry()
+                try:
+                    _write(store, kept, fresh, children, resend=True)
+                except BaseException:
+                    kept.drop()  # rolled back: the answers are another try's
+                    raise
             return store
         except (StoreUnavailable, Conflict) as exc:
             if store is not None:

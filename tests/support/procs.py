@@ -75,14 +75,16 @@ def enqueue(dsn: str, *args: str, **env: str) -> str:
         assert r.returncode == 0, r.stderr
         return str(json.loads(r.stdout)["job_id"])
     from jobfence.cli import open_store
-    from jobfence.functions.enqueue import specs_from_args
+    from jobfence.functions.enqueue import spec_batches_of
     from jobfence.settings import load_settings
     from jobfence.submit import submit
 
     settings = load_settings(database_url=role_dsn(dsn, "enqueue"),
                              database_pooler=getattr(dsn, "pooler", "none"))
+    first, rest = spec_batches_of(list(args))
+    assert not list(rest), "one job"
     with open_store(settings, "enqueue") as store:
-        [made] = submit(settings, store, specs_from_args(list(args)))
+        [made] = submit(settings, store, first)
     return str(made.job_id)
 
 
