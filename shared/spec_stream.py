@@ -108,6 +108,9 @@ class _Text:
                     from None
             if end == len(self.buf) and self._grown(where, want):
                 continue  # a number may go on in the text not yet read
+            if end - self.pos > MAX_SPEC_BYTES:
+                raise InvalidSpec(f"{where}: larger than "
+                                  f"{MAX_SPEC_BYTES // (1024 * 1024)} MiB")
             self.walked = _plainly_storable(self.buf, self.pos, end)
             self.pos = end
             return value
