@@ -2,6 +2,7 @@
 pgqueuer, through their own Python APIs (installed in the bench virtualenv only).
 
     python -m bench.peers SYSTEM setup DSN JOBS     # install the schema, enqueue JOBS
+                                                    # (pgqueuer: prints how long that took)
     python -m bench.peers SYSTEM work DSN [BATCH]   # drain the queue; print one JSON line
 
 SYSTEM is ``procrastinate`` or ``pgqueuer``. A worker prints the wall-clock times of the
@@ -73,9 +74,11 @@ async def _pgqueuer(dsn: str, jobs: int | None, batch: int) -> None:
     queries = Queries(PsycopgDriver(conn))
     if jobs is not None:
         await queries.install()
+        started = time.perf_counter()
         for start in range(0, jobs, 1000):
             n = min(1000, jobs - start)
             await queries.enqueue(["noop"] * n, [None] * n, [0] * n)
+        print(json.dumps({"enqueue_seconds": time.perf_counter() - started}))
     else:
         qm = QueueManager(queries)
 
