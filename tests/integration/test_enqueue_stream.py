@@ -21,8 +21,7 @@ from jobfence.spec import JobSpec
 from jobfence.spec_stream import BATCH, spec_batches, spec_items
 from jobfence.store import Enqueued
 from jobfence.submit import submit_stream
-from tests.integration.test_lost_answers import lose_next_answer
-from tests.support import run_cli
+from tests.support import lose_next_answer, run_cli
 
 SLEEP = {"actions": [{"name": "sleep", "params": {"seconds": 0}}]}
 

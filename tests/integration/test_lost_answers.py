@@ -11,8 +11,6 @@ whichever way it went."""
 
 from __future__ import annotations
 
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,7 +32,7 @@ from jobfence.worker import store_link as store_link_module
 from jobfence.worker.guard import Guard
 from jobfence.worker.loop import Worker
 from jobfence.worker.store_link import StoreLink
-from tests.support import SLOW_COMMIT
+from tests.support import lose_next_answer
 from tests.support.api_client import api_client
 from tests.support.factories import enqueue_one
 
@@ -46,29 +44,6 @@ def store_link(dsn: str) -> Iterator[StoreLink]:
     c = StoreLink(Settings(database_url=dsn, lease_seconds=60, worker_id="w-lost"), "default")
     yield c
     c.close()
-
-
-def lose_next_answer(conn: Connection, on: Store, abort: bool = False) -> threading.Thread:
-    """The next statement on ``on``'s connection commits (held 2 s in its COMMIT), and its
-    answer is lost: the client's socket is shut for reading while the server still commits.
-    With ``abort``, its backend is terminated there instead: it never commits."""
-    conn.execute(SLOW_COMMIT)
-    conn.execute("INSERT INTO public.commit_pause VALUES (1)")
-    fd = on.conn.pgconn.socket
-    pid = on.conn.info.backend_pid
-
-    def cut() -> None:
-        time.sleep(0.7)
-        conn.execute("DELETE FROM public.commit_pause")  # later statements commit at once
-        if abort:
-            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-            return
-        with socket.socket(fileno=os.dup(fd)) as s:
-            s.shutdown(socket.SHUT_RD)
-
-    t = threading.Thread(target=cut)
-    t.start()
-    return t
 
 
 def wait_for(ok: Callable[[], bool], seconds: float = 10.0) -> None:

@@ -14,8 +14,11 @@ trigger as KEDA applies it)."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 
 import psycopg
 import pytest
@@ -24,6 +27,8 @@ from psycopg.conninfo import conninfo_to_dict
 from devtools import REPO, image
 from devtools.pgbouncer import PgBouncer
 from devtools.roles import BOOTSTRAP, as_login, ensure_logins, login_name
+from jobfence.db import Connection
+from jobfence.store import Store
 from jobfence.store.roles import ROLE_OF_COMMAND, role_names
 from tests.support.pg import with_db
 
@@ -47,6 +52,29 @@ CREATE CONSTRAINT TRIGGER commit_pause AFTER INSERT OR UPDATE ON jobs
 """Installed in a test's database: while ``public.commit_pause`` holds a row, the COMMIT of
 any transaction that wrote a job waits 2 s (a deferred trigger) — time for a test to lose
 its answer, or to terminate its backend in the middle of it."""
+
+
+def lose_next_answer(conn: Connection, on: Store, abort: bool = False) -> threading.Thread:
+    """The next statement on ``on``'s connection commits (held 2 s in its COMMIT), and its
+    answer is lost: the client's socket is shut for reading while the server still commits.
+    With ``abort``, its backend is terminated there instead: it never commits."""
+    conn.execute(SLOW_COMMIT)
+    conn.execute("INSERT INTO public.commit_pause VALUES (1)")
+    fd = on.conn.pgconn.socket
+    pid = on.conn.info.backend_pid
+
+    def cut() -> None:
+        time.sleep(0.7)
+        conn.execute("DELETE FROM public.commit_pause")  # later statements commit at once
+        if abort:
+            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            return
+        with socket.socket(fileno=os.dup(fd)) as s:
+            s.shutdown(socket.SHUT_RD)
+
+    t = threading.Thread(target=cut)
+    t.start()
+    return t
 
 
 class Dsn(str):
