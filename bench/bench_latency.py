@@ -96,8 +96,11 @@ def run(bench: Bench) -> Section:
                    "(`--idle-seconds`); a worker with jobs in hand takes the next one in the "
                    "same transaction as a terminal write, and its free slots look again "
                    "every quarter second, or at once when a terminal write's claim found "
-                   "work. A job due later is found by the poll: the notification a waiting "
-                   "worker listens for (`<schema>.ready`: the next section) goes out only "
-                   "for work ready at its commit. A pool scaled by KEDA adds its polling "
-                   "interval and a pod's start to the first job of a burst.")
+                   "work — or when the queue's next job is due: free slots that find "
+                   "nothing ask when that is (`worker_next_due`, one index walk) and look "
+                   "again then. The enqueue of a job due later notifies a listening worker "
+                   "too (`<schema>.ready`: the next section), which then asks. Before "
+                   "`worker_next_due` (2026-11-25, the same figures otherwise): p50 4.5 / "
+                   "7.1 ms, p99 157.7 / 312.8 ms at ×1 / ×10. A pool scaled by KEDA adds its "
+                   "polling interval and a pod's start to the first job of a burst.")
     return s

@@ -98,6 +98,39 @@ BEGIN
 END;
 $$;
 
+-- How long until the next job of a queue that is not ready yet becomes ready (seconds from
+-- now; NULL when none is scheduled): a worker whose claim found nothing, while its other
+-- slots run, sleeps until then rather than until its next look (worker/loop.py). Walks the
+-- claim's own index (jobs_ready_queue) a priority at a time: two probes per distinct
+-- priority of the queue's pending jobs, at most 64 of them — past those, the worker's look
+-- finds the rest. No fence: it says when, never which job.
+CREATE OR REPLACE FUNCTION {schema}.worker_next_due(p_queue text) RETURNS float8
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = {schema}, pg_temp
+SET plan_cache_mode = force_custom_plan AS $$
+BEGIN
+    -- Planned for this queue each time (a generic plan walks every queue's pending jobs).
+    RETURN (
+        WITH RECURSIVE priorities (priority, n) AS (
+            (SELECT j.priority, 1 FROM {schema}.jobs j
+             WHERE j.status = 'pending' AND j.queue = p_queue
+             ORDER BY j.priority DESC LIMIT 1)
+            UNION ALL
+            SELECT (SELECT j.priority FROM {schema}.jobs j
+                    WHERE j.status = 'pending' AND j.queue = p_queue
+                      AND j.priority < p.priority
+                    ORDER BY j.priority DESC LIMIT 1), p.n + 1
+            FROM priorities p WHERE p.priority IS NOT NULL AND p.n < 64
+        )
+        SELECT greatest(0, extract(epoch FROM s.due - now()))::float8
+        FROM (SELECT min((SELECT j.visible_at FROM {schema}.jobs j
+                          WHERE j.status = 'pending' AND j.queue = p_queue
+                            AND j.priority = p.priority AND j.visible_at > now()
+                          ORDER BY j.visible_at LIMIT 1)) AS due
+              FROM priorities p WHERE p.priority IS NOT NULL) s
+        WHERE s.due IS NOT NULL);
+END
+$$;
+
 -- The claim of a worker of the previous release, which names no claim.
 CREATE OR REPLACE FUNCTION {schema}.worker_claim(p_queue text, p_worker_id text,
                                                 p_lease_seconds float8, p_limit integer)

@@ -52,6 +52,13 @@ class Attempts(Settling):
         return {"worker_id": r.worker_id, "lease_seconds": r.lease_seconds, "queue": r.queue,
                 "limit": r.limit, "claim_id": r.claim_id}
 
+    def next_due(self, queue: str) -> float | None:
+        """Seconds until the next job of ``queue`` that is not ready yet becomes ready;
+        None when none is scheduled (or more priorities wait than the look walks)."""
+        [row] = self._all("next_due", {"queue": queue})
+        seconds: float | None = row["seconds"]
+        return seconds
+
     def release_claim(self, *, claim_id: UUID, worker_id: str,
                       reason: str) -> list[Transition]:
         """Give back the jobs of a claim whose answer was lost with its connection (it may

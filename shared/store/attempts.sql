@@ -5,6 +5,11 @@
 -- Each statement calls one of the worker's functions (attempts.functions.sql): they check
 -- the fence inside the database, and they are all the worker's role may run.
 
+-- next_due --
+-- Seconds until the next job of a queue not ready yet becomes ready; NULL when none is
+-- scheduled.
+SELECT {schema}.worker_next_due(%(queue)s::text) AS seconds;
+
 -- claim --
 -- Claim up to %(limit)s ready jobs of a queue in one statement: fresh fence, lease,
 -- attempt_count + 1 (SKIP LOCKED; nothing while draining or the queue is paused; a

@@ -49,7 +49,9 @@ $$;
 
 -- Workers waiting for work on these queues are told, on `<schema>.ready`, one notification
 -- per queue, delivered at commit (worker/wakeup.py): called by the audit triggers with the
--- queues of a statement's jobs that are ready now. Nothing for no queue.
+-- queues of a statement's pending jobs — ready now, or later (a run_at, a retry's backoff,
+-- a snooze): a worker told looks, and one that finds nothing while it runs others asks when
+-- the next is due (worker_next_due) and looks again then. Nothing for no queue.
 CREATE OR REPLACE FUNCTION {schema}.jobfence_ready(p_queues text[]) RETURNS void
 LANGUAGE plpgsql SET search_path = {schema}, pg_temp AS $$
 BEGIN
@@ -66,7 +68,7 @@ BEGIN
     INSERT INTO {schema}.job_events (job_id, from_status, to_status, attempt_id, reason)
     SELECT n.job_id, NULL, n.status, n.attempt_id, n.reason FROM new_rows n;
     PERFORM {schema}.jobfence_ready(array_agg(DISTINCT n.queue)) FROM new_rows n
-    WHERE n.status = 'pending' AND n.visible_at <= now();
+    WHERE n.status = 'pending';
     RETURN NULL;
 END
 $$;
@@ -91,7 +93,7 @@ BEGIN
     FROM new_rows n JOIN {schema}.job_watchers w ON w.job_id = n.job_id
     WHERE n.status IN ('succeeded', 'failed', 'cancelled');
     PERFORM {schema}.jobfence_ready(array_agg(DISTINCT n.queue)) FROM new_rows n
-    WHERE n.status = 'pending' AND n.visible_at <= now();
+    WHERE n.status = 'pending';
     -- What the statement adds to the job metrics, one row per (queue, metric, bucket); no
     -- join but the one above (this function plans without nested loops). A parent's
     -- finalization looks up when its last child ended: once per parent, by its children's

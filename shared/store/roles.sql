@@ -71,6 +71,7 @@ GRANT EXECUTE ON FUNCTION
     {schema}.worker_claim(text, text, float8, integer),
     {schema}.worker_claim(text, text, float8, integer, uuid),
     {schema}.worker_release_claim(uuid, text, text),
+    {schema}.worker_next_due(text),
     {schema}.worker_heartbeat(uuid, uuid, float8),
     {schema}.worker_record_action(uuid, uuid, integer, text, text, timestamptz, jsonb, text,
                                   text),

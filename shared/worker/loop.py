@@ -19,6 +19,7 @@ back in one statement), and no claim is made after it.
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import sys
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from jobfence import cli
 from jobfence.actions.installed import registry
 from jobfence.adapters import open_object_store
-from jobfence.errors import ConfigError, StoreUnavailable
+from jobfence.errors import ConfigError, JobfenceError, StoreUnavailable
 from jobfence.jobuids import users_for
 from jobfence.logs import get_logger
 from jobfence.objectstore import ObjectStore
@@ -37,7 +38,8 @@ from jobfence.settings import Settings
 from jobfence.settings.commands import command_env_refusal
 from jobfence.shutdown import on_termination
 from jobfence.store import Claim
-from jobfence.worker.execution import Execution, Next, Outcome, Result, Wiring
+from jobfence.worker.budget import Budget
+from jobfence.worker.execution import Execution, Outcome, Result, Wiring
 from jobfence.worker.guard_threads import Guards
 from jobfence.worker.jobspace import LocalSpaces
 from jobfence.worker.output import LineBudget
@@ -96,20 +98,11 @@ class Report:
 
     def count(self, result: Result) -> None:
         self.jobs.append({"job_id": str(result.claim.job_id), "outcome": result.outcome.value})
-        if result.outcome is Outcome.SUCCEEDED:
-            self.succeeded += 1
-        elif result.outcome is Outcome.RETRY:
-            self.retried += 1
-        elif result.outcome is Outcome.SNOOZED:
-            self.snoozed += 1
-        elif result.outcome is Outcome.FAILED:
-            self.failed += 1
-        elif result.outcome is Outcome.LOST:
-            self.lost += 1
-        elif result.outcome is Outcome.GIVEN_BACK:
-            self.given_back += 1
-        else:
+        counter = COUNTERS.get(result.outcome)
+        if counter is None:
             self.terminated = True
+        else:
+            setattr(self, counter, getattr(self, counter) + 1)
 
     @property
     def ok(self) -> bool:
@@ -117,60 +110,14 @@ class Report:
                 and self.stopped_by not in ("sidecar_lost", "guards_failed"))
 
 
+COUNTERS = {Outcome.SUCCEEDED: "succeeded", Outcome.RETRY: "retried",
+            Outcome.SNOOZED: "snoozed", Outcome.FAILED: "failed", Outcome.LOST: "lost",
+            Outcome.GIVEN_BACK: "given_back"}
+"""The report's counter of each outcome (any other: the worker was terminated)."""
+
 MORE = object()
 """What a slot tells the loop when its next claim found a job while the loop thought
 nothing was ready."""
-
-
-class Budget:
-    """How many more jobs this worker may claim, and why no more when none."""
-
-    def __init__(self, max_jobs: int, max_seconds: float | None, spaces: Spaces,
-                 guards_failed: threading.Event | None = None) -> None:
-        self._left = max_jobs
-        self._deadline = None if max_seconds is None else time.monotonic() + max_seconds
-        self._spaces = spaces
-        self._guards_failed = guards_failed or threading.Event()
-        self.no_free_uid = threading.Event()
-        """Set when a job was given back for want of a uid: claiming again here would claim
-        it (or another) only to give it back."""
-        self._lock = threading.Lock()
-        self.terminated = threading.Event()
-
-    def why_not(self) -> str | None:
-        """Why no job may be claimed now (None: one may)."""
-        if self._guards_failed.is_set():
-            return "guards_failed"
-        if self.terminated.is_set():
-            return "sigterm"
-        if self.no_free_uid.is_set():
-            return "no_free_uid"
-        if self._left <= 0:
-            return "max_jobs"
-        if self._deadline is not None and time.monotonic() >= self._deadline:
-            return "max_seconds"
-        if not self._spaces.ready():
-            return "sidecar_lost"
-        return None
-
-    def take(self, n: int) -> int:
-        """Take up to ``n`` places; how many were granted."""
-        with self._lock:
-            if self.why_not() is not None:
-                return 0
-            granted = min(n, self._left)
-            self._left -= granted
-            return granted
-
-    def give(self, n: int) -> None:
-        """Give back places taken for claims that found no job."""
-        with self._lock:
-            self._left += n
-
-    def next(self) -> Next:
-        """What an execution asks at its terminal write: one place for the job that would
-        follow it in its slot."""
-        return Next(want=lambda: self.take(1) == 1, unwant=lambda: self.give(1))
 
 
 def open_sandbox(settings: Settings) -> Sandbox:
@@ -341,6 +288,7 @@ class Worker:
         dry = False  # the last claim found fewer jobs than it asked for
         looked = 0.0
         idle_until = time.monotonic() + idle_seconds
+        due = math.inf  # when the next job not ready yet becomes ready (worker_next_due)
         crash: BaseException | None = None
         while True:
             now = time.monotonic()
@@ -352,7 +300,7 @@ class Worker:
             free = self.concurrency - running
             if free > 0 and why is None and crash is None:
                 poll = BUSY_POLL_SECONDS if running else IDLE_POLL_SECONDS
-                if not dry or now - looked >= poll:
+                if not dry or now - looked >= poll or now >= due:
                     granted = budget.take(free)
                     try:
                         claims = self.wiring.store_link.claim(granted) if granted else []
@@ -376,6 +324,7 @@ class Worker:
                         self._dry.set()
                     else:
                         self._dry.clear()
+                    due = self._next_due() if dry and (running or claims) else math.inf
                     for claim in claims:
                         with self._counting:
                             self.report.claimed += 1
@@ -390,7 +339,7 @@ class Worker:
                     except queue.Empty:
                         pass
                     continue
-            wait = (max(0.0, looked + BUSY_POLL_SECONDS - now)
+            wait = (max(0.0, min(looked + BUSY_POLL_SECONDS, due) - now)
                     if dry and free > 0 and why is None else None)
             try:
                 got = self._results.get(timeout=wait)
@@ -404,6 +353,16 @@ class Worker:
             if isinstance(got, BaseException):
                 log.error("execution_crashed", error=repr(got))
                 crash = crash or got
+
+    def _next_due(self) -> float:
+        """When (monotonic) the next job of the queue not ready yet becomes ready: the free
+        slots of a busy worker look then, not at their next look; inf when none is
+        scheduled or the database cannot say (the look finds it)."""
+        try:
+            seconds = self.wiring.store_link.read(lambda s: s.attempts.next_due(self.queue))
+        except JobfenceError:
+            return math.inf
+        return math.inf if seconds is None else time.monotonic() + seconds
 
     def _on_signal(self, signum: int, budget: Budget) -> None:
         """Runs on the shutdown watcher thread, while executions may be blocked in their

@@ -1,8 +1,9 @@
 """A worker waiting for work is told when its queue has some (worker/wakeup.py), on a real
-database: the notifications the database sends (what became ready now, once per queue and
-statement; nothing for work due later), an idle worker woken by an enqueue long before its
-poll, a notification lost with its connection costing one poll and the worker listening
-again, and no listening at all behind a transaction pooler."""
+database: the notifications the database sends (a queue's pending work, once per queue and
+statement), an idle worker woken by an enqueue long before its poll, a busy worker's free
+slot starting a scheduled job when it is due and not at its next look (worker_next_due), a
+notification lost with its connection costing one poll and the worker listening again, and
+no listening at all behind a transaction pooler."""
 
 from __future__ import annotations
 
@@ -37,12 +38,12 @@ def payloads(conn: psycopg.Connection[Any]) -> list[str]:
     return [n.payload for n in conn.notifies(timeout=0.5)]
 
 
-def test_the_database_names_each_queue_with_work_ready_now_once_per_statement(
+def test_the_database_names_each_queue_with_pending_work_once_per_statement(
         store: Store, told: psycopg.Connection[Any]) -> None:
     store.jobs.enqueue([new_job(queue="a") for _ in range(5)] + [new_job(queue="b")])
     assert sorted(payloads(told)) == ["a", "b"]
-    store.jobs.enqueue([new_job(queue="c", delay_seconds=3600)])  # ready later: the poll's
-    assert payloads(told) == []
+    store.jobs.enqueue([new_job(queue="c", delay_seconds=3600)])  # ready later: told too,
+    assert payloads(told) == ["c"]  # so that a busy worker learns when (worker_next_due)
     job = enqueue_one(store, queue="d")
     assert payloads(told) == ["d"]
     [claim] = store.attempts.claim(worker_id="w1", lease_seconds=30, queue="d")
@@ -51,6 +52,46 @@ def test_the_database_names_each_queue_with_work_ready_now_once_per_statement(
     store.attempts.release(job_id=claim.job_id, attempt_id=claim.attempt_id, reason="failed",
                            error="boom", retry=RetryPolicy(base_seconds=0, cap_seconds=0))
     assert payloads(told) == ["d"]  # a retry due now is ready again
+
+
+def test_the_next_due_is_the_soonest_job_not_ready_yet_of_any_priority(store: Store) -> None:
+    assert store.attempts.next_due("q") is None
+    enqueue_one(store, queue="q")  # ready now: not due later
+    enqueue_one(store, queue="other", delay_seconds=5)
+    assert store.attempts.next_due("q") is None
+    enqueue_one(store, queue="q", delay_seconds=900, priority=9)
+    enqueue_one(store, queue="q", delay_seconds=600, priority=-3)
+    enqueue_one(store, queue="q", delay_seconds=3600)
+    due = store.attempts.next_due("q")
+    assert due is not None and 590 < due <= 600
+    store.jobs.enqueue([new_job(queue="q", delay_seconds=60, priority=p) for p in range(100)])
+    due = store.attempts.next_due("q")  # the first 64 priorities walked, from the top
+    assert due is not None and 50 < due <= 60
+
+
+def test_a_busy_workers_free_slot_starts_a_scheduled_job_when_due_not_at_its_next_look(
+        dsn: Dsn, store: Store, conn: psycopg.Connection[Any],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loop, "BUSY_POLL_SECONDS", 60.0)
+    long = enqueue_one(store, actions=[{"name": "sleep", "params": {"seconds": 4}}])
+    worker = Worker(Settings(database_url=dsn, lease_seconds=30), concurrency=2)
+
+    def schedule_once_running() -> None:
+        wait_for(lambda: worker.report.claimed == 1, timeout=20)
+        time.sleep(0.3)  # the free slot has looked: its next look is a minute away
+        with db.connect(dsn) as own:
+            enqueue_one(Store(own), delay_seconds=1.0)
+
+    helper = meanwhile(schedule_once_running)
+    report = worker.run(max_jobs=2)
+    helper.join(5)
+    assert report.succeeded == 2, report
+    rows = {r["job_id"]: r for r in conn.execute(
+        "SELECT job_id, run_at, started_at, finished_at FROM jobs")}
+    scheduled = next(r for j, r in rows.items() if j != long)
+    assert scheduled["started_at"] >= scheduled["run_at"]  # never before it is due
+    # ... and not when the long job's end made the next claim: its free slot woke for it
+    assert scheduled["started_at"] < rows[long]["finished_at"]
 
 
 def meanwhile(fn: Callable[[], None]) -> threading.Thread:
