@@ -439,7 +439,8 @@ def test_a_jobs_whole_output_on_its_page(browser: Any, dsn: str, tmp_path: Path,
         assert first[0] == "1" and len(first) < 200_000
         click(browser, "#actions button.log-more")
         wait_for(lambda: browser.execute_script(
-            "return document.querySelector('#actions .log-more') === null"), timeout=20)
+            "return document.querySelector('#actions .log-more') === null"
+            " && document.querySelector('#actions .reading') === null"), timeout=20)
         shown = until(browser, "#actions pre.log-stdout").text.splitlines()
         assert shown == [str(i) for i in range(1, 200_001)]
         assert not _errors(browser)

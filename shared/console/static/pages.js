@@ -29,6 +29,7 @@ function whole(label, a, i, jobId) {
             !log ? null : log.error ? el("p", { class: "error" }, log.error)
               : log.text === undefined ? el("p", { class: "note" }, "Reading…")
               : el("pre", { class: "log-" + label }, log.text),
+            log && log.more ? el("p", { class: "note reading" }, "Reading more…") : null,
             log && log.next ? el("p", { class: "note" }, `The first ${plural(shown, "byte")} are `
               + "shown ", el("button", { type: "button", class: "log-more",
                                     onclick: () => readLog(key, jobId, i, label, log.next) },
@@ -42,8 +43,9 @@ function whole(label, a, i, jobId) {
 // One page of one stream (`only`): its text appended to what the block shows.
 async function readLog(key, jobId, i, label, next) {
   const had = next ? state.logs[key] : null;
-  state.logs[key] = { ...(had || {}), text: had ? had.text : undefined, next: null };
-  if (!had) refresh(true);
+  state.logs[key] = { ...(had || {}), text: had ? had.text : undefined, next: null,
+                      more: Boolean(had) };
+  refresh(true);
   try {
     const path = next ? next.replace(/^\/api\/v1/, "")
       : `/jobs/${encodeURIComponent(jobId)}/logs?action=${i}&stream=${label}&only=true`;
