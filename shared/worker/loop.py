@@ -324,7 +324,10 @@ class Worker:
                         self._dry.set()
                     else:
                         self._dry.clear()
-                    due = self._next_due() if dry and (running or claims) else math.inf
+                    if dry and claims:  # work is arriving: look again as an idle worker would
+                        due = looked + IDLE_POLL_SECONDS
+                    else:  # none found beside running jobs: look again when the next is due
+                        due = self._next_due() if dry and running else math.inf
                     for claim in claims:
                         with self._counting:
                             self.report.claimed += 1
