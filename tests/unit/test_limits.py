@@ -24,16 +24,10 @@ from jobfence.limits import (
     storable_text,
 )
 from jobfence.spec import parse_action_arg, parse_spec_text, parse_specs
+from tests.support.fuzz import ANY_TEXT, JSONISH
 
 FUZZ = settings(max_examples=300, derandomize=True, deadline=None, database=None)
 
-# Every code point, surrogates and NUL included: what an environment variable, a file
-# decoded with surrogateescape, or a JSON "\u0000" can put into a Python str.
-ANY_TEXT = st.text(st.characters(codec=None, categories=None), max_size=60)
-JSONISH = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | ANY_TEXT,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(ANY_TEXT, inner, max_size=4),
-    max_leaves=30)
 
 
 @FUZZ

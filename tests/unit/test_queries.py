@@ -93,13 +93,14 @@ def test_the_schema_is_filled_in_as_a_quoted_identifier() -> None:
 
 
 def test_fenced_writes_carry_the_fence() -> None:
-    """Every statement of the worker names the attempt it acts for and runs one of the
-    worker's functions (which check the fence inside the database: their installed bodies
-    are read from the catalog in tests/integration/test_definer_functions.py)."""
+    """Every statement of the worker but the claim and the look at when the next job is due
+    names the attempt it acts for and runs one of the worker's functions (which check the
+    fence inside the database: their installed bodies are read from the catalog in
+    tests/integration/test_definer_functions.py)."""
     sql = queries("jobfence.store", "attempts.sql", "jobfence")
     for name in sql:
         assert f"worker_{name}(" in sql[name], name
-        if name != "claim":
+        if name not in ("claim", "next_due"):  # next_due: when, never which job
             assert ("%(attempt_id)s::uuid" in sql[name]
                     or "%(attempt_ids)s::uuid[]" in sql[name]
                     # each row of a batch of terminal writes names its attempt

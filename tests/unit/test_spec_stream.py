@@ -18,7 +18,7 @@ from jobfence import spec_stream
 from jobfence.errors import InvalidSpec
 from jobfence.limits import MAX_DEPTH, Unstorable, check_structure
 from jobfence.spec_stream import _plainly_storable, spec_batches, spec_items
-from tests.unit.test_limits import ANY_TEXT, JSONISH
+from tests.support.fuzz import ANY_TEXT, JSONISH
 
 FUZZ = settings(max_examples=300, derandomize=True, deadline=None, database=None)
 
