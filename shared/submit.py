@@ -19,7 +19,7 @@ from jobfence import tracing
 from jobfence.adapters import open_object_store
 from jobfence.datums import child_batches
 from jobfence.db import confirm_durable
-from jobfence.errors import Conflict, NotFound, StoreUnavailable, Unavailable
+from jobfence.errors import ConfigError, Conflict, NotFound, StoreUnavailable, Unavailable
 from jobfence.ids import uuid7s
 from jobfence.logs import get_logger
 from jobfence.objectstore import ObjectStore, ObjectStoreError, output_bucket
@@ -155,8 +155,12 @@ class Spooled(Kept):
 
     def __init__(self) -> None:
         super().__init__()
-        self._sent_file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
-        self._answer_files = [tempfile.TemporaryFile()]  # noqa: SIM115 - as above
+        try:
+            self._sent_file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by close()
+            self._answer_files = [tempfile.TemporaryFile()]  # noqa: SIM115 - as above
+        except OSError as exc:
+            raise ConfigError("cannot make the enqueue's private temporary file (TMPDIR, "
+                              f"else /tmp): {exc.strerror or exc}") from None
 
     def close(self) -> None:
         for f in [self._sent_file, *self._answer_files]:

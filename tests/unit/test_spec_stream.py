@@ -158,3 +158,19 @@ def test_batches_hold_every_spec_in_order_and_check_keys_across_them() -> None:
     keyed = [{**SPEC, "idempotency_key": "k"}] + [SPEC] * 15 + [{**SPEC, "idempotency_key": "k"}]
     with pytest.raises(InvalidSpec, match="spec #16: idempotency key appears twice"):
         list(spec_batches(spec_items(io.BytesIO(json.dumps(keyed).encode())), size=10))
+
+
+def test_no_place_for_the_spool_is_said_as_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod whose root filesystem is read-only and that mounts nothing at /tmp: the enqueue
+    of a stream says where it needs to write (exit 2), before anything is sent."""
+    import tempfile
+
+    from jobfence.errors import ConfigError
+    from jobfence.submit import Spooled
+
+    def nowhere(*args: object, **kw: object) -> None:
+        raise FileNotFoundError(2, "No usable temporary directory found")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", nowhere)
+    with pytest.raises(ConfigError, match="TMPDIR, else /tmp"):
+        Spooled()
