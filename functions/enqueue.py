@@ -93,10 +93,9 @@ def _line(job: Enqueued) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     def body() -> int:
-        # What lives past a batch is the start-up's: leave it out of every collection, and
-        # collect less often (a batch's objects go by their counts; a quarter of a long
-        # list's time went to collections finding nothing).
-        gc.freeze()
+        # Collect less often: a batch's objects go by their counts (the start-up's are
+        # frozen out of collections by the process entry, functions/cli.py), and a quarter
+        # of a long list's time went to collections finding nothing.
         gc.set_threshold(50_000, 50, 100)
         first, rest = spec_batches_of(list(sys.argv[1:] if argv is None else argv))
         settings = cli.setup("enqueue")

@@ -109,25 +109,28 @@ class _Text:
             if end == len(self.buf) and self._grown(where, want):
                 continue  # a number may go on in the text not yet read
             if end - self.pos > MAX_SPEC_BYTES:
-                raise InvalidSpec(f"{where}: larger than "
-                                  f"{MAX_SPEC_BYTES // (1024 * 1024)} MiB")
+                raise _too_large(where)
             self.walked = _plainly_storable(self.buf, self.pos, end)
             self.pos = end
             return value
 
     def _grown(self, where: str, want: int) -> bool:
         if len(self.buf) - self.pos > MAX_SPEC_BYTES:
-            raise InvalidSpec(f"{where}: larger than {MAX_SPEC_BYTES // (1024 * 1024)} MiB")
+            raise _too_large(where)
         return self.more(want)
 
     def _said(self, exc: ValueError) -> str:
         if isinstance(exc, json.JSONDecodeError):
-            return f"{exc.msg} at line {self.lines + self.buf.count(chr(10), 0, exc.pos) + 1}"
+            return f"{exc.msg} at line {self._line(exc.pos)}"
         return str(exc)
 
     def refuse(self, expected: str) -> InvalidSpec:
-        line = self.lines + self.buf.count("\n", 0, self.pos) + 1
-        return InvalidSpec(f"{self.source}: not valid JSON ({expected} at line {line})")
+        return InvalidSpec(f"{self.source}: not valid JSON ({expected} at line "
+                           f"{self._line(self.pos)})")
+
+    def _line(self, pos: int) -> int:
+        """The line of the text ``pos`` (in ``buf``) is on."""
+        return self.lines + self.buf.count("\n", 0, pos) + 1
 
     def rest(self) -> str:
         """The whole text (the format undecided: nothing was let go), at most
@@ -136,14 +139,17 @@ class _Text:
             if len(self.buf) > MAX_SPEC_BYTES:
                 break
         if len(self.buf) > MAX_SPEC_BYTES or self.read_bytes > MAX_SPEC_BYTES:
-            raise InvalidSpec(f"{self.source}: larger than "
-                              f"{MAX_SPEC_BYTES // (1024 * 1024)} MiB")
+            raise _too_large(self.source)
         return self.buf
 
 
 _SUSPECT = re.compile(r"\\u(?:0000|[dD][89a-fA-F])|NaN|Infinity")
 """What in a JSON text may decode to what PostgreSQL cannot hold: a NUL, half of a
 surrogate pair, a number that is not one (``json`` reads ``NaN`` and ``Infinity``)."""
+
+
+def _too_large(where: str) -> InvalidSpec:
+    return InvalidSpec(f"{where}: larger than {MAX_SPEC_BYTES // (1024 * 1024)} MiB")
 
 
 def _plainly_storable(text: str, start: int, end: int) -> bool:

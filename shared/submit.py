@@ -290,22 +290,24 @@ def _resolve(reopen: Callable[[], Store], kept: Kept, fresh: Iterator[Sent],
                     kept.drop()  # rolled back: the answers are another try's
                     raise
             return store
-        except (StoreUnavailable, Conflict) as exc:
-            if store is not None:
-                store.conn.close()
+        except StoreUnavailable as exc:
+            _close(store)
             if time.monotonic() >= until:
-                if isinstance(exc, Conflict):
-                    raise
                 raise StoreUnavailable(
                     f"{exc}: the outcome of enqueueing job {first.job_id} (and those sent "
                     "with it) is unknown") from None
-            if isinstance(exc, Conflict):
-                # the first try, still committing when read, committed under the second
-                if "jobs_pkey" not in str(exc):
-                    raise
-                time.sleep(0.5)
-            else:
-                log.warning("enqueue_retry", error=str(exc))
+            log.warning("enqueue_retry", error=str(exc))
+        except Conflict as exc:
+            _close(store)
+            # the first try, still committing when read, committed under the second
+            if "jobs_pkey" not in str(exc) or time.monotonic() >= until:
+                raise
+            time.sleep(0.5)
+
+
+def _close(store: Store | None) -> None:
+    if store is not None:
+        store.conn.close()
 
 
 def read_ahead(items: Iterator[T], depth: int = 2) -> Iterator[T]:
