@@ -12,8 +12,9 @@
 -- A number a result's usage carries (`usage` -> key), or NULL when it carries none: any
 -- other shape (not an object, not a number) is no usage, never an error in the worker's
 -- write. A negative number counts as 0; one past 1e18 as 1e18 (a float8 cast never fails).
+-- No SET of its own, so that it is inlined (job_metrics.functions.sql says why).
 CREATE OR REPLACE FUNCTION {schema}.jobfence_usage(p_result jsonb, p_key text) RETURNS float8
-LANGUAGE sql IMMUTABLE SET search_path = {schema}, pg_temp AS $$
+LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE WHEN jsonb_typeof(p_result -> 'usage' -> p_key) = 'number'
                 THEN least(greatest((p_result -> 'usage' ->> p_key)::numeric, 0),
                            1e18)::float8

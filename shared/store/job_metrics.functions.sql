@@ -11,8 +11,14 @@
 -- docs/DEVELOPERS.md). Each function's history before 0038 is in store/schema/.
 
 -- The bucket bounds of each histogram kind (seconds), +Inf last.
+--
+-- These helpers run with their caller's rights and search path (no SET of their own): the
+-- triggers and definer functions that call them pin theirs, and each names every object of
+-- the schema with it. A SET would keep PostgreSQL from inlining them into the calling
+-- statement, and a trigger of one job's write would plan and run each as a function call
+-- of its own (~100 µs a bucket).
 CREATE OR REPLACE FUNCTION {schema}.jobfence_buckets(kind text) RETURNS float8[]
-LANGUAGE sql IMMUTABLE SET search_path = {schema}, pg_temp AS $$
+LANGUAGE sql IMMUTABLE AS $$
     SELECT CASE kind
         WHEN 'wait' THEN ARRAY[0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600,
                                'Infinity']::float8[]
@@ -27,16 +33,17 @@ LANGUAGE sql IMMUTABLE SET search_path = {schema}, pg_temp AS $$
         -- CPU seconds: 10 ms to an hour
         WHEN 'cpu' THEN ARRAY[0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600,
                               'Infinity']::float8[]
-        -- peak memory: 1 MiB to 64 GiB, doubling
-        WHEN 'memory' THEN ARRAY(SELECT power(2, e)::float8 FROM generate_series(20, 36) e
-                                 ORDER BY e)
-                           || 'Infinity'::float8
+        -- peak memory: 1 MiB (2^20 bytes) to 64 GiB (2^36), doubling
+        WHEN 'memory' THEN ARRAY[1048576, 2097152, 4194304, 8388608, 16777216, 33554432,
+                                 67108864, 134217728, 268435456, 536870912, 1073741824,
+                                 2147483648, 4294967296, 8589934592, 17179869184,
+                                 34359738368, 68719476736, 'Infinity']::float8[]
     END
 $$;
 
--- The upper bound of the histogram bucket `seconds` falls in.
+-- The upper bound of the histogram bucket `seconds` falls in (NULL for no seconds).
 CREATE OR REPLACE FUNCTION {schema}.jobfence_bucket(kind text, seconds float8) RETURNS float8
-LANGUAGE plpgsql IMMUTABLE SET search_path = {schema}, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE STRICT AS $$
 DECLARE
     bound float8;
 BEGIN
@@ -54,7 +61,7 @@ $$;
 CREATE OR REPLACE FUNCTION {schema}.jobfence_observation(
     p_name text, p_buckets text, p_seconds float8)
 RETURNS TABLE (name text, le float8, value float8)
-LANGUAGE sql IMMUTABLE SET search_path = {schema}, pg_temp AS $$
+LANGUAGE sql IMMUTABLE AS $$
     SELECT p_name, {schema}.jobfence_bucket(p_buckets, greatest(p_seconds, 0)), 1::float8
     UNION ALL
     SELECT p_name || '_sum', 'Infinity'::float8, greatest(p_seconds, 0)

@@ -83,7 +83,7 @@ CREATE TRIGGER jobs_audit_insert AFTER INSERT ON {schema}.jobs
 -- that finished told; what the statement adds to the job metrics.
 CREATE OR REPLACE FUNCTION {schema}.jobfence_audit_update() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp
-SET enable_nestloop = off AS $$
+SET enable_nestloop = off SET jit = off AS $$
 BEGIN
     INSERT INTO {schema}.job_events (job_id, from_status, to_status, attempt_id, reason)
     SELECT n.job_id, o.status, n.status, coalesce(o.attempt_id, n.attempt_id), n.reason
@@ -94,10 +94,12 @@ BEGIN
     WHERE n.status IN ('succeeded', 'failed', 'cancelled');
     PERFORM {schema}.jobfence_ready(array_agg(DISTINCT n.queue)) FROM new_rows n
     WHERE n.status = 'pending';
-    -- What the statement adds to the job metrics, one row per (queue, metric, bucket); no
-    -- join but the one above (this function plans without nested loops). A parent's
-    -- finalization looks up when its last child ended: once per parent, by its children's
-    -- index, in the transaction that finalizes it.
+    -- What the statement adds to the job metrics, one row per (queue, metric, bucket): each
+    -- changed job read once, the rows it adds listed beside it (a lateral VALUES, the one
+    -- nested loop; the transition tables' join plans without, and never JIT-compiled: its
+    -- cost would be the disabled loop's, not the work's). A parent's finalization looks up
+    -- when its last child ended: once per parent, by its children's index, in the
+    -- transaction that finalizes it.
     WITH t AS MATERIALIZED (
         SELECT n.queue, o.status AS was, n.status AS now, n.reason,
                CASE WHEN o.status = 'pending' AND n.status = 'running'
@@ -116,46 +118,36 @@ BEGIN
         WHERE o.status IS DISTINCT FROM n.status
     )
     INSERT INTO {schema}.job_metric_deltas (queue, name, label, le, value)
-    SELECT m.queue, m.name, m.label, m.le, sum(m.value)
-    FROM (
-        SELECT queue, 'finished' AS name, now AS label, 'Infinity'::float8 AS le,
-               1::float8 AS value
-        FROM t WHERE now IN ('succeeded', 'failed', 'cancelled')
-        UNION ALL
-        SELECT queue, 'attempts',
-               CASE WHEN now IN ('succeeded', 'cancelled') THEN now
-                    WHEN reason LIKE 'lease expired%' OR reason LIKE 'worker pod %' THEN 'lost'
-                    WHEN now = 'pending' AND reason = 'worker received SIGTERM'
-                    THEN 'interrupted'
-                    WHEN now = 'pending' THEN 'retried'
-                    ELSE 'failed' END,
-               'Infinity', 1
-        FROM t WHERE was = 'running'
-        UNION ALL
-        SELECT queue, 'wait', '', {schema}.jobfence_bucket('wait', waited), 1
-        FROM t WHERE waited IS NOT NULL
-        UNION ALL
-        SELECT queue, 'wait_sum', '', 'Infinity', waited FROM t WHERE waited IS NOT NULL
-        UNION ALL
-        SELECT queue, 'run', '', {schema}.jobfence_bucket('run', ran), 1
-        FROM t WHERE ran IS NOT NULL
-        UNION ALL
-        SELECT queue, 'run_sum', '', 'Infinity', ran FROM t WHERE ran IS NOT NULL
-        UNION ALL
-        SELECT queue, 'finalize_lag', '', {schema}.jobfence_bucket('lag', finalized_after), 1
-        FROM t WHERE finalized_after IS NOT NULL
-        UNION ALL
-        SELECT queue, 'finalize_lag_sum', '', 'Infinity', finalized_after
-        FROM t WHERE finalized_after IS NOT NULL
-        UNION ALL
+    SELECT t.queue, m.name, m.label, m.le, sum(m.value)
+    FROM t CROSS JOIN LATERAL (VALUES
+        (CASE WHEN t.now IN ('succeeded', 'failed', 'cancelled') THEN 'finished' END,
+         t.now, 'Infinity'::float8, 1::float8),
+        (CASE WHEN t.was = 'running' THEN 'attempts' END,
+         CASE WHEN t.now IN ('succeeded', 'cancelled') THEN t.now
+              WHEN t.reason LIKE 'lease expired%' OR t.reason LIKE 'worker pod %' THEN 'lost'
+              WHEN t.now = 'pending' AND t.reason = 'worker received SIGTERM'
+              THEN 'interrupted'
+              WHEN t.now = 'pending' THEN 'retried'
+              ELSE 'failed' END,
+         'Infinity', 1),
+        (CASE WHEN t.waited IS NOT NULL THEN 'wait' END, '',
+         {schema}.jobfence_bucket('wait', t.waited), 1),
+        (CASE WHEN t.waited IS NOT NULL THEN 'wait_sum' END, '', 'Infinity', t.waited),
+        (CASE WHEN t.ran IS NOT NULL THEN 'run' END, '', {schema}.jobfence_bucket('run', t.ran),
+         1),
+        (CASE WHEN t.ran IS NOT NULL THEN 'run_sum' END, '', 'Infinity', t.ran),
+        (CASE WHEN t.finalized_after IS NOT NULL THEN 'finalize_lag' END, '',
+         {schema}.jobfence_bucket('lag', t.finalized_after), 1),
+        (CASE WHEN t.finalized_after IS NOT NULL THEN 'finalize_lag_sum' END, '', 'Infinity',
+         t.finalized_after),
         -- A worker that stopped an action for going quiet (or past the job's timeout)
         -- gives the job back with that reason: pending for a retry, or failed.
-        SELECT queue, 'stops', CASE reason WHEN 'inactive' THEN 'inactive'
-                                           ELSE 'timed_out' END, 'Infinity', 1
-        FROM t WHERE was = 'running' AND now IN ('pending', 'failed')
-                 AND reason IN ('inactive', 'timed out')
-    ) m
-    GROUP BY m.queue, m.name, m.label, m.le;
+        (CASE WHEN t.was = 'running' AND t.now IN ('pending', 'failed')
+                   AND t.reason IN ('inactive', 'timed out') THEN 'stops' END,
+         CASE t.reason WHEN 'inactive' THEN 'inactive' ELSE 'timed_out' END, 'Infinity', 1)
+    ) AS m (name, label, le, value)
+    WHERE m.name IS NOT NULL
+    GROUP BY t.queue, m.name, m.label, m.le;
     RETURN NULL;
 END
 $$;
