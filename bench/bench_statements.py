@@ -2,13 +2,16 @@
 worker's functions and the audit triggers included, `track = all`) over a run of no-op
 jobs, one worker process at one job at a time and at ten at once. Each row is a statement,
 its calls per job, and its execution time per job; the top-level `SELECT ... FROM
-worker_*()` calls include the time of the statements nested in them."""
+worker_*()` calls include the time of the statements nested in them. With ``--against
+PYTHON`` an earlier checkout (its migrate, its enqueue, its worker) is measured beside this
+one, on the same server: before and after, per statement."""
 
 from __future__ import annotations
 
 import json
 import re
 import subprocess
+from collections.abc import Sequence
 from typing import Any
 
 from bench.common import JOBFENCE, REPO, Bench, Section, create_database
@@ -29,41 +32,62 @@ def short(query: str) -> str:
     return f"`{head[:60]}…`" + (f" ({table.group(1)})" if table else "")
 
 
-def profile(bench: Bench, pg: EmbeddedPostgres, jobs: int,
-            concurrency: int) -> list[tuple[str, float, float]]:
-    dsn = create_database(pg, f"statements_{concurrency}")
+def profile(bench: Bench, pg: EmbeddedPostgres, jobs: int, concurrency: int,
+            command: Sequence[str] = JOBFENCE, tag: str = "") -> dict[str, tuple[float, float]]:
+    """Each statement's calls and execution µs per job over a worker's run of ``jobs``
+    no-op jobs, ``command`` (this checkout's, or an earlier one's) having migrated the
+    database, enqueued them and run the worker."""
+    name = f"statements_{concurrency}{tag}"
+    dsn = create_database(pg, name, migrated=False)
     env = bench.deployed_env(dsn)
+    subprocess.run([*command, "migrate"], env=env, cwd=REPO, capture_output=True, check=True)
     spec = [{"actions": [{"name": "sleep", "params": {"seconds": 0}}]}] * jobs
-    subprocess.run([*JOBFENCE, "enqueue", "--spec", "-"], input=json.dumps(spec), env=env,
+    subprocess.run([*command, "enqueue", "--spec", "-"], input=json.dumps(spec), env=env,
                    cwd=REPO, capture_output=True, text=True, check=True)
-    with connect(pg.url(f"statements_{concurrency}")) as conn:
+    with connect(pg.url(name)) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         conn.execute("SELECT pg_stat_statements_reset()")
-    subprocess.run([*JOBFENCE, "worker", "--max-jobs", str(jobs), "--concurrency",
+    subprocess.run([*command, "worker", "--max-jobs", str(jobs), "--concurrency",
                     str(concurrency)], env=env, cwd=REPO, capture_output=True, check=True)
-    with connect(pg.url(f"statements_{concurrency}")) as conn:
+    with connect(pg.url(name)) as conn:
         rows = conn.execute("""
             SELECT s.query, s.calls, s.total_exec_time
             FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
             WHERE d.datname = current_database()
               AND s.query NOT ILIKE '%%pg_stat_statements%%'
               AND s.query NOT ILIKE '%%jobfence_identity%%'
-            ORDER BY s.total_exec_time DESC LIMIT 10""").fetchall()
-    return [(short(r["query"]), r["calls"] / jobs, r["total_exec_time"] / jobs * 1000)
-            for r in rows]
+            ORDER BY s.total_exec_time DESC LIMIT 12""").fetchall()
+    out: dict[str, tuple[float, float]] = {}
+    for r in rows:
+        calls, us = out.get(short(r["query"]), (0.0, 0.0))
+        out[short(r["query"])] = (calls + r["calls"] / jobs,
+                                  us + r["total_exec_time"] / jobs * 1000)
+    return out
 
 
 def run(bench: Bench) -> Section:
     jobs = 1000 if bench.quick else 4000
+    versions: dict[str, Sequence[str]] = {"": JOBFENCE}
+    if bench.against:
+        versions = {"before": bench.against, "after": JOBFENCE}
+    header = ["jobs at once", "statement"]
+    header += [f"{v + ': ' if v else ''}{c}" for v in versions
+               for c in ("calls per job", "execution µs per job")]
     s = Section("What each per-job write costs the server",
-                "python -m bench.run --only statements",
-                ["jobs at once", "statement", "calls per job", "execution µs per job"])
+                "python -m bench.run --only statements", header)
     with EmbeddedPostgres(durable=True, settings={
             "shared_preload_libraries": "pg_stat_statements",
             "pg_stat_statements.track": "all"}) as pg:
         for c in CONCURRENCY:
-            for name, calls, us in profile(bench, pg, jobs, c):
-                row: list[Any] = [c, name, f"{calls:.2f}", f"{us:.0f}"]
+            seen = {v: profile(bench, pg, jobs, c, command, f"_{i}")
+                    for i, (v, command) in enumerate(versions.items())}
+            names = sorted({n for one in seen.values() for n in one},
+                           key=lambda n: -max(one.get(n, (0, 0))[1] for one in seen.values()))
+            for n in names[:10]:
+                row: list[Any] = [c, n]
+                for one in seen.values():
+                    calls, us = one.get(n, (0.0, 0.0))
+                    row += [f"{calls:.2f}", f"{us:.0f}"] if n in one else ["—", "—"]
                 s.rows.append(row)
     s.notes.append(f"{jobs:,} no-op jobs, one worker process, a durable server. Execution "
                    "time only: a commit (the WAL flush) and the round trip come on top, "
@@ -81,15 +105,23 @@ def run(bench: Bench) -> Section:
                    "and the settling run once per batch, not per job: their calls per job "
                    "fall by the batch size, while the row work (the UPDATEs, one event per "
                    "job) stays.")
-    s.notes.append("What made a job dearer since the first benchmarks, in the order the "
-                   "table shows: the metric deltas in the audit trigger (0015, 0020), "
-                   "settling dependents after every terminal write (0014's read-after-commit "
-                   "rule, a plpgsql call even when nothing waits), and every worker verb "
+    s.notes.append("What made a job dearer since the first benchmarks: the metric deltas in "
+                   "the audit triggers (0015, 0020, 0029), settling dependents after every "
+                   "terminal write (0014's read-after-commit rule), and every worker verb "
                    "becoming a `SECURITY DEFINER` function with a pinned `search_path` "
-                   "(0014, 0019: a function call that PostgreSQL cannot inline, with a "
-                   "setting saved and restored around it). Each protects something (the "
-                   "metrics, the `after` race, least privilege against a hostile login); "
-                   "none is removed. What is fixed is how often they run: batched claims, "
-                   "heartbeats and terminal writes pay them per statement, so a worker "
-                   "running many jobs pays them once per batch.")
+                   "(0014, 0019). Each protects something (the metrics, the `after` race, "
+                   "least privilege against a hostile login); none is removed. What was "
+                   "cut (2026-11-29): the histogram helpers the triggers call "
+                   "(`jobfence_buckets`, `jobfence_bucket`, `jobfence_observation`, "
+                   "`jobfence_usage`) carried a `SET search_path` of their own, which keeps "
+                   "PostgreSQL from inlining a function: each call planned and ran its body "
+                   "as a query of its own, ~100 µs a bucket in a trigger of one job's write "
+                   "(they name every object with the schema and run inside the triggers' "
+                   "pinned path); the single terminal write and the per-action writes were "
+                   "`LANGUAGE sql` definer functions, which PostgreSQL plans at every call "
+                   "(a definer function is never inlined), now PL/pgSQL, planned once per "
+                   "connection; migration 0041 drops three indexes every enqueue or "
+                   "terminal write paid for and no query reads (`jobs_ready`, "
+                   "`jobs_retention_ttl`, `jobs_retention_default`). *before* is the "
+                   "checkout before these changes (cfedcfa), measured in the same run.")
     return s
