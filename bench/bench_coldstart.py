@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from bench.common import JOBFENCE, REPO, Bench, Section
+from bench.common import REPO, Bench, Section
 
 COMMANDS = [["sweeper"], ["reconciliation"], ["lifecycle"], ["export-finalize"],
             ["orphan-cleanup"], ["worker"],
@@ -23,9 +23,7 @@ def run(bench: Bench) -> Section:
     repeat = bench.rounds or repeat
     dsn = bench.database()
     env = bench.env(dsn)
-    versions: dict[str, list[str]] = {"": JOBFENCE}
-    if bench.against:
-        versions = {"before: ": bench.against, "after: ": JOBFENCE}
+    versions = bench.versions()
     base_cmd = [sys.executable, "-c", "import psycopg"]
     cmds = {"python -c \"import psycopg\"": base_cmd,
             **{f"{v}jobfence {' '.join(c)}": [*prefix, *c] for c in COMMANDS

@@ -8,13 +8,12 @@ one, on the same server: before and after, per statement."""
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from collections.abc import Sequence
 from typing import Any
 
-from bench.common import JOBFENCE, REPO, Bench, Section, create_database
+from bench.common import JOBFENCE, REPO, Bench, Section
 from devtools.embedded_pg import EmbeddedPostgres
 from devtools.sqlconn import connect
 
@@ -38,12 +37,7 @@ def profile(bench: Bench, pg: EmbeddedPostgres, jobs: int, concurrency: int,
     no-op jobs, ``command`` (this checkout's, or an earlier one's) having migrated the
     database, enqueued them and run the worker."""
     name = f"statements_{concurrency}{tag}"
-    dsn = create_database(pg, name, migrated=False)
-    env = bench.deployed_env(dsn)
-    subprocess.run([*command, "migrate"], env=env, cwd=REPO, capture_output=True, check=True)
-    spec = [{"actions": [{"name": "sleep", "params": {"seconds": 0}}]}] * jobs
-    subprocess.run([*command, "enqueue", "--spec", "-"], input=json.dumps(spec), env=env,
-                   cwd=REPO, capture_output=True, text=True, check=True)
+    _, env = bench.noop_jobs(pg, name, jobs, command)
     with connect(pg.url(name)) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         conn.execute("SELECT pg_stat_statements_reset()")
@@ -67,12 +61,9 @@ def profile(bench: Bench, pg: EmbeddedPostgres, jobs: int, concurrency: int,
 
 def run(bench: Bench) -> Section:
     jobs = 1000 if bench.quick else 4000
-    versions: dict[str, Sequence[str]] = {"": JOBFENCE}
-    if bench.against:
-        versions = {"before": bench.against, "after": JOBFENCE}
+    versions = bench.versions()
     header = ["jobs at once", "statement"]
-    header += [f"{v + ': ' if v else ''}{c}" for v in versions
-               for c in ("calls per job", "execution µs per job")]
+    header += [f"{v}{c}" for v in versions for c in ("calls per job", "execution µs per job")]
     s = Section("What each per-job write costs the server",
                 "python -m bench.run --only statements", header)
     with EmbeddedPostgres(durable=True, settings={

@@ -89,13 +89,7 @@ def jobfence(bench: Bench, pg: EmbeddedPostgres, procs: int, jobs: int,
     """Jobs per second at the shipped log settings (a line per job at info), and the CPU
     each job cost the workers and the server. ``concurrency`` None: one job per process
     (the default pool), ``procs`` lanes each starting a fresh worker per job."""
-    dsn = create_database(pg, f"jobfence_{procs}_{concurrency or 0}", migrated=False)
-    env = bench.deployed_env(dsn)
-    # Migrated by the checkout measured: its database functions are part of what it is.
-    subprocess.run([*command, "migrate"], env=env, cwd=REPO, capture_output=True, check=True)
-    spec = [{"actions": [{"name": "sleep", "params": {"seconds": 0}}]}] * jobs
-    subprocess.run([*command, "enqueue", "--spec", "-"], input=json.dumps(spec), env=env,
-                   cwd=REPO, capture_output=True, text=True, check=True)
+    dsn, env = bench.noop_jobs(pg, f"jobfence_{procs}_{concurrency or 0}", jobs, command)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     server = server_cpu_seconds(pg)
     if concurrency is None:
@@ -170,9 +164,7 @@ def run(bench: Bench) -> Section:
     rounds = bench.rounds or (1 if bench.quick else 3)
     seconds = 3 if bench.quick else 10
     with_peers = peers_installed()
-    versions: dict[str, Sequence[str]] = {"": JOBFENCE}
-    if bench.against:
-        versions = {"before: ": bench.against, "after: ": JOBFENCE}
+    versions = bench.versions()
     header = ["processes", "pgbench -N tps"]
     header += [f"{v}jobfence {m} jobs/s (vs pgbench)" for v in versions for m in MODES]
     if with_peers:

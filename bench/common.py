@@ -9,6 +9,7 @@ Every figure is reported beside a reference measured in the same run on the same
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -82,6 +83,27 @@ class Bench:
         self.rounds = rounds
         """Alternated rounds where a benchmark takes medians (None: its own default)."""
         self._n = 0
+
+    def versions(self) -> dict[str, Sequence[str]]:
+        """The jobfence commands a benchmark measures, by the prefix of their columns: this
+        checkout's alone, or (``--against``) an earlier one's before it."""
+        if self.against:
+            return {"before: ": self.against, "after: ": JOBFENCE}
+        return {"": JOBFENCE}
+
+    def noop_jobs(self, pg: EmbeddedPostgres, name: str, jobs: int,
+                  command: Sequence[str] = JOBFENCE) -> tuple[str, dict[str, str]]:
+        """A fresh database ``name`` on ``pg`` migrated by ``command`` (a checkout's database
+        functions are part of what it measures) and ``jobs`` no-op jobs enqueued by it; its
+        URL and the deployed environment of a process using it."""
+        dsn = create_database(pg, name, migrated=False)
+        env = self.deployed_env(dsn)
+        subprocess.run([*command, "migrate"], env=env, cwd=REPO, capture_output=True,
+                       check=True)
+        spec = [{"actions": [{"name": "sleep", "params": {"seconds": 0}}]}] * jobs
+        subprocess.run([*command, "enqueue", "--spec", "-"], input=json.dumps(spec), env=env,
+                       cwd=REPO, capture_output=True, text=True, check=True)
+        return dsn, env
 
     def database(self, *, migrated: bool = True) -> str:
         self._n += 1
