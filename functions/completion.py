@@ -20,7 +20,7 @@ from jobfence.commands import COMMANDS
 BATCH = "--batch-size"
 FLAGS: dict[str, str] = {
     "enqueue": "--after --delay --expires-in --idempotency-key --inactivity-timeout --inputs "
-               "--label --max-attempts --priority --queue --resource --run-at --spec "
+               "--group --label --max-attempts --priority --queue --resource --run-at --spec "
                "--timeout --ttl",
     "worker": "--concurrency --idle-seconds --max-jobs --max-seconds --queue",
     "sweeper": BATCH, "reconciliation": BATCH, "orphan-cleanup": BATCH, "lifecycle": BATCH,
@@ -43,7 +43,7 @@ FLAGS: dict[str, str] = {
 """Each command's flags (besides ``--help``)."""
 
 SUBCOMMANDS: dict[str, str] = {
-    "queue": "status pause resume limit",
+    "queue": "status pause resume limit rate fair groups",
     "drain": "on off status",
     "schedule": "add list show pause resume delete",
     "pools": "render",

@@ -39,6 +39,8 @@ def parser() -> cli.Parser:
     p.add_argument("--inputs", metavar="s3://BUCKET/PREFIX")
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--queue", metavar="Q", help="the queue (default: default)")
+    p.add_argument("--group", metavar="G", help="the job's group (tenant, team, customer) "
+                   "within its queue: a queue may limit each group and serve them in turn")
     when = p.add_mutually_exclusive_group()
     when.add_argument("--run-at", metavar="TIMESTAMP",
                       help="not before this RFC 3339 time (2026-11-23T18:00:00Z)")
@@ -56,7 +58,7 @@ def spec_batches_of(argv: list[str]) -> tuple[list[JobSpec], Iterator[list[JobSp
         "priority": args.priority, "after": args.after or None,
         "idempotency_key": args.idempotency_key, "ttl": args.ttl, "timeout": args.timeout,
         "inactivity_timeout": args.inactivity_timeout, "expires_in": args.expires_in,
-        "inputs": args.inputs, "queue": args.queue,
+        "inputs": args.inputs, "queue": args.queue, "group": args.group,
         "run_at": args.run_at, "delay": args.delay,
     }
     if args.spec:

@@ -100,7 +100,7 @@ def _child(parent: NewJob, bucket: str, base: str, keys: list[str]) -> NewJob:
         timeout_seconds=parent.timeout_seconds, waiting=bool(parent.after),
         inputs={"bucket": bucket, "base": base, "keys": keys}, queue=parent.queue,
         run_at=parent.run_at, delay_seconds=parent.delay_seconds,
-        traceparent=parent.traceparent,
+        traceparent=parent.traceparent, group_key=parent.group_key,
     )
 
 

@@ -54,6 +54,18 @@ def queue_name(value: str) -> str:
     return value
 
 
+GROUP_KEY = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.:@/]{0,126}[A-Za-z0-9])?$")
+"""A job's group (the database's jobs_group_key check says the same)."""
+
+
+def group_key(value: str) -> str:
+    """``value`` if it can name a group; ValueError saying what one is otherwise."""
+    if not GROUP_KEY.fullmatch(value):
+        raise ValueError(f"{value[:70]!r} is not a group (1 to 128 letters, digits and "
+                         "'-_.:@/', starting and ending with a letter or a digit)")
+    return value
+
+
 MAX_DURATION = timedelta(days=36_500)
 """100 years: the longest ``ttl``, ``timeout``, ``expires_in`` or ``delay``. Anything longer
 is a mistake, and PostgreSQL's timestamps end in the year 294276."""

@@ -134,13 +134,16 @@ def job_template(spec: JobSpec, name: str, max_attempts: int) -> dict[str, Any]:
     if len(labels) > 64:
         raise InvalidSpec("spec: labels: at most 63 labels (a schedule adds "
                           f"{SCHEDULE_LABEL})")
-    return {"actions": spec.stored_actions(), "resource": spec.resource,
-            "priority": spec.priority, "max_attempts": spec.max_attempts or max_attempts,
-            "labels": labels, "ttl_seconds": seconds(spec.ttl),
-            "timeout_seconds": seconds(spec.timeout),
-            "expires_in_seconds": seconds(spec.expires_in),
-            "spec_hash": spec.fingerprint(), "queue": spec.queue,
-            "delay_seconds": seconds(spec.delay)}
+    job = {"actions": spec.stored_actions(), "resource": spec.resource,
+           "priority": spec.priority, "max_attempts": spec.max_attempts or max_attempts,
+           "labels": labels, "ttl_seconds": seconds(spec.ttl),
+           "timeout_seconds": seconds(spec.timeout),
+           "expires_in_seconds": seconds(spec.expires_in),
+           "spec_hash": spec.fingerprint(), "queue": spec.queue,
+           "delay_seconds": seconds(spec.delay)}
+    if spec.group is not None:  # a schedule stored before groups has none
+        job["group_key"] = spec.group
+    return job
 
 
 def schedule_spec(data: object) -> tuple[JobSpec, dict[str, Any]]:

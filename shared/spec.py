@@ -34,6 +34,7 @@ from jobfence.limits import (
     MAX_SPEC_BYTES,
     Unstorable,
     check_structure,
+    group_key,
     queue_name,
 )
 
@@ -83,6 +84,7 @@ class JobSpec(BaseModel):
     inputs: InputsSpec | None = None
     labels: dict[str, str] = Field(default_factory=dict, max_length=64)
     queue: str = "default"
+    group: str | None = None
     run_at: AwareDatetime | None = None
     delay: Duration | None = None
 
@@ -90,6 +92,11 @@ class JobSpec(BaseModel):
     @classmethod
     def _queue_name(cls, value: str) -> str:
         return queue_name(value)
+
+    @field_validator("group")
+    @classmethod
+    def _group_key(cls, value: str | None) -> str | None:
+        return None if value is None else group_key(value)
 
     @field_validator("run_at", mode="wrap")
     @classmethod
@@ -157,7 +164,8 @@ class JobSpec(BaseModel):
     def fingerprint(self) -> str:
         """Hash of everything but the idempotency key: a repeated key must carry the
         same spec, or it is a conflict."""
-        body = self.model_dump(mode="json", exclude={"idempotency_key"})
+        body = self.model_dump(mode="json", exclude={"idempotency_key"} | (
+            {"group"} if self.group is None else set()))  # as before groups were
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 

@@ -8,14 +8,14 @@ from typing import Any
 from uuid import UUID
 
 from jobfence.store import TERMINAL, Store
-from jobfence.store.types import ActionResult, JobEvent, JobRow, QueueStatus
+from jobfence.store.types import ActionResult, GroupStatus, JobEvent, JobRow, QueueStatus
 from jobfence.terminal import harmless
 
 _FIELDS = (
     "job_id", "status", "attempt_count", "max_attempts", "resource", "priority", "reason",
     "error", "created_at", "started_at", "finished_at", "claimed_by", "attempt_id",
     "parent_id", "labels", "idempotency_key", "ttl", "timeout", "expires_at", "manifest",
-    "interruptions", "snoozes", "queue", "run_at", "stopping_until",
+    "interruptions", "snoozes", "queue", "group", "run_at", "stopping_until",
 )
 
 
@@ -148,7 +148,8 @@ def render_text(view: dict[str, Any]) -> str:
     """A person's view of one job."""
     lines = [f"job {view['job_id']}  {view['status'].upper()}  "
              f"(attempt {view['attempt_count']}/{view['max_attempts']})"]
-    facts = [("queue", view["queue"]), ("resource", view["resource"]),
+    facts = [("queue", view["queue"]), ("group", view["group"]),
+             ("resource", view["resource"]),
              ("priority", view["priority"]), ("scheduled for", view["run_at"]),
              ("parent", view["parent_id"]), ("claimed by", view["claimed_by"]
                                                  if view["status"] == "running" else None),
@@ -221,6 +222,11 @@ def queue_view(row: QueueStatus) -> dict[str, Any]:
     view["rate"] = None if limit is None else {
         "limit": limit, "period_seconds": period, "started": started}
     return view
+
+
+def group_view(row: GroupStatus) -> dict[str, Any]:
+    """One group of a queue as the CLI, the API and the console show it."""
+    return row._asdict()
 
 
 def empty_queue_view(queue: str) -> dict[str, Any]:

@@ -13,7 +13,8 @@
 
 -- Claim up to p_limit ready jobs of a queue in one statement: fresh fence, lease,
 -- attempt_count + 1 (SKIP LOCKED; nothing while draining or the queue is paused; a
--- queue's limit on running jobs, and its rate, held by a transaction lock taken here).
+-- queue's limit on running jobs, its rate, its limit on each group's running jobs and its
+-- round-robin across groups, held by a transaction lock taken here).
 -- p_claim_id names the claim (a fresh uuid per statement, the worker's own): a claim whose
 -- answer was lost is given back by it (worker_release_claim).
 CREATE OR REPLACE FUNCTION {schema}.worker_claim(p_queue text, p_worker_id text,
@@ -27,16 +28,18 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
 DECLARE
     settings record;
     room integer := p_limit;
+    picked uuid[];
 BEGIN
     PERFORM {schema}.jobfence_check_bounds('lease_seconds', p_lease_seconds, 0.001, 86400);
     PERFORM {schema}.jobfence_check_bounds('limit', p_limit, 1, 1000);
-    SELECT q.max_running, q.rate_limit, q.rate_period INTO settings
-    FROM {schema}.queues q WHERE q.name = p_queue;
-    IF settings.max_running IS NOT NULL OR settings.rate_limit IS NOT NULL THEN
+    SELECT q.max_running, q.rate_limit, q.rate_period, q.group_limit, q.fair, q.paused
+    INTO settings FROM {schema}.queues q WHERE q.name = p_queue;
+    IF settings.max_running IS NOT NULL OR settings.rate_limit IS NOT NULL
+       OR settings.group_limit IS NOT NULL OR settings.fair THEN
         PERFORM pg_advisory_xact_lock(27238, hashtext(current_schema() || ':queue:' || p_queue));
         -- Read again under the lock: a rate set meanwhile counts from now on.
-        SELECT q.max_running, q.rate_limit, q.rate_period INTO settings
-        FROM {schema}.queues q WHERE q.name = p_queue;
+        SELECT q.max_running, q.rate_limit, q.rate_period, q.group_limit, q.fair, q.paused
+        INTO settings FROM {schema}.queues q WHERE q.name = p_queue;
     END IF;
     IF settings.rate_limit IS NOT NULL THEN
         DELETE FROM {schema}.queue_starts s
@@ -58,10 +61,21 @@ BEGIN
     IF room = 0 THEN
         RETURN;
     END IF;
+    IF settings.group_limit IS NOT NULL OR settings.fair THEN
+        IF settings.paused OR (SELECT k.draining FROM {schema}.jobfence_control k) THEN
+            RETURN;
+        END IF;
+        picked := {schema}.jobfence_pick_groups(p_queue, room, settings.group_limit,
+                                                settings.fair);
+        IF cardinality(picked) = 0 THEN
+            RETURN;
+        END IF;
+    END IF;
     RETURN QUERY
     WITH candidate AS (
         SELECT c.job_id FROM {schema}.jobs c
-        WHERE c.status = 'pending' AND c.queue = p_queue AND c.visible_at <= now()
+        WHERE picked IS NULL
+          AND c.status = 'pending' AND c.queue = p_queue AND c.visible_at <= now()
           AND c.stopping_attempt_id IS NULL
           AND NOT (SELECT k.draining FROM {schema}.jobfence_control k)
           AND NOT coalesce((SELECT q.paused FROM {schema}.queues q WHERE q.name = p_queue),
@@ -83,7 +97,7 @@ BEGIN
             run_deadline_at = now() + j.timeout,
             started_at = coalesce(j.started_at, now()),
             reason = 'claimed by ' || p_worker_id
-        WHERE j.job_id = ANY(ARRAY(SELECT c.job_id FROM candidate c))
+        WHERE j.job_id = ANY(coalesce(picked, ARRAY(SELECT c.job_id FROM candidate c)))
           AND j.attempt_count < j.max_attempts
         RETURNING j.job_id, j.attempt_id, j.attempt_count, j.max_attempts, j.actions,
             j.inputs, j.parent_id, j.visible_at, j.run_deadline_at,
@@ -96,6 +110,124 @@ BEGIN
     SELECT c.job_id, c.attempt_id, c.attempt_count, c.max_attempts, c.actions, c.inputs,
         c.parent_id, c.visible_at, c.run_deadline_at, c.given_back FROM claimed c;
 END;
+$$;
+
+-- The ready jobs a claim of a queue with groups takes (at most p_room of them, locked):
+-- each group at most its limit's room (p_group_limit less its running jobs and attempts
+-- still stopping; the jobs without a group are one group, ''), and in turn:
+-- * fair: round-robin, one job of each group at a time (its next in priority order), from
+--   the group after the one the last fair claim served (queues.fair_cursor, moved here),
+--   round again while any group gave one — visits a group per job taken, and past the
+--   groups at their limit;
+-- * not fair: the queue's order (priority, then readiness) across every group with room —
+--   looks at each group with ready work.
+-- Walks jobs_ready_group a group at a time. Run only by worker_claim, under the queue's
+-- lock: no claim of the queue runs beside it.
+CREATE OR REPLACE FUNCTION {schema}.jobfence_pick_groups(
+    p_queue text, p_room integer, p_group_limit integer, p_fair boolean)
+RETURNS uuid[]
+LANGUAGE plpgsql SET search_path = {schema}, pg_temp AS $$
+DECLARE
+    picked uuid[] := '{{}}';
+    job uuid;
+    g text;
+    first text;
+    served text;
+    gave boolean := false;
+    room jsonb := '{{}}';
+BEGIN
+    IF NOT p_fair THEN
+        picked := ARRAY(
+            WITH RECURSIVE groups (g) AS (
+                (SELECT coalesce(j.group_key, '') FROM {schema}.jobs j
+                 WHERE j.status = 'pending' AND j.queue = p_queue
+                 ORDER BY coalesce(j.group_key, '') LIMIT 1)
+                UNION ALL
+                SELECT (SELECT coalesce(j.group_key, '') FROM {schema}.jobs j
+                        WHERE j.status = 'pending' AND j.queue = p_queue
+                          AND coalesce(j.group_key, '') > s.g
+                        ORDER BY coalesce(j.group_key, '') LIMIT 1)
+                FROM groups s WHERE s.g IS NOT NULL
+            )
+            SELECT c.job_id FROM groups s
+            CROSS JOIN LATERAL (
+                SELECT j.job_id, j.priority, j.visible_at FROM {schema}.jobs j
+                WHERE j.status = 'pending' AND j.queue = p_queue
+                  AND coalesce(j.group_key, '') = s.g
+                  AND j.visible_at <= now() AND j.stopping_attempt_id IS NULL
+                ORDER BY j.priority DESC, j.visible_at
+                LIMIT least(p_room, {schema}.jobfence_group_room(p_queue, s.g, p_group_limit))
+            ) c
+            WHERE s.g IS NOT NULL
+            ORDER BY c.priority DESC, c.visible_at
+            LIMIT p_room);
+        -- Locked now; one another verb holds is left for the next claim.
+        RETURN ARRAY(SELECT j.job_id FROM {schema}.jobs j
+                     WHERE j.job_id = ANY(picked) AND j.status = 'pending'
+                     FOR UPDATE SKIP LOCKED);
+    END IF;
+    SELECT q.fair_cursor INTO g FROM {schema}.queues q WHERE q.name = p_queue;
+    LOOP
+        -- The next group with pending jobs after g, round again after the last.
+        IF g IS NOT NULL THEN
+            g := (SELECT coalesce(j.group_key, '') FROM {schema}.jobs j
+                  WHERE j.status = 'pending' AND j.queue = p_queue
+                    AND coalesce(j.group_key, '') > g
+                  ORDER BY coalesce(j.group_key, '') LIMIT 1);
+        END IF;
+        IF g IS NULL THEN
+            g := (SELECT coalesce(j.group_key, '') FROM {schema}.jobs j
+                  WHERE j.status = 'pending' AND j.queue = p_queue
+                  ORDER BY coalesce(j.group_key, '') LIMIT 1);
+        END IF;
+        EXIT WHEN g IS NULL;  -- nothing pending
+        IF g = first THEN
+            EXIT WHEN NOT gave;  -- a whole round gave nothing
+            gave := false;
+        END IF;
+        first := coalesce(first, g);
+        IF NOT room ? g THEN
+            room := room || jsonb_build_object(
+                g, {schema}.jobfence_group_room(p_queue, g, p_group_limit));
+        END IF;
+        CONTINUE WHEN (room ->> g)::integer <= 0;
+        SELECT j.job_id INTO job FROM {schema}.jobs j
+        WHERE j.status = 'pending' AND j.queue = p_queue AND coalesce(j.group_key, '') = g
+          AND j.visible_at <= now() AND j.stopping_attempt_id IS NULL
+          AND j.job_id <> ALL(picked)
+        ORDER BY j.priority DESC, j.visible_at
+        LIMIT 1 FOR UPDATE SKIP LOCKED;
+        IF job IS NULL THEN
+            room := jsonb_set(room, ARRAY[g], '0');
+            CONTINUE;
+        END IF;
+        picked := picked || job;
+        served := g;
+        gave := true;
+        room := jsonb_set(room, ARRAY[g], to_jsonb((room ->> g)::integer - 1));
+        EXIT WHEN cardinality(picked) >= p_room;
+    END LOOP;
+    IF served IS NOT NULL THEN
+        UPDATE {schema}.queues q SET fair_cursor = served WHERE q.name = p_queue;
+    END IF;
+    RETURN picked;
+END;
+$$;
+
+-- How many more of a group's jobs may run (its limit less its running jobs and its
+-- attempts still stopping); no limit: as many as a claim may take.
+CREATE OR REPLACE FUNCTION {schema}.jobfence_group_room(
+    p_queue text, p_group text, p_group_limit integer)
+RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN p_group_limit IS NULL THEN 1000 ELSE greatest(0, p_group_limit - (
+        SELECT count(*) FROM {schema}.jobs r
+        WHERE r.status = 'running' AND r.queue = p_queue AND NOT r.is_parent
+          AND coalesce(r.group_key, '') = p_group)::integer
+        - (SELECT count(*) FROM {schema}.jobs s
+           WHERE s.stopping_attempt_id IS NOT NULL AND s.queue = p_queue
+             AND coalesce(s.group_key, '') = p_group
+             AND s.stopping_until > clock_timestamp())::integer) END;
 $$;
 
 -- How long until the next job of a queue that is not ready yet becomes ready (seconds from

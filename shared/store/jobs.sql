@@ -14,7 +14,7 @@ WITH inserted AS (
     INSERT INTO {schema}.jobs (
         job_id, status, actions, resource, priority, max_attempts, visible_at, parent_id,
         is_parent, inputs, labels, ttl, timeout, expires_at, idempotency_key, spec_hash,
-        reason, started_at, queue, run_at, traceparent
+        reason, started_at, queue, run_at, traceparent, group_key
     )
     SELECT
         x.job_id, x.status, x.actions, x.resource, x.priority, x.max_attempts,
@@ -23,13 +23,14 @@ WITH inserted AS (
         make_interval(secs => x.ttl_seconds), make_interval(secs => x.timeout_seconds),
         now() + make_interval(secs => x.expires_in_seconds),
         x.idempotency_key, x.spec_hash, 'enqueued',
-        CASE WHEN x.status = 'running' THEN now() END, x.queue, s.run_at, x.traceparent
+        CASE WHEN x.status = 'running' THEN now() END, x.queue, s.run_at, x.traceparent,
+        x.group_key
     FROM jsonb_to_recordset(%(jobs)s::jsonb) AS x (
         job_id uuid, status text, actions jsonb, resource text, priority integer,
         max_attempts integer, parent_id uuid, is_parent boolean, inputs jsonb, labels jsonb,
         ttl_seconds float8, timeout_seconds float8, expires_in_seconds float8,
         idempotency_key text, spec_hash text, queue text, run_at timestamptz,
-        delay_seconds float8, traceparent text
+        delay_seconds float8, traceparent text, group_key text
     )
     CROSS JOIN LATERAL (SELECT coalesce(x.run_at,
                                         now() + make_interval(secs => x.delay_seconds)) AS run_at) s
@@ -62,7 +63,7 @@ SELECT job_id, status, actions, resource, priority, max_attempts, attempt_count,
     manifest, created_at, started_at, finished_at, interruptions, snoozes, queue, run_at,
     CASE WHEN stopping_until > clock_timestamp() THEN stopping_until END AS stopping_until,
     ARRAY(SELECT depends_on FROM {schema}.job_dependencies d WHERE d.job_id = jobs.job_id) AS after,
-    run
+    run, group_key AS "group"
 FROM {schema}.jobs WHERE job_id = %(job_id)s;
 
 -- page --
@@ -76,7 +77,7 @@ SELECT job_id, status, actions, resource, priority, max_attempts, attempt_count,
     manifest, created_at, started_at, finished_at, interruptions, snoozes, queue, run_at,
     CASE WHEN stopping_until > clock_timestamp() THEN stopping_until END AS stopping_until,
     ARRAY(SELECT depends_on FROM {schema}.job_dependencies d WHERE d.job_id = jobs.job_id) AS after,
-    run
+    run, group_key AS "group"
 FROM {schema}.jobs
 WHERE (%(status)s::text IS NULL OR status = %(status)s)
   AND (%(resource)s::text IS NULL OR resource = %(resource)s)

@@ -66,3 +66,35 @@ BEGIN
     RETURN name;
 END;
 $$;
+
+-- Set a queue's limit on each group's running jobs (p_set_group_limit; NULL: none) or its
+-- round-robin across groups (p_fair, when given), recorded. Turning round-robin on starts
+-- it from the first group.
+CREATE OR REPLACE FUNCTION {schema}.operator_queue_groups(
+    p_queue text, p_set_group_limit boolean, p_group_limit integer, p_fair boolean,
+    p_actor text)
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
+DECLARE
+    name text;
+BEGIN
+    IF p_set_group_limit AND p_group_limit IS NOT NULL THEN
+        PERFORM {schema}.jobfence_check_bounds('group limit', p_group_limit, 0, 1000000);
+    END IF;
+    INSERT INTO {schema}.queues AS q (name, group_limit, fair, changed_at)
+    VALUES (p_queue, CASE WHEN p_set_group_limit THEN p_group_limit END,
+            coalesce(p_fair, false), now())
+    ON CONFLICT ON CONSTRAINT queues_pkey DO UPDATE SET
+        group_limit = CASE WHEN p_set_group_limit THEN p_group_limit ELSE q.group_limit END,
+        fair = coalesce(p_fair, q.fair),
+        fair_cursor = CASE WHEN p_fair AND NOT q.fair THEN NULL ELSE q.fair_cursor END,
+        changed_at = now()
+    RETURNING q.name INTO name;
+    INSERT INTO {schema}.control_events (actor, action, subject, detail)
+    VALUES (p_actor, CASE WHEN p_set_group_limit THEN 'queue_group_limit' ELSE 'queue_fair' END,
+            p_queue, CASE WHEN p_set_group_limit
+                          THEN jsonb_build_object('group_limit', p_group_limit)
+                          ELSE jsonb_build_object('fair', p_fair) END);
+    RETURN name;
+END;
+$$;

@@ -1,8 +1,9 @@
 """Queues: each kind of work in its own queue, served by its own pool of worker pods. The
 count each pool's KEDA trigger reads, each queue's state, and a queue's settings: paused (it still
 accepts enqueues, claims nothing, its trigger reads 0; running jobs finish), a limit on
-its running jobs across every pod, and a rate (at most N starts in any window of a period),
-both enforced by the claim (``worker_claim``)."""
+its running jobs across every pod, a rate (at most N starts in any window of a period), a
+limit on each group's (tenant's) running jobs and claims round-robin across groups, all
+enforced by the claim (``worker_claim``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import LiteralString
 
 from jobfence import db
 from jobfence.store.base import Noun
-from jobfence.store.types import QueueStatus
+from jobfence.store.types import GroupStatus, QueueStatus
 
 
 @cache
@@ -55,3 +56,17 @@ class Queues(Noun):
         """Set ``queue``'s rate (None, None: remove it), recorded with ``actor``."""
         self._execute("rate", {"queue": queue, "rate_limit": rate_limit,
                                "period_seconds": period_seconds, "actor": actor})
+
+    def groups(self, queue: str, limit: int = 1000) -> list[GroupStatus]:
+        """``queue``'s groups that have active jobs, the most active first."""
+        return self._rows("groups", {"queue": queue, "limit": limit}, GroupStatus)
+
+    def set_groups(self, queue: str, *, group_limit: int | None = None,
+                   set_group_limit: bool = False, fair: bool | None = None,
+                   actor: str | None = None) -> None:
+        """Set (``set_group_limit``; None: none) the limit on each of ``queue``'s groups'
+        running jobs, or turn its round-robin across groups on or off (``fair``); recorded
+        with ``actor``."""
+        self._execute("set_groups", {"queue": queue, "set_group_limit": set_group_limit,
+                                     "group_limit": group_limit, "fair": fair,
+                                     "actor": actor})

@@ -118,8 +118,8 @@ GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {reader}, {maintainer}, {operat
 -- scaler: KEDA's login (the TriggerAuthentication's Secret). The pools' trigger query and
 -- nothing else: the columns it reads, no job's actions, results, fence or audit trail.
 GRANT SELECT (draining) ON {schema}.jobfence_control TO {scaler};
-GRANT SELECT (name, paused, max_running) ON {schema}.queues TO {scaler};
-GRANT SELECT (status, queue, visible_at, is_parent) ON {schema}.jobs TO {scaler};
+GRANT SELECT (name, paused, max_running, group_limit) ON {schema}.queues TO {scaler};
+GRANT SELECT (status, queue, visible_at, is_parent, group_key) ON {schema}.jobs TO {scaler};
 
 -- operator: enqueue (with `after`) inserts jobs born fresh (jobs_born_fresh); cancel,
 -- retry, queues, drain and manual triggers only through their functions, each doing what
@@ -136,6 +136,7 @@ GRANT EXECUTE ON FUNCTION {schema}.resolve_waiting(uuid[]),
     {schema}.operator_retry(uuid, text),
     {schema}.operator_configure_queue(text, boolean, boolean, integer, text, text),
     {schema}.operator_queue_rate(text, integer, float8, text),
+    {schema}.operator_queue_groups(text, boolean, integer, boolean, text),
     {schema}.operator_set_drain(boolean, text, text),
     {schema}.operator_trigger_request(text, text, text, float8),
     {schema}.operator_trigger_outcome(bigint, text, text),

@@ -19,7 +19,7 @@ LANGUAGE plpgsql STABLE SET search_path = {schema}, pg_temp AS $$
 DECLARE
     spec_keys constant text[] := ARRAY['actions', 'resource', 'max_attempts', 'priority',
         'after', 'idempotency_key', 'ttl', 'timeout', 'inactivity_timeout', 'expires_in',
-        'inputs', 'labels', 'queue', 'run_at', 'delay'];
+        'inputs', 'labels', 'queue', 'run_at', 'delay', 'group'];
     job_keys constant text[] := ARRAY['actions', 'resource', 'priority', 'max_attempts',
         'labels', 'ttl_seconds', 'timeout_seconds', 'expires_in_seconds', 'spec_hash',
         'queue', 'delay_seconds'];
@@ -45,7 +45,7 @@ BEGIN
             RETURN format('spec: %s: a schedule''s job cannot have it', k);
         END IF;
     END LOOP;
-    IF (SELECT array_agg(x ORDER BY x) FROM jsonb_object_keys(p_job) x)
+    IF (SELECT array_agg(x ORDER BY x) FROM jsonb_object_keys(p_job) x WHERE x <> 'group_key')
        IS DISTINCT FROM (SELECT array_agg(x ORDER BY x) FROM unnest(job_keys) x) THEN
         RETURN 'job: not the template jobfence makes from a spec (its fields differ)';
     END IF;
@@ -103,6 +103,12 @@ BEGIN
        OR p_job ->> 'queue' !~ '^[a-z0-9]([-a-z0-9]{{0,61}}[a-z0-9])?$'
        OR p_job -> 'queue' <> coalesce(p_spec -> 'queue', '"default"') THEN
         RETURN 'queue: not the spec''s, or not a queue name';
+    END IF;
+    IF coalesce(p_job -> 'group_key', 'null') IS DISTINCT FROM coalesce(p_spec -> 'group', 'null')
+       OR (p_job ? 'group_key' AND (jsonb_typeof(p_job -> 'group_key') <> 'string'
+           OR p_job ->> 'group_key' !~ '^[A-Za-z0-9]([-A-Za-z0-9_.:@/]{{0,126}}[A-Za-z0-9])?$'))
+    THEN
+        RETURN 'group: not the spec''s, or not a group';
     END IF;
     IF jsonb_typeof(p_job -> 'labels') IS DISTINCT FROM 'object'
        OR p_job -> 'labels' <> coalesce(p_spec -> 'labels', '{{}}')
@@ -265,7 +271,7 @@ BEGIN
         INSERT INTO {schema}.jobs AS n (
             job_id, status, actions, resource, priority, max_attempts, visible_at, labels,
             ttl, timeout, expires_at, idempotency_key, spec_hash, reason, queue, run_at,
-            traceparent)
+            traceparent, group_key)
         SELECT m.job_id, 'pending', x.actions, x.resource, x.priority, x.max_attempts,
             coalesce(now() + make_interval(secs => x.delay_seconds), now()),
             coalesce(x.labels, '{{}}'::jsonb),
@@ -275,12 +281,14 @@ BEGIN
                 || to_char(m.tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
             x.spec_hash, 'schedule ' || m.name || ', tick '
                 || to_char(m.tick AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
-            x.queue, now() + make_interval(secs => x.delay_seconds), m.traceparent
+            x.queue, now() + make_interval(secs => x.delay_seconds), m.traceparent,
+            x.group_key
         FROM moved m
         CROSS JOIN LATERAL jsonb_to_record(m.job) AS x (
             actions jsonb, resource text, priority integer, max_attempts integer,
             labels jsonb, ttl_seconds float8, timeout_seconds float8,
-            expires_in_seconds float8, spec_hash text, queue text, delay_seconds float8)
+            expires_in_seconds float8, spec_hash text, queue text, delay_seconds float8,
+            group_key text)
         -- Any unique index: the tick's idempotency key, or the resource held by an active
         -- job (then the tick is skipped, as a CronJob with concurrencyPolicy Forbid does).
         ON CONFLICT DO NOTHING

@@ -42,6 +42,7 @@ class NewJob(NamedTuple):
     delay_seconds: float | None = None
     traceparent: str | None = None
     """The W3C traceparent of the enqueue (jobfence.tracing); a datum's, its parent's."""
+    group_key: str | None = None
 
     @property
     def status(self) -> str:
@@ -92,7 +93,7 @@ class NewJob(NamedTuple):
 
 
 _SOMETIMES = ("resource", "inputs", "ttl_seconds", "timeout_seconds", "expires_in_seconds",
-              "idempotency_key", "spec_hash", "delay_seconds", "traceparent")
+              "idempotency_key", "spec_hash", "delay_seconds", "traceparent", "group_key")
 """The fields of a new job's row written only when set."""
 
 
@@ -240,6 +241,8 @@ class JobRow(NamedTuple):
     after: list[UUID]
     run: int = 0
     """The job's run: 0 for the one its enqueue began, one more for each operator retry."""
+    group: str | None = None
+    """The job's group (tenant) within its queue; None when it has none."""
 
     @property
     def terminal(self) -> bool:
@@ -320,6 +323,20 @@ class QueueStatus(NamedTuple):
     rate_limit: int | None = None
     rate_period_seconds: float | None = None
     rate_started: int | None = None
+    # At most group_limit running jobs of each group (tenant); fair: round-robin across groups
+    group_limit: int | None = None
+    fair: bool = False
+
+
+class GroupStatus(NamedTuple):
+    """One group (tenant) of a queue and its active jobs; ``group`` None for the jobs
+    without one."""
+
+    group: str | None
+    pending: int
+    scheduled: int
+    running: int
+    waiting: int
 
 
 class FunctionTrigger(NamedTuple):
