@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devtools.audit import queue_limit_violations
+from devtools.audit import group_limit_violations, queue_limit_violations
 from jobfence.db import Connection
 from jobfence.objectstore import ObjectStore, parse_s3_url
 
@@ -127,6 +127,8 @@ def check_database(conn: Connection) -> list[Verdict]:
         out.append(Verdict(name, [dict(r) for r in rows]))
     out.append(Verdict("a queue's limit on running jobs is never exceeded (invariant 10)",
                        queue_limit_violations(conn)))
+    out.append(Verdict("a queue's limit on each group's running jobs is never exceeded",
+                       group_limit_violations(conn)))
     return out
 
 

@@ -19,7 +19,7 @@ WITH ev AS (
     SELECT e.job_id, e.event_id, e.to_status, e.attempt_id,
            lead(e.event_id) OVER (PARTITION BY e.job_id ORDER BY e.event_id) AS next_id
     FROM job_events e)
-SELECT j.queue, ev.job_id, ev.event_id AS claim_id,
+SELECT j.queue, j.group_key, ev.job_id, ev.event_id AS claim_id,
        coalesce(ev.next_id, 9223372036854775807) AS end_id
 FROM ev JOIN jobs j ON j.job_id = ev.job_id
 WHERE ev.to_status = 'running' AND ev.attempt_id IS NOT NULL AND NOT j.is_parent
@@ -35,6 +35,26 @@ HAVING count(*) > q.max_running
 LIMIT 5
 """
 
+GROUP_LIMIT_VIOLATIONS = f"""
+WITH w AS ({CLAIM_WINDOWS})
+SELECT c.queue, c.group_key, c.job_id, count(*) AS running, q.group_limit FROM w c
+JOIN queues q ON q.name = c.queue AND q.group_limit IS NOT NULL
+JOIN w o ON o.queue = c.queue AND o.group_key IS NOT DISTINCT FROM c.group_key
+    AND o.claim_id <= c.claim_id AND o.end_id > c.claim_id
+GROUP BY c.queue, c.group_key, c.job_id, c.claim_id, q.group_limit
+HAVING count(*) > q.group_limit
+LIMIT 5
+"""
+
+MOST_RUNNING_IN_GROUP = f"""
+WITH w AS ({CLAIM_WINDOWS})
+SELECT coalesce(max(n), 0) AS most FROM (
+    SELECT count(*) AS n FROM w c
+    JOIN w o ON o.queue = c.queue AND o.group_key IS NOT DISTINCT FROM c.group_key
+        AND o.claim_id <= c.claim_id AND o.end_id > c.claim_id
+    WHERE c.queue = %s AND c.group_key IS NOT DISTINCT FROM %s GROUP BY c.claim_id) t
+"""
+
 MOST_RUNNING = f"""
 WITH w AS ({CLAIM_WINDOWS})
 SELECT coalesce(max(n), 0) AS most FROM (
@@ -47,6 +67,18 @@ SELECT coalesce(max(n), 0) AS most FROM (
 def queue_limit_violations(conn: Connection) -> list[dict[str, Any]]:
     """Claims that found more running jobs of their queue than its limit (a few)."""
     return [dict(r) for r in conn.execute(QUEUE_LIMIT_VIOLATIONS).fetchall()]
+
+
+def group_limit_violations(conn: Connection) -> list[dict[str, Any]]:
+    """Claims that found more running jobs of their group than its queue's limit on each
+    group (a few); the jobs without a group are one group."""
+    return [dict(r) for r in conn.execute(GROUP_LIMIT_VIOLATIONS).fetchall()]
+
+
+def most_running_in_group(conn: Connection, queue: str, group: str | None) -> int:
+    """The most claims of ``group`` of ``queue`` ever open at once, from the audit trail."""
+    row = conn.execute(MOST_RUNNING_IN_GROUP, (queue, group)).fetchone()
+    return int(row["most"]) if row else 0
 
 
 def most_running(conn: Connection, queue: str) -> int:

@@ -6,6 +6,7 @@ duration or queue name is exit 2 with nothing written."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools.audit import group_limit_violations
 from devtools.sqlconn import connect
 from tests.support import run_cli
 from tests.support.procs import (
@@ -229,7 +231,9 @@ def test_eight_draining_workers_never_start_more_than_the_rate_in_a_window(dsn: 
     ("rate", "exports", "5/PT0.5S"), ("rate", "exports", "5/P2D"), ("rate", "exports"),
     ("pause", "Not_A_Queue"), ("limit", "exports", "-1"), ("limit", "exports", "two"),
     ("limit", "exports", "1000001"), ("limit", "exports"), ("resume",), ("status", "a" * 64),
-    ("stop", "exports"),
+    ("stop", "exports"), ("fair", "exports", "maybe"), ("fair", "exports"),
+    ("limit", "exports", "-1", "--per-group"), ("limit", "exports", "x", "--per-group"),
+    ("groups",), ("groups", "Not_A_Queue"),
 ])
 def test_bad_queue_commands_are_exit_2_and_write_nothing(dsn: str,
                                                          args: tuple[str, ...]) -> None:
@@ -238,6 +242,39 @@ def test_bad_queue_commands_are_exit_2_and_write_nothing(dsn: str,
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert r.stderr.strip().splitlines()[-1].startswith("jobfence: error:"), r.stderr
     assert table_counts(dsn) == before
+
+
+# -- groups ---------------------------------------------------------------------------------
+
+def test_groups_are_set_shown_and_served_in_turn(dsn: str) -> None:
+    """A tenant's backlog and another's two jobs after it, each tenant limited to one
+    running job and served in turn: `queue groups` shows each, `status` a job's group, and
+    a draining worker's first claim takes one job of each tenant; never two of one running."""
+    for _ in range(6):
+        enqueue(dsn, QUICK, "--queue", "tenants", "--group", "acme")
+    late = [enqueue(dsn, QUICK, "--queue", "tenants", "--group", "globex") for _ in range(2)]
+    r = run_cli(dsn, "queue", "limit", "tenants", "1", "--per-group")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"queue": "tenants", "paused": False, "limit": None,
+                                    "pending": 8, "scheduled": 0, "running": 0}
+    assert run_cli(dsn, "queue", "fair", "tenants", "on").returncode == 0
+    text = run_cli(dsn, "queue", "status", "tenants").stdout
+    assert "PER GROUP" in text and re.search(r"tenants +active +- +1 +on ", text), text
+    groups = json.loads(run_cli(dsn, "queue", "groups", "tenants", "-o", "json").stdout)
+    assert groups == {"queue": "tenants", "groups": [
+        {"group": "acme", "pending": 6, "scheduled": 0, "running": 0, "waiting": 0},
+        {"group": "globex", "pending": 2, "scheduled": 0, "running": 0, "waiting": 0}]}
+    assert json.loads(run_cli(dsn, "status", late[0], "-o", "json").stdout)["group"] \
+        == "globex"
+    assert "group: globex" in run_cli(dsn, "status", late[0]).stdout
+    assert report(dsn, "--queue", "tenants", "--max-jobs", "8", "--concurrency", "2",
+                  "--idle-seconds", "5")["claimed"] == 8
+    with connect(dsn) as conn:
+        claims = [str(r["job_id"]) for r in conn.execute(
+            "SELECT e.job_id FROM jobfence.job_events e JOIN jobfence.jobs j USING (job_id) "
+            "WHERE j.queue = 'tenants' AND e.to_status = 'running' ORDER BY e.event_id")]
+        assert group_limit_violations(conn) == []
+    assert set(claims[:2]) & set(late), claims  # the first claim took one of each
 
 
 # -- scheduled jobs -------------------------------------------------------------------------
@@ -277,7 +314,9 @@ def test_a_delayed_job_in_a_spec(dsn: str) -> None:
     ("--run-at", "2026-13-01T00:00:00Z"), ("--run-at", "1700000000"),
     ("--run-at", "2226-01-01T00:00:00Z"), ("--delay", "10 minutes"), ("--delay", "-PT1M"),
     ("--delay", "P200Y"), ("--run-at", "2026-11-23T18:00:00Z", "--delay", "PT1M"),
-    ("--queue", "Reports"), ("--queue", "-x"), ("--queue", ""),
+    ("--queue", "Reports"), ("--queue", "-x"), ("--queue", ""), ("--group", "has space"),
+    ("--group", ""), ("--group", "-lead"), ("--group", "trail."), ("--group", "x" * 129),
+    ("--group", "t\u00e9nant"),
 ])
 def test_bad_schedules_and_queues_are_exit_2_and_write_nothing(
         dsn: str, args: tuple[str, ...]) -> None:
@@ -289,7 +328,8 @@ def test_bad_schedules_and_queues_are_exit_2_and_write_nothing(
 
 @pytest.mark.parametrize("extra", [
     {"run_at": "2026-11-23T18:00:00Z", "delay": "PT1M"}, {"run_at": 1700000000},
-    {"run_at": "soon"}, {"delay": 60}, {"queue": "UPPER"}, {"queue": None},
+    {"run_at": "soon"}, {"delay": 60}, {"queue": "UPPER"}, {"queue": None}, {"group": 7},
+    {"group": ""}, {"group": ["a"]}, {"group": "a\nb"},
 ])
 def test_bad_schedules_in_a_spec_are_exit_2(dsn: str, extra: dict[str, object]) -> None:
     before = table_counts(dsn)

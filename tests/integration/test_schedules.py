@@ -77,6 +77,14 @@ def test_a_due_tick_is_enqueued_once_with_its_key(store: Store, dsn: str) -> Non
     assert job.actions[0]["params"]["env"] == {"TOKEN": "s3cr3t"}  # the job runs what was given
 
 
+def test_a_ticks_job_is_in_the_schedules_group(store: Store, dsn: str) -> None:
+    add(store, "tenant", "0 * * * *", utc(2025, 1, 1, 3), spec={**SPEC, "group": "acme"})
+    assert run(store, dsn, utc(2025, 1, 1, 3, 0, 5)).enqueued == 1
+    row = store.schedules.get("tenant")
+    job = store.jobs.get(row.last_job_id) if row.last_job_id else None
+    assert job is not None and job.group == "acme"
+
+
 def test_racing_passes_and_a_manual_run_enqueue_each_tick_once(dsn: Dsn) -> None:
     """Three runs at once (two scheduled, one by hand), each on its own connection and with
     no lease between them: the database alone decides, every tick once."""
@@ -254,7 +262,8 @@ FULL_SPEC = {"actions": [{"name": "command", "params": {"argv": ["true"]},
                          {"name": "sleep", "params": {"seconds": 1}}],
              "resource": "db.events", "max_attempts": 7, "priority": -3, "ttl": "P7D",
              "timeout": "PT1H30M", "inactivity_timeout": "PT10M", "expires_in": "PT2H",
-             "delay": "PT0.5S", "labels": {"team": "data"}, "queue": "reports"}
+             "delay": "PT0.5S", "labels": {"team": "data"}, "queue": "reports",
+             "group": "team-data"}
 
 
 def _made(name: str, spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -305,6 +314,7 @@ def test_the_database_keeps_a_schedule_exactly_as_schedule_add_makes_it(dsn: Dsn
         "not an object": (shown, ["x"]),
         "a spec field schedules refuse": ({**shown, "after": ["x"]}, job),
         "a spec not an object": ("x", job),
+        "a group the spec has not": (shown, {**job, "group_key": "team-data"}),
     }
     for what, (s, j) in forged.items():
         with pytest.raises(psycopg.errors.CheckViolation) as refused:
@@ -315,7 +325,10 @@ def test_the_database_keeps_a_schedule_exactly_as_schedule_add_makes_it(dsn: Dsn
                     ("another inactivity timeout", {**full_job, "actions": [
                         {**full_job["actions"][0], "inactivity_timeout": "PT1S"},
                         full_job["actions"][1]]}),
-                    ("expiry before its delay", {**full_job, "expires_in_seconds": 0.25})):
+                    ("expiry before its delay", {**full_job, "expires_in_seconds": 0.25}),
+                    ("another group", {**full_job, "group_key": "team-web"}),
+                    ("a group not a group", {**full_job, "group_key": "team data"}),
+                    ("no group", {k: v for k, v in full_job.items() if k != "group_key"})):
         with pytest.raises(psycopg.errors.CheckViolation):
             _add_as(operator, "forged", full_shown, j)
     for cron, tz in (("* * * *", "UTC"), ("0 * * * * *", "UTC"), ("0 * * * *", "Mars/Base")):
