@@ -25,6 +25,7 @@ from bench.common import REPO, Bench, Section, postgres
 BENCHMARKS = {
     "throughput": "bench.bench_throughput",
     "history": "bench.bench_history",
+    "fairness": "bench.bench_fairness",
     "sigterm": "bench.bench_sigterm",
     "latency": "bench.bench_latency",
     "arrivals": "bench.bench_arrivals",

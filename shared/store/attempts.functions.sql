@@ -117,12 +117,11 @@ $$;
 -- still stopping; the jobs without a group are one group, ''), and in turn:
 -- * fair: round-robin, one job of each group at a time (its next in priority order), from
 --   the group after the one the last fair claim served (queues.fair_cursor, moved here),
---   round again while any group gave one — visits a group per job taken, and past the
---   groups at their limit;
+--   round again while a round gave any — one probe of jobs_ready_group a job taken (each
+--   finds the next group's next job), and one a group at its limit passed;
 -- * not fair: the queue's order (priority, then readiness) across every group with room —
---   looks at each group with ready work.
--- Walks jobs_ready_group a group at a time. Run only by worker_claim, under the queue's
--- lock: no claim of the queue runs beside it.
+--   looks at each group with ready work (two probes a group).
+-- Run only by worker_claim, under the queue's lock: no claim of the queue runs beside it.
 CREATE OR REPLACE FUNCTION {schema}.jobfence_pick_groups(
     p_queue text, p_room integer, p_group_limit integer, p_fair boolean)
 RETURNS uuid[]
@@ -131,10 +130,14 @@ DECLARE
     picked uuid[] := '{{}}';
     job uuid;
     g text;
-    first text;
+    found text;
     served text;
+    whole boolean;
     gave boolean := false;
-    room jsonb := '{{}}';
+    seen text[] := '{{}}';  -- the groups met, and each one's room left
+    rooms integer[] := '{{}}';
+    i integer;
+    n bigint;
 BEGIN
     IF NOT p_fair THEN
         picked := ARRAY(
@@ -148,15 +151,27 @@ BEGIN
                           AND coalesce(j.group_key, '') > s.g
                         ORDER BY coalesce(j.group_key, '') LIMIT 1)
                 FROM groups s WHERE s.g IS NOT NULL
+            ), running AS (
+                SELECT coalesce(r.group_key, '') AS g, count(*) AS n FROM {schema}.jobs r
+                WHERE r.status = 'running' AND r.queue = p_queue AND NOT r.is_parent
+                GROUP BY 1
+            ), stopping AS (
+                SELECT coalesce(r.group_key, '') AS g, count(*) AS n FROM {schema}.jobs r
+                WHERE r.stopping_attempt_id IS NOT NULL AND r.queue = p_queue
+                  AND r.stopping_until > clock_timestamp()
+                GROUP BY 1
             )
             SELECT c.job_id FROM groups s
+            LEFT JOIN running r ON r.g = s.g
+            LEFT JOIN stopping t ON t.g = s.g
             CROSS JOIN LATERAL (
                 SELECT j.job_id, j.priority, j.visible_at FROM {schema}.jobs j
                 WHERE j.status = 'pending' AND j.queue = p_queue
                   AND coalesce(j.group_key, '') = s.g
                   AND j.visible_at <= now() AND j.stopping_attempt_id IS NULL
                 ORDER BY j.priority DESC, j.visible_at
-                LIMIT least(p_room, {schema}.jobfence_group_room(p_queue, s.g, p_group_limit))
+                LIMIT least(p_room, greatest(0, coalesce(p_group_limit, p_room)
+                                                - coalesce(r.n, 0) - coalesce(t.n, 0)))
             ) c
             WHERE s.g IS NOT NULL
             ORDER BY c.priority DESC, c.visible_at
@@ -167,44 +182,56 @@ BEGIN
                      FOR UPDATE SKIP LOCKED);
     END IF;
     SELECT q.fair_cursor INTO g FROM {schema}.queues q WHERE q.name = p_queue;
+    whole := g IS NULL;  -- this round began at the first group
     LOOP
-        -- The next group with pending jobs after g, round again after the last.
-        IF g IS NOT NULL THEN
-            g := (SELECT coalesce(j.group_key, '') FROM {schema}.jobs j
-                  WHERE j.status = 'pending' AND j.queue = p_queue
-                    AND coalesce(j.group_key, '') > g
-                  ORDER BY coalesce(j.group_key, '') LIMIT 1);
-        END IF;
+        -- The next group's next ready job after group g (from the first group when NULL).
+        job := NULL;
         IF g IS NULL THEN
-            g := (SELECT coalesce(j.group_key, '') FROM {schema}.jobs j
-                  WHERE j.status = 'pending' AND j.queue = p_queue
-                  ORDER BY coalesce(j.group_key, '') LIMIT 1);
+            SELECT j.job_id, coalesce(j.group_key, '') INTO job, found FROM {schema}.jobs j
+            WHERE j.status = 'pending' AND j.queue = p_queue
+              AND j.visible_at <= now() AND j.stopping_attempt_id IS NULL
+              AND j.job_id <> ALL(picked)
+            ORDER BY coalesce(j.group_key, ''), j.priority DESC, j.visible_at
+            LIMIT 1 FOR UPDATE SKIP LOCKED;
+        ELSE
+            SELECT j.job_id, coalesce(j.group_key, '') INTO job, found FROM {schema}.jobs j
+            WHERE j.status = 'pending' AND j.queue = p_queue
+              AND coalesce(j.group_key, '') > g
+              AND j.visible_at <= now() AND j.stopping_attempt_id IS NULL
+              AND j.job_id <> ALL(picked)
+            ORDER BY coalesce(j.group_key, ''), j.priority DESC, j.visible_at
+            LIMIT 1 FOR UPDATE SKIP LOCKED;
         END IF;
-        EXIT WHEN g IS NULL;  -- nothing pending
-        IF g = first THEN
-            EXIT WHEN NOT gave;  -- a whole round gave nothing
+        IF job IS NULL THEN  -- past the last group
+            EXIT WHEN g IS NULL OR (whole AND NOT gave);  -- a whole round gave nothing
+            g := NULL;
+            whole := true;
             gave := false;
-        END IF;
-        first := coalesce(first, g);
-        IF NOT room ? g THEN
-            room := room || jsonb_build_object(
-                g, {schema}.jobfence_group_room(p_queue, g, p_group_limit));
-        END IF;
-        CONTINUE WHEN (room ->> g)::integer <= 0;
-        SELECT j.job_id INTO job FROM {schema}.jobs j
-        WHERE j.status = 'pending' AND j.queue = p_queue AND coalesce(j.group_key, '') = g
-          AND j.visible_at <= now() AND j.stopping_attempt_id IS NULL
-          AND j.job_id <> ALL(picked)
-        ORDER BY j.priority DESC, j.visible_at
-        LIMIT 1 FOR UPDATE SKIP LOCKED;
-        IF job IS NULL THEN
-            room := jsonb_set(room, ARRAY[g], '0');
             CONTINUE;
+        END IF;
+        g := found;
+        IF p_group_limit IS NOT NULL THEN
+            i := array_position(seen, g);
+            IF i IS NULL THEN
+                -- The group's running jobs and attempts still stopping, once a claim.
+                SELECT count(*) INTO n FROM {schema}.jobs r
+                WHERE r.status = 'running' AND r.queue = p_queue AND NOT r.is_parent
+                  AND coalesce(r.group_key, '') = g;
+                SELECT n + count(*) INTO n FROM {schema}.jobs s
+                WHERE s.stopping_attempt_id IS NOT NULL AND s.queue = p_queue
+                  AND coalesce(s.group_key, '') = g AND s.stopping_until > clock_timestamp();
+                seen := seen || g;
+                rooms := rooms || (p_group_limit - n)::integer;
+                i := cardinality(seen);
+            END IF;
+            -- A group at its limit: its job is left locked until the claim commits (no
+            -- other claim of the queue runs meanwhile).
+            CONTINUE WHEN rooms[i] <= 0;
+            rooms[i] := rooms[i] - 1;
         END IF;
         picked := picked || job;
         served := g;
         gave := true;
-        room := jsonb_set(room, ARRAY[g], to_jsonb((room ->> g)::integer - 1));
         EXIT WHEN cardinality(picked) >= p_room;
     END LOOP;
     IF served IS NOT NULL THEN
@@ -212,22 +239,6 @@ BEGIN
     END IF;
     RETURN picked;
 END;
-$$;
-
--- How many more of a group's jobs may run (its limit less its running jobs and its
--- attempts still stopping); no limit: as many as a claim may take.
-CREATE OR REPLACE FUNCTION {schema}.jobfence_group_room(
-    p_queue text, p_group text, p_group_limit integer)
-RETURNS integer
-LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN p_group_limit IS NULL THEN 1000 ELSE greatest(0, p_group_limit - (
-        SELECT count(*) FROM {schema}.jobs r
-        WHERE r.status = 'running' AND r.queue = p_queue AND NOT r.is_parent
-          AND coalesce(r.group_key, '') = p_group)::integer
-        - (SELECT count(*) FROM {schema}.jobs s
-           WHERE s.stopping_attempt_id IS NOT NULL AND s.queue = p_queue
-             AND coalesce(s.group_key, '') = p_group
-             AND s.stopping_until > clock_timestamp())::integer) END;
 $$;
 
 -- How long until the next job of a queue that is not ready yet becomes ready (seconds from
