@@ -148,8 +148,8 @@ def run(bench: Bench) -> Section:
         for n, probe in probes.items():
             for key in ("keda", "claim", "sweeper"):
                 samples[n][key].append(getattr(probe, key)())
-        for mode, k in tenants:
-            tenants[mode, k].append(probes[big].tenants(mode, k))
+        for (mode, k), taken in tenants.items():
+            taken.append(probes[big].tenants(mode, k))
     for probe in probes.values():
         probe.close()
     results = {n: {k: statistics.median(v) for k, v in d.items()} for n, d in samples.items()}
