@@ -1,16 +1,12 @@
 """Prometheus metrics of the periodic functions and the queue, read from the database.
 
-Every value comes from the store — run counters, counted items and the duration histogram
-from ``function_totals``, the last run and last success from ``function_status``, the queue
-and lifecycle's overdue deadlines from partial-index looks, the job counters and histograms
-(wait, run, lag) from ``job_metrics``, by queue, and the action runs, run time and usage
-from ``action_metrics``, by queue and action — so a counter never restarts with a pod,
-and the last success survives failed runs. After each pass, when
-``JOBFENCE_PUSHGATEWAY_URL`` is set, a function pushes its own metrics grouped by function
-(never by pod: the gateway never forgets a group) and the queue's under
-``function="queue"``; ``jobfence metrics`` prints all of it in the text format.
-``prometheus_client`` is imported only here, only when needed.
-"""
+Every value comes from the store (``function_totals``, ``function_status``, partial-index
+looks at the queues and lifecycle's deadlines, the ``job_metrics`` and ``action_metrics``
+histograms), so a counter never restarts with a pod and the last success survives failed
+runs. With ``JOBFENCE_PUSHGATEWAY_URL``, a function pushes its metrics after each pass by
+function (never by pod: the gateway never forgets a group), the queue's under
+``function="queue"``; ``jobfence metrics`` prints them; prometheus_client is imported only
+here, only when needed."""
 
 from __future__ import annotations
 
@@ -62,6 +58,27 @@ ACTION_HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
 )
 """The action histograms, from ``action_metrics``, labelled by queue and action (a name no
 worker registered is ``other``)."""
+
+
+QUEUE_GAUGES: tuple[tuple[str, str], ...] = (
+    ("jobfence_jobs_scheduled", "Pending jobs whose run_at has not come yet."),
+    ("jobfence_queue_oldest_ready_age_seconds", "How long the queue's oldest claimable job "
+     "has been waiting for a worker."),
+    ("jobfence_queue_paused", "1 while the queue is paused."),
+    ("jobfence_queue_limit", "The queue's limit on running jobs (absent when it has none)."),
+    ("jobfence_queue_rate_limit", "How many of the queue's jobs may start in any window of its "
+     "rate's period (absent when it has no rate)."),
+    ("jobfence_queue_rate_period_seconds", "The period of the queue's rate."),
+    ("jobfence_queue_rate_started", "How many of the queue's jobs started within the last "
+     "period of its rate."),
+    ("jobfence_queue_group_limit", "The queue's limit on each group's running jobs (absent "
+     "when it has none)."),
+    ("jobfence_queue_fair", "1 while the queue claims round-robin across its groups (absent "
+     "when it has no group settings)."),
+)
+"""A queue's gauges by queue (its settings present only when it has them)."""
+GROUP_JOBS_HELP = ("Active jobs of each group (tenant) of a queue with a limit on each group "
+                   "or round-robin, by status: its 100 busiest groups (\"\": no group).")
 
 
 def cumulative(bounds: Iterable[float], per_bucket: Mapping[float, float]) -> list[
@@ -172,38 +189,26 @@ class StoreCollector:
 
         jobs = GaugeMetricFamily("jobfence_jobs", "Active jobs by queue and status (pending "
                                  "includes scheduled jobs).", labels=["queue", "status"])
-        scheduled = GaugeMetricFamily("jobfence_jobs_scheduled", "Pending jobs whose run_at "
-                                      "has not come yet.", labels=["queue"])
-        oldest = GaugeMetricFamily(
-            "jobfence_queue_oldest_ready_age_seconds",
-            "How long the queue's oldest claimable job has been waiting for a worker.",
-            labels=["queue"])
-        paused = GaugeMetricFamily("jobfence_queue_paused", "1 while the queue is paused.",
-                                   labels=["queue"])
-        limit = GaugeMetricFamily("jobfence_queue_limit", "The queue's limit on running "
-                                  "jobs (absent when it has none).", labels=["queue"])
-        rate = GaugeMetricFamily("jobfence_queue_rate_limit", "How many of the queue's jobs "
-                                 "may start in any window of its rate's period (absent when "
-                                 "it has no rate).", labels=["queue"])
-        period = GaugeMetricFamily("jobfence_queue_rate_period_seconds", "The period of the "
-                                   "queue's rate.", labels=["queue"])
-        started = GaugeMetricFamily("jobfence_queue_rate_started", "How many of the queue's "
-                                    "jobs started within the last period of its rate.",
-                                    labels=["queue"])
+        gauges = {name: GaugeMetricFamily(name, text, labels=["queue"])
+                  for name, text in QUEUE_GAUGES}
+        groups = GaugeMetricFamily("jobfence_group_jobs", GROUP_JOBS_HELP,
+                                   labels=["queue", "group", "status"])
         for q in self.store.queues.status():
             for state, n in (("waiting", q.waiting), ("pending", q.pending + q.scheduled),
                              ("running", q.running)):
                 jobs.add_metric([q.queue, state], float(n))
-            scheduled.add_metric([q.queue], float(q.scheduled))
-            oldest.add_metric([q.queue], float(q.oldest_ready_age_seconds))
-            paused.add_metric([q.queue], 1.0 if q.paused else 0.0)
-            if q.limit is not None:
-                limit.add_metric([q.queue], float(q.limit))
-            if q.rate_limit is not None:
-                rate.add_metric([q.queue], float(q.rate_limit))
-                period.add_metric([q.queue], float(q.rate_period_seconds or 0))
-                started.add_metric([q.queue], float(q.rate_started or 0))
-        yield from (jobs, scheduled, oldest, paused, limit, rate, period, started)
+            for (name, _), value in zip(QUEUE_GAUGES, (
+                    q.scheduled, q.oldest_ready_age_seconds, q.paused, q.limit, q.rate_limit,
+                    q.rate_period_seconds, q.rate_started, q.group_limit,
+                    q.fair if q.fair or q.group_limit is not None else None), strict=True):
+                if value is not None:
+                    gauges[name].add_metric([q.queue], float(value))
+            for g in (self.store.queues.groups(q.queue, limit=100)
+                      if q.fair or q.group_limit is not None else ()):
+                for state, n in (("waiting", g.waiting), ("pending", g.pending + g.scheduled),
+                                 ("running", g.running)):
+                    groups.add_metric([q.queue, g.group or "", state], float(n))
+        yield from (jobs, *gauges.values(), groups)
         overdue = GaugeMetricFamily(
             "jobfence_lifecycle_overdue_seconds", "How long ago the oldest deadline that "
             "lifecycle has not enforced yet came due, by kind (timeout, expiry, retention); "

@@ -231,6 +231,8 @@ def more_paths() -> dict[str, Any]:
     bulk = {**_ok("what was done (or, dry, would be)", _ref("Bulk")),
             **_errors("400", "409", "503")}
     schedule = _ok("the schedule", _ref("Schedule"))
+    groups = _ok("the groups", {"type": "object", "properties": {
+        "queue": {"type": "string"}, "groups": {"type": "array", "items": {"type": "object"}}}})
     return {
         "/api/v1/jobs/retry": {"post": _op(
             "retry a selection of failed or cancelled jobs, a batch per transaction, each "
@@ -278,6 +280,18 @@ def more_paths() -> dict[str, Any]:
            for verb, what in (("pause", "enqueue nothing until resumed"),
                               ("resume", "enqueue again from the next tick after now"),
                               ("delete", "delete the schedule (its jobs stay)"))},
+        "/api/v1/queues/{queue}/groups": {
+            "get": _op("the queue's groups (tenants) with active jobs, the most active first "
+                       "(at most 1,000): each one's pending, scheduled, running and waiting "
+                       "jobs (`group` null: the jobs without one)", {**groups,
+                                                                     **_errors("400")},
+                       params=[QUEUE]),
+            "post": _op("set the queue's limit on each group's running jobs (`group_limit`, "
+                        "null: none) and/or its round-robin across groups (`fair`); the "
+                        "groups", {**groups, **_errors("400")}, operate=True, params=[QUEUE],
+                        body={"type": "object", "properties": {
+                            "group_limit": {"type": ["integer", "null"], "minimum": 0},
+                            "fair": {"type": "boolean"}}})},
         "/api/v1/queues/{queue}/history": {"get": _op(
             "per minute of the last `minutes` (60): jobs finished by status, claims, run "
             "time percentiles (p50, p95, p99) from the stored histograms",

@@ -32,7 +32,7 @@ from jobfence.joblogs import STREAM_NAMES, Logs
 from jobfence.limits import queue_name
 from jobfence.schedules import Cron, job_template, schedule_name, schedule_spec
 from jobfence.store import Store
-from jobfence.views import schedule_view
+from jobfence.views import group_view, schedule_view
 
 V1 = "/api/v1"
 SHOWN_IDS = 1000
@@ -263,6 +263,31 @@ def queue_history(store: Store, call: Call) -> Answer:
     return Answer({"queue": queue, "minutes": minutes(rows, since, count)})
 
 
+def queue_groups(store: Store, call: Call) -> Answer:
+    """A queue's groups with active jobs (GET); with a body (POST), first set its limit on
+    each group's running jobs (``group_limit``, null: none) and round-robin (``fair``)."""
+    try:
+        queue = queue_name(call.path["queue"])
+    except ValueError as exc:
+        raise InvalidSpec(str(exc)) from None
+    if call.body is not None:
+        body = call.body if isinstance(call.body, dict) else {}
+        unknown = set(body) - {"group_limit", "fair"}
+        limit, fair = body.get("group_limit"), body.get("fair")
+        if not body or unknown or (limit is not None and not (
+                type(limit) is int and 0 <= limit <= 1_000_000)) or (
+                fair is not None and not isinstance(fair, bool)):
+            raise InvalidSpec('give {"group_limit": 0 to 1000000 or null} and/or '
+                              '{"fair": true or false}')
+        if "group_limit" in body:
+            store.queues.set_groups(queue, group_limit=limit, set_group_limit=True,
+                                    actor=call.caller.user)
+        if fair is not None:
+            store.queues.set_groups(queue, fair=fair, actor=call.caller.user)
+    return Answer({"queue": queue,
+                   "groups": [group_view(g) for g in store.queues.groups(queue)]})
+
+
 def queue_flags(store: Store, queues: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The queues with their warnings (``stalled``, ``never_served``, ``last_claim_at``),
     and those idle now that finished or claimed anything in the last hour."""
@@ -270,7 +295,8 @@ def queue_flags(store: Store, queues: list[dict[str, Any]]) -> list[dict[str, An
     listed = {q["queue"] for q in queues}
     queues = queues + [  # idle now, busy within the hour: the page charts them too
         {"queue": name, "paused": False, "limit": None, "pending": 0, "scheduled": 0,
-         "running": 0, "waiting": 0, "oldest_ready_age_seconds": 0.0}
+         "running": 0, "waiting": 0, "oldest_ready_age_seconds": 0.0,
+         "group_limit": None, "fair": False}
         for name in store.job_metrics.recent_queues() if name not in listed]
     claims = store.job_metrics.claims([q["queue"] for q in queues])
     out = []
@@ -385,4 +411,6 @@ def routes(server: Routes) -> list[Route]:
         *[r(f"{V1}/schedules/{{name}}/{verb}", pause_schedule(verb), method="POST",
             operate=True) for verb in ("pause", "resume", "delete")],
         r(f"{V1}/queues/{{queue}}/history", queue_history, query=HISTORY_QUERY),
+        r(f"{V1}/queues/{{queue}}/groups", queue_groups),
+        r(f"{V1}/queues/{{queue}}/groups", queue_groups, method="POST", operate=True),
     ]

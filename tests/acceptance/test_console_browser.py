@@ -163,6 +163,17 @@ def test_operating_through_the_console(browser: Any, console: Served, dsn: str,
     assert json.loads(run_cli(dsn, "queue", "status", "reports", "-o", "json").stdout)[
         "limit"] == 2
 
+    # Groups: a tenant's job in the queue, each tenant limited and served in turn.
+    enqueue(dsn, 'sleep:{"seconds": 0}', "--queue", "reports", "--group", "acme")
+    assert run_cli(dsn, "queue", "limit", "reports", "1", "--per-group").returncode == 0
+    assert run_cli(dsn, "queue", "fair", "reports", "on").returncode == 0
+    browser.get(console.url + "/#/queues")
+    until(browser, "#queues tr[data-queue=reports] .state", "fair")
+    until(browser, "#queues tr[data-queue=reports] td.num", "1 a group")
+    until(browser, "#groups section[data-queue=reports] tbody", "acme")
+    until(browser, "#groups section[data-queue=reports] tbody", "(no group)")
+    browser.save_screenshot(str(shots / "queue-groups.png"))
+
     # Cancel a running job: its worker stops it, and the child is gone.
     pidfile = tmp_path / "child.pid"
     long = json.dumps({"argv": ["sh", "-c", f"echo $$ > {pidfile}; exec sleep 300"]})

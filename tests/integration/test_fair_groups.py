@@ -229,3 +229,27 @@ def test_the_client_and_the_database_agree_on_what_a_group_is(conn: psycopg.Conn
     except InvalidSpec:  # the database's refusal, as the store says it
         stored = None
     assert (stored is not None) == bool(GROUP_KEY.fullmatch(text)), repr(text)
+
+
+def test_the_metrics_show_each_groups_jobs_and_the_settings(store: Store) -> None:
+    from jobfence.metrics import StoreCollector
+
+    store.jobs.enqueue([new_job(queue="q", group_key="acme") for _ in range(3)])
+    store.jobs.enqueue([new_job(queue="q")])
+    store.jobs.enqueue([new_job(queue="plain", group_key="acme")])  # no group settings
+    store.queues.set_groups("q", group_limit=2, set_group_limit=True)
+    claim(store, "q", limit=10)
+
+    def samples() -> dict[tuple[str, tuple[str, ...]], float]:
+        return {(s.name, tuple(s.labels.values())): s.value  # in the labels' order
+                for m in StoreCollector(store, runs=False).collect() for s in m.samples}
+
+    got = samples()
+    assert got["jobfence_group_jobs", ("q", "acme", "pending")] == 1
+    assert got["jobfence_group_jobs", ("q", "acme", "running")] == 2
+    assert got["jobfence_group_jobs", ("q", "", "running")] == 1
+    assert got["jobfence_queue_group_limit", ("q",)] == 2
+    assert got["jobfence_queue_fair", ("q",)] == 0
+    assert not [k for k in got if k[0] == "jobfence_group_jobs" and "plain" in k[1]]
+    store.queues.set_groups("q", fair=True)
+    assert samples()["jobfence_queue_fair", ("q",)] == 1

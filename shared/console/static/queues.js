@@ -1,11 +1,13 @@
 // The queues page: each queue's counts by state and settings, what is wrong with it (ready
 // work and no recent claim; work that no worker has ever claimed), and a chart per queue
 // of the last hour from the stored histograms — jobs finished a minute by status, and the
-// run time's 50th, 95th and 99th percentiles — drawn by uPlot (vendored, MIT).
+// run time's 50th, 95th and 99th percentiles — drawn by uPlot (vendored, MIT); and, for a
+// queue with a limit on each group or round-robin across groups, its busiest groups.
 "use strict";
 
 const CHARTED = 8;  // queues with a chart (the busiest first)
 const charts = {};  // queue -> uPlot, kept across refreshes (its data is replaced)
+const GROUPS_SHOWN = 20;  // groups listed of a queue with group settings (the busiest first)
 
 function sum(obj) { return Object.values(obj || {}).reduce((a, b) => a + b, 0); }
 
@@ -59,8 +61,24 @@ function flagsOf(q) {
                                  "queue: is there a pool (a ScaledJob) serving it?") : null];
 }
 
+// A queue with group settings: its busiest groups (tenants), each one's jobs by state.
+function groupsCard(queue, groups) {
+  const rows = groups.slice(0, GROUPS_SHOWN).map(g => el("tr", { key: String(g.group) },
+    el("td", {}, g.group === null ? el("span", { class: "muted" }, "(no group)") : g.group),
+    el("td", { class: "num depth" }, g.pending), el("td", { class: "num" }, g.scheduled),
+    el("td", { class: "num running" }, g.running), el("td", { class: "num" }, g.waiting)));
+  return el("section", { class: "groups-card", key: "groups-" + queue, "data-queue": queue },
+    el("h3", {}, queue, el("span", { class: "muted" }, ` — its groups (${groups.length}` +
+                           (groups.length > GROUPS_SHOWN ? `, the ${GROUPS_SHOWN} busiest` : "") + ")")),
+    groups.length ? table(["group", "pending", "scheduled", "running", "waiting"], rows)
+                  : el("p", { class: "empty" }, "No group has active jobs."));
+}
+
 async function queuesPage() {
   const { queues } = await api("/queues");
+  const grouped = queues.filter(q => q.group_limit !== null && q.group_limit !== undefined || q.fair);
+  const groups = Object.fromEntries(await Promise.all(grouped.map(async q =>
+    [q.queue, (await api(`/queues/${encodeURIComponent(q.queue)}/groups`)).groups])));
   const busiest = [...queues].sort((a, b) => (b.pending + b.running) - (a.pending + a.running))
     .slice(0, CHARTED).map(q => q.queue);
   const histories = Object.fromEntries(await Promise.all(busiest.map(async q =>
@@ -69,8 +87,13 @@ async function queuesPage() {
   const rows = queues.map(q => el("tr", { key: q.queue, "data-queue": q.queue,
                                           class: q.stalled || q.never_served ? "flagged" : null },
     el("td", {}, el("a", { href: "#/jobs?queue=" + encodeURIComponent(q.queue) }, q.queue)),
-    el("td", { class: "state" }, q.paused ? badge("paused") : badge("active"), flagsOf(q)),
-    el("td", { class: "num" }, q.limit === null ? "-" : q.limit),
+    el("td", { class: "state" }, q.paused ? badge("paused") : badge("active"),
+       q.fair ? badge("fair", "claims go round-robin across the queue's groups") : null,
+       flagsOf(q)),
+    el("td", { class: "num", title: q.group_limit === null || q.group_limit === undefined
+               ? null : `at most ${q.group_limit} running jobs of each group` },
+       (q.limit === null ? "-" : String(q.limit)) +
+       (q.group_limit === null || q.group_limit === undefined ? "" : ` (${q.group_limit} a group)`)),
     el("td", { class: "num rate", title: q.rate ? `${q.rate.started} of ${q.rate.limit} ` +
                `started in the last ${q.rate.period_seconds} s` : "no rate" },
        q.rate ? `${q.rate.started}/${q.rate.limit} per ${q.rate.period_seconds}s` : "-"),
@@ -115,5 +138,7 @@ async function queuesPage() {
                                  "running", "succeeded 1h", "failed 1h", "oldest ready", ""],
                                 rows, { id: "queues" })
                         : el("p", { class: "empty" }, "No queue has jobs yet."),
+          grouped.length ? el("div", { class: "groups", id: "groups" },
+                              grouped.map(q => groupsCard(q.queue, groups[q.queue] || []))) : null,
           cards.length ? el("div", { class: "charts", id: "charts" }, cards) : null];
 }
