@@ -190,5 +190,9 @@ def run(bench: Bench) -> Section:
         lines.append(f"| {mode} | {med[mode, 1] * 1000:.2f} ms | "
                      f"{med[mode, 1] / med[base, 1]:.2f}× | {med[mode, 10] * 1000:.2f} ms | "
                      f"{med[mode, 10] / med[base, 10]:.2f}× |")
-    s.notes.append("\n".join(lines))
+    lines += ["", "A fair claim reads one index entry a job it takes (the next group's next "
+              "ready job) and one a group at its limit it passes; a claim under a per-group "
+              "limit without round-robin looks at every group with ready work (two probes a "
+              f"group): its cost grows with the groups, {GROUPS} here."]
+    s.notes.append("\n" + "\n".join(lines))
     return s
