@@ -44,6 +44,7 @@ FLAGS: dict[str, str] = {
 
 SUBCOMMANDS: dict[str, str] = {
     "queue": "status pause resume limit rate fair groups",
+    "workflow": "status list cancel retry",
     "drain": "on off status",
     "schedule": "add list show pause resume delete",
     "pools": "render",

@@ -1,7 +1,9 @@
 """enqueue: validate job specs, check drain, insert the jobs with their audit events, and
 print one JSON object per spec. Invalid input writes nothing (exit 2). A ``--spec`` list is
 read as a stream and written batch by batch in one transaction: memory stays flat however
-long it is, and the answers are printed once it has committed."""
+long it is, and the answers are printed once it has committed. A workflow (one object
+with ``workflow`` and its ``steps``) is written whole in one transaction, and answered with
+one object: the workflow's id and each step's job."""
 
 from __future__ import annotations
 
@@ -19,6 +21,13 @@ from jobfence.spec import JobSpec, parse_action_arg, parse_specs
 from jobfence.spec_stream import spec_batches, spec_items
 from jobfence.store import Enqueued
 from jobfence.submit import enqueued_object, submit_stream
+from jobfence.workflows import (
+    Workflow,
+    is_workflow,
+    parse_workflow,
+    submit_workflow,
+    submitted_object,
+)
 
 
 def parser() -> cli.Parser:
@@ -49,9 +58,11 @@ def parser() -> cli.Parser:
     return p
 
 
-def spec_batches_of(argv: list[str]) -> tuple[list[JobSpec], Iterator[list[JobSpec]]]:
+def spec_batches_of(argv: list[str]
+                    ) -> tuple[list[JobSpec], Iterator[list[JobSpec]]] | Workflow:
     """The specs to enqueue: the first batch, validated before anything is opened, and an
-    iterator of the rest (a ``--spec`` list is read as a stream: ``jobfence.spec_stream``)."""
+    iterator of the rest (a ``--spec`` list is read as a stream: ``jobfence.spec_stream``);
+    or a workflow (one object with ``workflow``), validated whole."""
     args = parser().parse_args(argv)
     flags = {
         "resource": args.resource, "max_attempts": args.max_attempts,
@@ -64,7 +75,11 @@ def spec_batches_of(argv: list[str]) -> tuple[list[JobSpec], Iterator[list[JobSp
     if args.spec:
         if args.actions or any(v is not None for v in flags.values()) or args.label:
             raise InvalidSpec("give either --spec or ACTION arguments with flags, not both")
-        batches = spec_batches(_specs_in(args.spec))
+        items = _specs_in(args.spec)
+        first = next(items)
+        if first[0] == "spec" and is_workflow(first[1]):
+            return parse_workflow(first[1])
+        batches = spec_batches(itertools.chain([first], items))
         return next(batches), batches
     if not args.actions:
         raise InvalidSpec("nothing to enqueue: give ACTION arguments or --spec FILE")
@@ -99,8 +114,15 @@ def main(argv: list[str] | None = None) -> int:
         # frozen out of collections by the process entry, functions/cli.py), and a quarter
         # of a long list's time went to collections finding nothing.
         gc.set_threshold(50_000, 50, 100)
-        first, rest = spec_batches_of(list(sys.argv[1:] if argv is None else argv))
+        given = spec_batches_of(list(sys.argv[1:] if argv is None else argv))
         settings = cli.setup("enqueue")
+        if isinstance(given, Workflow):
+            with cli.open_store(settings, "enqueue") as store:
+                done = submit_workflow(settings, store, given, actor=cli.actor(),
+                                       traceparent=os.environ.get("TRACEPARENT"))
+            cli.emit(submitted_object(done))
+            return 0
+        first, rest = given
         with cli.open_store(settings, "enqueue") as store:
             # A script's trace, handed down as OpenTelemetry's environment carrier does.
             answers = submit_stream(

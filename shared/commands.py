@@ -28,7 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "run a failed or cancelled job again (new attempts), or a selection in bulk"),
     "drain": ("drain:main", "drain mode on|off|status"),
     "info": ("info:main", "which installation this is (schema, identity, version)"),
-    "queue": ("queue:main", "a queue's state; pause, resume or limit it"),
+    "queue": ("queue:main", "a queue's state; pause, resume or limit it; its groups"),
+    "workflow": ("workflow:main", "a workflow's state and steps; list, cancel or retry"),
     "schedule": ("schedule:main", "schedules of your own work: add, list, show, pause, "
                  "resume, delete"),
     "pools": ("pools:main", "render the KEDA ScaledJobs of the worker pools"),

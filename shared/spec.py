@@ -257,6 +257,9 @@ class Checking:
         """One spec's data validated (its structure first, unless ``walked`` already)."""
         if not isinstance(item, Mapping):
             raise InvalidSpec(f"{where}: expected a JSON object, got {type(item).__name__}")
+        if "workflow" in item:
+            raise InvalidSpec(f"{where}: a workflow is enqueued on its own (one object), "
+                              "not in a list nor as a step")
         if not walked:
             try:
                 check_structure(item, where)
@@ -308,7 +311,12 @@ def _yaml_loader() -> type:
     import yaml
 
     class SpecLoader(yaml.SafeLoader):
-        pass
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            keys = [self.construct_object(k, deep=True) for k, _ in node.value]
+            repeated = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+            if repeated is not None:  # PyYAML keeps the last silently: a step named twice
+                raise InvalidSpec(f"{str(repeated)[:70]!r} is named twice in one mapping")
+            return super().construct_mapping(node, deep=deep)
 
     SpecLoader.yaml_implicit_resolvers = {
         first: [(tag, regexp) for tag, regexp in resolvers
@@ -350,6 +358,8 @@ def load_spec_text(text: str, source: str = "spec") -> object:
             data = yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a safe loader
         except RecursionError:
             raise InvalidSpec(f"{source}: nested too deep") from None
+        except InvalidSpec as exc:
+            raise InvalidSpec(f"{source}: {exc}") from None
         except Exception:
             raise InvalidSpec(f"{source}: not valid JSON ({where}) nor YAML") from None
         if isinstance(data, str | int | float) or data is None:

@@ -184,6 +184,8 @@ def spec_items(stream: BinaryIO, source: str = "spec") -> Iterator[tuple[str, ob
             text.pos = start
             yield from _whole(text)  # not JSON from its first spec: YAML, or an error
             return
+        if first == "{" and isinstance(item, dict) and "workflow" in item:
+            _no_repeated_keys(text.buf[start:text.pos])  # a step named twice is an error
         text.keep_all = False
         if first == "[":
             yield from _listed(text, item)
@@ -255,3 +257,19 @@ def spec_batches(items: Iterator[tuple[str, object, bool]],
     if batch:
         checking.resources(batch, listed=listed)
         yield batch
+
+
+def _no_repeated_keys(text: str) -> None:
+    """InvalidSpec when an object of the JSON ``text`` names a key twice (``json`` keeps the
+    last silently): read again so only for a workflow, where a step named twice would
+    vanish."""
+    def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
+        seen: dict[str, object] = {}
+        for key, value in items:
+            if key in seen:
+                raise InvalidSpec(f"{key[:70]!r} is named twice in one object (a step "
+                                  "named twice?)")
+            seen[key] = value
+        return seen
+
+    json.loads(text, object_pairs_hook=pairs)

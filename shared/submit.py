@@ -82,7 +82,7 @@ def submit(settings: Settings, store: Store, specs: Sequence[JobSpec], *,
     with tracing.enqueue_span(settings, traceparent) as traced:
         jobs = to_new_jobs(specs, settings, traced.traceparent)
         traced.sent(jobs)
-        children = _children(settings, objects)
+        children = datum_children(settings, objects)
         if list_first and any(job.is_parent for job in jobs):
             listed = {job.job_id: list(children(job)) for job in jobs if job.is_parent}
 
@@ -109,7 +109,7 @@ def submit_stream(settings: Settings, store: Store, specs: Iterable[Sequence[Job
                 traced.sent(jobs)
                 yield jobs, json.dumps([job.row() for job in jobs])
 
-        yield from _enqueue(store, read_ahead(batches()), _children(settings, None),
+        yield from _enqueue(store, read_ahead(batches()), datum_children(settings, None),
                             Spooled(), reopen)
 
 
@@ -204,7 +204,7 @@ def _read(f: IO[bytes]) -> Iterator[Any]:
         yield value
 
 
-def _children(settings: Settings,
+def datum_children(settings: Settings,
               objects: Callable[[], ObjectStore] | None) -> ChildBatches:
     """A datum parent's children from the S3 listing of its inputs, batch by batch."""
     opened = objects or (lambda: open_object_store(settings))

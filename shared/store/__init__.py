@@ -21,6 +21,7 @@ queues          each pool's KEDA trigger count, each queue's state and settings
 triggers        manual triggers of the periodic functions: one per interval, who and why
 schedules       users' schedules: add, pause, resume, delete; the due ticks, fired once each
 traces          the trace context of the attempt holding the fence (a worker that traces)
+workflows       a graph of named steps submitted at once: its row, its state, its marks
 ==============  ==========================================================================
 
 Callers never write SQL; they call these verbs with keyword arguments for ids and fences.
@@ -59,6 +60,7 @@ from jobfence.store.types import (
     RetryPolicy,
     Transition,
 )
+from jobfence.store.workflows import Workflows
 
 __all__ = [
     "ACTIVE", "IMMEDIATE", "SETTLE_BATCH", "TERMINAL", "ActionOutcome", "ChildBatches",
@@ -133,3 +135,7 @@ class Store:
     @cached_property
     def traces(self) -> Traces:
         return Traces(self.conn, self.schema)
+
+    @cached_property
+    def workflows(self) -> Workflows:
+        return Workflows(self.conn, self.schema)

@@ -10,7 +10,8 @@
 -- docs/DEVELOPERS.md). Each function's history before 0038 is in store/schema/.
 
 -- Settle waiting jobs whose dependencies are all decided: pending once they all
--- succeeded, failed (naming the dependency) when one failed, was cancelled or is gone.
+-- succeeded, failed (naming the dependency, and its step in a workflow) when one failed,
+-- was cancelled or is gone.
 -- Run after an enqueue's commit, so that a dependency finishing meanwhile is seen by one
 -- side or the other.
 CREATE OR REPLACE FUNCTION {schema}.resolve_waiting(p_job_ids uuid[])
@@ -31,12 +32,13 @@ BEGIN
                 min(CASE
                     WHEN s.status IS NULL THEN 'dependency ' || dep.depends_on || ' missing'
                     WHEN s.status IN ('failed', 'cancelled')
-                        THEN 'dependency ' || dep.depends_on || ' ' || s.status
+                        THEN 'dependency ' || dep.depends_on
+                             || coalesce(' (step ' || s.step || ')', '') || ' ' || s.status
                 END) AS failure,
                 count(*) AS deps
             FROM {schema}.job_dependencies dep
-            CROSS JOIN LATERAL (SELECT (SELECT d.status FROM {schema}.jobs d
-                                        WHERE d.job_id = dep.depends_on) AS status) s
+            LEFT JOIN LATERAL (SELECT d.status, d.step FROM {schema}.jobs d
+                               WHERE d.job_id = dep.depends_on) s ON true
             WHERE dep.job_id = ids.job_id
         ) v
         WHERE v.deps > 0

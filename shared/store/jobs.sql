@@ -14,7 +14,7 @@ WITH inserted AS (
     INSERT INTO {schema}.jobs (
         job_id, status, actions, resource, priority, max_attempts, visible_at, parent_id,
         is_parent, inputs, labels, ttl, timeout, expires_at, idempotency_key, spec_hash,
-        reason, started_at, queue, run_at, traceparent, group_key
+        reason, started_at, queue, run_at, traceparent, group_key, workflow_id, step
     )
     SELECT
         x.job_id, x.status, x.actions, x.resource, x.priority, x.max_attempts,
@@ -24,13 +24,13 @@ WITH inserted AS (
         now() + make_interval(secs => x.expires_in_seconds),
         x.idempotency_key, x.spec_hash, 'enqueued',
         CASE WHEN x.status = 'running' THEN now() END, x.queue, s.run_at, x.traceparent,
-        x.group_key
+        x.group_key, x.workflow_id, x.step
     FROM jsonb_to_recordset(%(jobs)s::jsonb) AS x (
         job_id uuid, status text, actions jsonb, resource text, priority integer,
         max_attempts integer, parent_id uuid, is_parent boolean, inputs jsonb, labels jsonb,
         ttl_seconds float8, timeout_seconds float8, expires_in_seconds float8,
         idempotency_key text, spec_hash text, queue text, run_at timestamptz,
-        delay_seconds float8, traceparent text, group_key text
+        delay_seconds float8, traceparent text, group_key text, workflow_id uuid, step text
     )
     CROSS JOIN LATERAL (SELECT coalesce(x.run_at,
                                         now() + make_interval(secs => x.delay_seconds)) AS run_at) s

@@ -71,7 +71,7 @@ LEGACY_FUNCTIONS: tuple[tuple[str, LiteralString], ...] = (
 
 FUNCTION_FILES = (
     "control", "job_metrics", "jobs", "dependencies", "parents", "attempts", "queues",
-    "triggers", "schedules", "maintenance", "traces", "action_metrics",
+    "triggers", "schedules", "maintenance", "traces", "action_metrics", "workflows",
 )
 """The nouns whose ``<noun>.functions.sql`` defines their database functions, in the order
 they run: a file may use what the files before it define (a SQL function's body is checked

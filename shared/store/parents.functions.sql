@@ -134,3 +134,45 @@ LANGUAGE sql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
         {schema}.jobfence_parent_of_attempt(p_child_id, p_attempt_id), p_status,
         left(p_manifest, 2000), left(p_reason, 2000), left(p_error, 8000));
 $$;
+
+-- Open a finished parent again (a workflow's retry of its fan-out step): the parent running
+-- (waiting, with its children, while it has dependencies: they settle it as an enqueue's),
+-- and each of its failed or cancelled children run again with new attempts, as
+-- operator_retry runs a job; its succeeded children kept. The parent's next finalization
+-- writes its manifest again. Nothing unless the parent failed or was cancelled, and not
+-- while drain mode is on (JF503). The jobs moved back (the parent first).
+CREATE OR REPLACE FUNCTION {schema}.operator_reopen_parent(p_parent_id uuid, p_reason text)
+RETURNS TABLE (job_id uuid, status text, parent_id uuid)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    waits boolean := EXISTS (SELECT FROM {schema}.job_dependencies d
+                             WHERE d.job_id = p_parent_id);
+BEGIN
+    IF (SELECT k.draining FROM {schema}.jobfence_control k FOR SHARE) THEN
+        RAISE EXCEPTION USING ERRCODE = 'JF503',
+            MESSAGE = 'drain mode is on: retry is refused until `drain off`';
+    END IF;
+    RETURN QUERY
+    UPDATE {schema}.jobs p SET
+        status = CASE WHEN waits THEN 'waiting' ELSE 'running' END,
+        started_at = CASE WHEN waits THEN NULL ELSE now() END,
+        finished_at = NULL, retain_until = NULL, manifest = NULL, expires_at = NULL,
+        error = NULL, error_detail = NULL, reason = p_reason
+    WHERE p.job_id = p_parent_id AND p.is_parent AND p.status IN ('failed', 'cancelled')
+    RETURNING p.job_id, p.status, p.parent_id;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    UPDATE {schema}.jobs c SET
+        status = CASE WHEN waits THEN 'waiting' ELSE 'pending' END,
+        attempt_count = 0, interruptions = 0, attempt_id = NULL,
+        claimed_by = NULL, claimed_at = NULL, heartbeat_at = NULL, run_deadline_at = NULL,
+        visible_at = now(), expires_at = NULL, finished_at = NULL, retain_until = NULL,
+        error = NULL, error_detail = NULL, reason = p_reason
+    WHERE c.parent_id = p_parent_id AND c.status IN ('failed', 'cancelled')
+      AND (c.stopping_attempt_id IS NULL OR c.stopping_until <= clock_timestamp())
+    RETURNING c.job_id, c.status, c.parent_id;
+END;
+$$;

@@ -65,6 +65,12 @@ class Parents(Settling):
     def attempt_finalize(self, key: dict[str, Any]) -> Transition | None:
         return self._finalized(self._one("attempt_finalize", key))
 
+    def reopen(self, *, parent_id: UUID, reason: str) -> list[Transition]:
+        """A failed or cancelled parent open again, its failed and cancelled children run
+        again (a workflow's retry of its fan-out step), in the caller's transaction; the
+        jobs moved ([] when the parent had not failed nor been cancelled)."""
+        return transitions(self._all("reopen", {"parent_id": parent_id, "reason": reason}))
+
     def _finalized(self, row: dict[str, Any] | None) -> Transition | None:
         return None if row is None else self._settle(transitions([row])).done[0]
 

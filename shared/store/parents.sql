@@ -49,3 +49,8 @@ SELECT * FROM {schema}.worker_parent_errors(%(child_id)s::uuid, %(attempt_id)s::
 -- attempt_finalize --
 SELECT * FROM {schema}.worker_finalize_parent(%(child_id)s::uuid, %(attempt_id)s::uuid,
     %(status)s::text, %(manifest)s::text, %(reason)s::text, %(error)s::text);
+
+-- reopen --
+-- Open a failed or cancelled parent again with its failed and cancelled children (a
+-- workflow's retry of a fan-out step): operator_reopen_parent.
+SELECT * FROM {schema}.operator_reopen_parent(%(parent_id)s::uuid, %(reason)s::text);

@@ -65,6 +65,8 @@ GRANT USAGE ON SCHEMA {schema} TO {worker}, {maintainer}, {operator}, {reader}, 
 GRANT EXECUTE ON FUNCTION {schema}.jobfence_identity()
     TO {worker}, {maintainer}, {operator}, {reader};
 GRANT EXECUTE ON FUNCTION {schema}.jobfence_buckets(text) TO {maintainer}, {operator}, {reader};
+GRANT EXECUTE ON FUNCTION {schema}.jobfence_workflow_state(uuid, timestamptz, integer)
+    TO {maintainer}, {operator}, {reader};
 
 -- worker: the fenced verbs, and settling what waited on its own terminal writes. No table.
 GRANT EXECUTE ON FUNCTION
@@ -137,6 +139,8 @@ GRANT EXECUTE ON FUNCTION {schema}.resolve_waiting(uuid[]),
     {schema}.operator_configure_queue(text, boolean, boolean, integer, text, text),
     {schema}.operator_queue_rate(text, integer, float8, text),
     {schema}.operator_queue_groups(text, boolean, integer, boolean, text),
+    {schema}.operator_workflow_add(uuid, text, text, text, integer, text),
+    {schema}.operator_workflow_mark(uuid, boolean, text, text),
     {schema}.operator_set_drain(boolean, text, text),
     {schema}.operator_trigger_request(text, text, text, float8),
     {schema}.operator_trigger_outcome(bigint, text, text),

@@ -40,9 +40,10 @@ class NewJob(NamedTuple):
     queue: str = "default"
     run_at: datetime | None = None
     delay_seconds: float | None = None
-    traceparent: str | None = None
-    """The W3C traceparent of the enqueue (jobfence.tracing); a datum's, its parent's."""
+    traceparent: str | None = None  # the enqueue's W3C traceparent; a datum's, its parent's
     group_key: str | None = None
+    workflow_id: str | None = None  # the workflow and step the job is (jobfence.workflows)
+    step: str | None = None
 
     @property
     def status(self) -> str:
@@ -93,7 +94,8 @@ class NewJob(NamedTuple):
 
 
 _SOMETIMES = ("resource", "inputs", "ttl_seconds", "timeout_seconds", "expires_in_seconds",
-              "idempotency_key", "spec_hash", "delay_seconds", "traceparent", "group_key")
+              "idempotency_key", "spec_hash", "delay_seconds", "traceparent", "group_key",
+              "workflow_id", "step")
 """The fields of a new job's row written only when set."""
 
 
@@ -241,8 +243,7 @@ class JobRow(NamedTuple):
     after: list[UUID]
     run: int = 0
     """The job's run: 0 for the one its enqueue began, one more for each operator retry."""
-    group: str | None = None
-    """The job's group (tenant) within its queue; None when it has none."""
+    group: str | None = None  # the job's group (tenant) within its queue
 
     @property
     def terminal(self) -> bool:
@@ -329,8 +330,7 @@ class QueueStatus(NamedTuple):
 
 
 class GroupStatus(NamedTuple):
-    """One group (tenant) of a queue and its active jobs; ``group`` None for the jobs
-    without one."""
+    """One group (tenant) of a queue and its active jobs; None: the jobs without one."""
 
     group: str | None
     pending: int
