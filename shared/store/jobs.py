@@ -60,8 +60,8 @@ class Enqueuing:
         idempotency key returns the existing job when the spec is the same and raises
         ``IdempotencyConflict`` when it is not; ``ResourceBusy`` when a resource is held by
         an active job (the unique index decides, race-free); an ``after`` id that does not
-        exist (nor is in the batch) raises ``JobNotFound``. A job whose dependencies have all finished already is
-        resolved here."""
+        exist (nor is in the batch) raises ``JobNotFound``. A job whose dependencies have
+        all finished already is resolved here."""
         jobs, deps = self.jobs, self.jobs.dependencies
         here = {job.job_id for job in batch}  # a workflow's steps are after each other
         after = sorted({d for job in batch for d in job.after if d not in here}, key=str)
