@@ -1,0 +1,283 @@
+"""Workflows on a real PostgreSQL: a dozen steps with a fan-out of hundreds of datums run
+to the end in dependency order; a failing step fails what waits on it (naming the step)
+and the workflow says where it failed; retry runs only the failed and the never-run steps
+again (a fan-out step's failed datums with it); cancel stops every unfinished step; a key
+makes a submission idempotent under a race; every graph a spec can hold is accepted exactly
+when it is one (hypothesis), and a refused one writes nothing."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from uuid import UUID
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from devtools.memory_objects import MemoryObjectStore
+from devtools.sqlconn import connect
+from jobfence import workflows
+from jobfence.errors import Conflict, InvalidSpec
+from jobfence.finalize import finalize_parent
+from jobfence.settings import Settings, load_settings
+from jobfence.store import Store
+from tests.support.factories import installation
+
+pytestmark = pytest.mark.pooled  # directly and through PgBouncer
+
+NOOP = {"actions": [{"name": "sleep", "params": {"seconds": 0}}]}
+
+
+def etl(datums: str = "s3://in/rows/") -> dict[str, Any]:
+    """Twelve steps: extract, a fan-out transform over the datums, per-region loads, and a
+    report after them all."""
+    steps: dict[str, Any] = {
+        "extract": NOOP,
+        "validate": {**NOOP, "after": ["extract"]},
+        "transform": {**NOOP, "inputs": datums, "after": ["validate"]},
+    }
+    regions = ["eu", "us", "apac", "latam", "mea", "anz", "nordics", "ch"]
+    for r in regions:
+        steps[f"load-{r}"] = {**NOOP, "after": ["transform"]}
+    steps["report"] = {**NOOP, "after": [f"load-{r}" for r in regions]}
+    return {"workflow": "nightly-etl", "steps": steps}
+
+
+def objects_with(rows: int) -> MemoryObjectStore:
+    objects = MemoryObjectStore()
+    for i in range(rows):
+        objects.put_bytes("in", f"rows/{i:04d}.csv", b"1")
+    return objects
+
+
+def config(dsn: str) -> Settings:
+    return load_settings(database_url=dsn, s3_bucket="out")
+
+
+def run_all(store: Store, objects: MemoryObjectStore,
+            fails: Callable[[UUID], bool] = lambda _: False) -> list[UUID]:
+    """Claim and finish every ready job (a failure where ``fails`` says), finalizing each
+    parent once its datums are done, until nothing is ready; the jobs in the order run."""
+    ran: list[UUID] = []
+    while claims := store.attempts.claim(worker_id="w", lease_seconds=60, limit=1000):
+        for c in claims:
+            ran.append(c.job_id)
+            if fails(c.job_id):
+                store.attempts.finish(job_id=c.job_id, attempt_id=c.attempt_id,
+                                      succeeded=False, error="boom")
+            else:
+                store.attempts.finish(job_id=c.job_id, attempt_id=c.attempt_id,
+                                      succeeded=True)
+            if c.parent_id is not None:
+                finalize_parent(store, lambda: objects, "out", installation(store),
+                                c.parent_id)
+    return ran
+
+
+TRACE = "0af7651916cd43dd8448eb211c80319c"
+
+
+def submit(dsn: str, store: Store, spec: dict[str, Any], objects: MemoryObjectStore,
+           ) -> workflows.Submitted:
+    return workflows.submit_workflow(config(dsn), store, workflows.parse_workflow(spec),
+                                     actor="test", objects=lambda: objects,
+                                     traceparent=f"00-{TRACE}-b7ad6b7169203331-01")
+
+
+def test_a_dozen_steps_and_three_hundred_datums_run_to_the_end_in_order(
+        dsn: str, store: Store) -> None:
+    objects = objects_with(300)
+    done = submit(dsn, store, etl(), objects)
+    assert len(done.steps) == 12 and done.created
+    assert done.steps["extract"].status == "pending"
+    assert {s.status for name, s in done.steps.items() if name != "extract"} == {"waiting"}
+    ran = run_all(store, objects)
+    order = {job: i for i, job in enumerate(ran)}
+    ids = {name: s.job_id for name, s in done.steps.items()}
+    assert order[ids["extract"]] < order[ids["validate"]]
+    row, steps = workflows.get(store, done.workflow_id)
+    assert (row.status, row.steps_done, row.failed_step) == ("succeeded", 12, None)
+    assert row.finished_at is not None
+    transform = store.jobs.get(ids["transform"])
+    assert transform is not None and transform.is_parent
+    assert store.jobs.children_counts(ids["transform"]) == {"succeeded": 300}
+    assert len(ran) == 11 + 300  # each step once (the fan-out's parent is never claimed)
+    datums = [j for j in ran if j not in ids.values()]
+    last_datum = max(order[j] for j in datums)
+    assert all(order[ids[f"load-{r}"]] > last_datum for r in ("eu", "us", "ch"))
+    assert order[ids["report"]] == len(ran) - 1
+    view = workflows.workflow_view(row, steps)
+    assert list(view["steps"])[:3] == ["extract", "validate", "transform"]
+    assert view["steps"]["report"]["after"] == sorted(f"load-{r}" for r in (
+        "eu", "us", "apac", "latam", "mea", "anz", "nordics", "ch"))
+    assert view["steps"]["transform"]["fan_out"] is True
+    traces = {r["traceparent"][3:35] for r in store.conn.execute(
+        "SELECT traceparent FROM jobfence.jobs WHERE workflow_id = %s OR parent_id = %s",
+        (done.workflow_id, ids["transform"]))}
+    assert traces == {TRACE}  # one trace spans the workflow, its datums too
+
+
+def test_a_failed_step_stops_what_waits_on_it_and_retry_runs_only_those(
+        dsn: str, store: Store) -> None:
+    """load-eu fails: report never runs (failed, naming the step), the other loads succeed;
+    retry runs load-eu and report again and nothing else."""
+    objects = objects_with(20)
+    done = submit(dsn, store, etl(), objects)
+    ids = {name: s.job_id for name, s in done.steps.items()}
+    run_all(store, objects, fails=lambda j: j == ids["load-eu"])
+    row, steps = workflows.get(store, done.workflow_id)
+    assert (row.status, row.failed_step) == ("failed", "load-eu")
+    by = {s.step: s for s in steps}
+    assert by["report"].status == "failed" and by["report"].attempt_count == 0
+    assert f"(step load-eu) failed" in str(by["report"].error)
+    assert by["load-us"].status == "succeeded"
+    again = workflows.retry(store, done.workflow_id, actor="ops", reason="fixed the loader")
+    assert again == {"load-eu": "pending", "report": "waiting"}
+    ran = run_all(store, objects)
+    assert sorted(ran, key=str) == sorted([ids["load-eu"], ids["report"]], key=str)
+    assert ran.index(ids["load-eu"]) < ran.index(ids["report"])
+    row, steps = workflows.get(store, done.workflow_id)
+    assert row.status == "succeeded"
+    assert {s.step: s.attempt_count for s in steps}["extract"] == 1  # kept, not run again
+    events = [r["action"] for r in store.conn.execute(
+        "SELECT action FROM jobfence.control_events WHERE subject = %s ORDER BY event_id",
+        (str(done.workflow_id),))]
+    assert events == ["workflow_submit", "workflow_retry"]
+
+
+def test_retry_runs_a_fan_out_steps_failed_datums_and_keeps_the_others(
+        dsn: str, store: Store) -> None:
+    objects = objects_with(30)
+    done = submit(dsn, store, etl(), objects)
+    transform = done.steps["transform"].job_id
+    kids = [c.job_id for c in store.parents.children_page(parent_id=transform,
+                                                          after=UUID(int=0), limit=100)]
+    bad = set(kids[:3])
+    run_all(store, objects, fails=lambda j: j in bad)
+    row, _ = workflows.get(store, done.workflow_id)
+    assert (row.status, row.failed_step) == ("failed", "transform")
+    assert store.jobs.children_counts(transform) == {"succeeded": 27, "failed": 3}
+    again = workflows.retry(store, done.workflow_id, actor="ops", reason="bad rows fixed")
+    assert again["transform"] == "running" and len(again) == 1 + 8 + 1
+    ran = run_all(store, objects)
+    assert bad <= set(ran) and not set(kids[3:]) & set(ran)  # only the failed datums
+    row, _ = workflows.get(store, done.workflow_id)
+    assert row.status == "succeeded"
+    assert store.jobs.children_counts(transform) == {"succeeded": 30}
+
+
+def test_cancel_stops_every_unfinished_step(dsn: str, store: Store) -> None:
+    objects = objects_with(10)
+    done = submit(dsn, store, etl(), objects)
+    running = store.attempts.claim(worker_id="w", lease_seconds=60)  # extract
+    assert [c.job_id for c in running] == [done.steps["extract"].job_id]
+    cancelled = workflows.cancel(store, done.workflow_id, actor="ops", reason="wrong day")
+    assert cancelled == 12
+    row, steps = workflows.get(store, done.workflow_id)
+    assert row.status == "cancelled" and row.failed_step is None
+    assert {s.status for s in steps} == {"cancelled"}
+    extract = store.jobs.get(done.steps["extract"].job_id)
+    assert extract is not None and extract.stopping_until is not None  # told to stop
+    # The running attempt's late write is fenced out.
+    assert store.attempts.finish(job_id=running[0].job_id, attempt_id=running[0].attempt_id,
+                                 succeeded=True) is None
+    assert store.attempts.claim(worker_id="w", lease_seconds=60, limit=100) == []
+
+
+def test_a_key_makes_a_submission_idempotent_under_a_race(dsn: str, store: Store) -> None:
+    """Eight submitters of one keyed workflow at once: one workflow, one set of steps, every
+    submitter answered with it; the key with another spec is a conflict."""
+    objects = objects_with(5)
+    spec = {**etl(), "idempotency_key": "etl-2026-11-29"}
+    barrier = threading.Barrier(8)
+
+    def one(_: int) -> workflows.Submitted:
+        with connect(dsn) as conn:
+            s = Store(conn)
+            barrier.wait()
+            return submit(dsn, s, spec, objects)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(one, range(8)))
+    assert len({a.workflow_id for a in answers}) == 1
+    assert sum(a.created for a in answers) == 1
+    assert len({a.steps["report"].job_id for a in answers}) == 1
+    count = store.conn.execute("SELECT count(*) AS n FROM jobfence.jobs WHERE workflow_id "
+                               "IS NOT NULL").fetchone()
+    assert count["n"] == 12
+    other = {**spec, "steps": {**spec["steps"], "extract": {**NOOP, "priority": 5}}}
+    with pytest.raises(Conflict, match="idempotency_key"):
+        submit(dsn, store, other, objects)
+
+
+# -- what a workflow spec may be ------------------------------------------------------------
+
+def test_refused_specs_name_the_problem() -> None:
+    cases: dict[str, tuple[dict[str, Any], str]] = {
+        "a cycle": ({"a": {**NOOP, "after": ["c"]}, "b": {**NOOP, "after": ["a"]},
+                     "c": {**NOOP, "after": ["b"]}}, "form a cycle"),
+        "an unknown step": ({"a": {**NOOP, "after": ["nope"]}}, "neither a step"),
+        "after itself": ({"a": {**NOOP, "after": ["a"]}}, "after itself"),
+        "a bad name": ({"Bad Name": NOOP}, "not a step name"),
+        "a step's own key": ({"a": {**NOOP, "idempotency_key": "k"}}, "no idempotency_key"),
+        "a bad job spec": ({"a": {"actions": []}}, "step a"),
+        "no steps": ({}, "at least one"),
+        "too many": ({f"s{i}": NOOP for i in range(workflows.MAX_STEPS + 1)}, "at most 1000"),
+    }
+    for what, (steps, said) in cases.items():
+        with pytest.raises(InvalidSpec, match=said):
+            workflows.parse_workflow({"workflow": "w", "steps": steps})
+        assert what
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 12).flatmap(lambda n: st.tuples(
+    st.just(n), st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)),
+                         max_size=3 * n))))
+def test_any_graph_is_accepted_exactly_when_it_has_no_cycle(graph: tuple[int, list[
+        tuple[int, int]]]) -> None:
+    """A generated graph of steps (an edge a -> b: b is after a): parsed when it is acyclic,
+    with an order that puts every step after those it waits on; refused when it is not,
+    saying why (a step after itself, or a cycle)."""
+    import graphlib
+
+    n, edges = graph
+    after: dict[str, set[str]] = {f"s{i}": set() for i in range(n)}
+    for a, b in edges:
+        after[f"s{b}"].add(f"s{a}")
+    spec = {"workflow": "g", "steps": {s: {**NOOP, "after": sorted(d)}
+                                       for s, d in after.items()}}
+    try:
+        list(graphlib.TopologicalSorter(after).static_order())
+        acyclic = all(s not in d for s, d in after.items())
+    except graphlib.CycleError:
+        acyclic = False
+    if not acyclic:
+        with pytest.raises(InvalidSpec, match="cycle|after itself"):
+            workflows.parse_workflow(spec)
+        return
+    w = workflows.parse_workflow(spec)
+    position = {s: i for i, s in enumerate(w.order)}
+    assert sorted(w.order) == sorted(after)
+    assert all(position[d] < position[s] for s, deps in after.items() for d in deps)
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                    lambda kids: st.lists(kids, max_size=3)
+                    | st.dictionaries(st.text(max_size=6), kids, max_size=3), max_leaves=12))
+def test_whatever_a_workflow_spec_holds_it_is_refused_cleanly_or_accepted(
+        store: Store, junk: object) -> None:
+    """A workflow whose steps (or one step) are any JSON at all: parsed, or refused with
+    InvalidSpec — never another error — and a refusal writes nothing."""
+    for data in ({"workflow": "w", "steps": junk}, {"workflow": "w", "steps": {"a": junk}},
+                 {"workflow": junk, "steps": {"a": NOOP}}):
+        try:
+            workflows.parse_workflow(data)
+        except InvalidSpec:
+            pass
+    assert store.workflows.page(limit=1) == []
