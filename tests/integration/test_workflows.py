@@ -132,7 +132,7 @@ def test_a_failed_step_stops_what_waits_on_it_and_retry_runs_only_those(
     assert (row.status, row.failed_step) == ("failed", "load-eu")
     by = {s.step: s for s in steps}
     assert by["report"].status == "failed" and by["report"].attempt_count == 0
-    assert f"(step load-eu) failed" in str(by["report"].error)
+    assert "(step load-eu) failed" in str(by["report"].error)
     assert by["load-us"].status == "succeeded"
     again = workflows.retry(store, done.workflow_id, actor="ops", reason="fixed the loader")
     assert again == {"load-eu": "pending", "report": "waiting"}
@@ -256,7 +256,7 @@ def test_any_graph_is_accepted_exactly_when_it_has_no_cycle(graph: tuple[int, li
     except graphlib.CycleError:
         acyclic = False
     if not acyclic:
-        with pytest.raises(InvalidSpec, match="cycle|after itself"):
+        with pytest.raises(InvalidSpec, match=r"cycle|after itself"):
             workflows.parse_workflow(spec)
         return
     w = workflows.parse_workflow(spec)
