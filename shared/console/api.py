@@ -32,7 +32,7 @@ from starlette.staticfiles import StaticFiles
 
 from jobfence import db, logs
 from jobfence.cluster import PERIODIC_FUNCTIONS, Cluster
-from jobfence.console import operations, params
+from jobfence.console import operations, params, workflow_routes
 from jobfence.console.auth import Authenticator, Caller, check_write
 from jobfence.console.bounds import LISTED_JOB_BYTES, fit_job, page
 from jobfence.console.calls import Answer, Call
@@ -73,7 +73,8 @@ JOBS_QUERY = {
 }
 FUNCTIONS_QUERY = {"runs": params.Param(params.whole("runs", 0, 200), 20)}
 PATH_PARAMS: dict[str, Callable[[str], Any]] = {
-    "job_id": params.job_id, "queue": params.queue, "name": str}
+    "job_id": params.job_id, "queue": params.queue, "name": str,
+    "workflow_id": params.workflow_id}
 
 STATUS = {ExitCode.INVALID: 400, ExitCode.NOT_FOUND: 404, ExitCode.CONFLICT: 409,
           ExitCode.UNAVAILABLE: 503, ExitCode.TIMEOUT: 504}
@@ -347,7 +348,7 @@ class Server:
             self.route(f"{v1}/drain", self.drain, method="POST", operate=True),
             self.route(f"{v1}/functions", self.list_functions, query=FUNCTIONS_QUERY),
             self.route(f"{v1}/functions/{{name}}/trigger", self.trigger, method="POST",
-                       operate=True), *operations.routes(self),
+                       operate=True), *operations.routes(self), *workflow_routes.routes(self),
             Mount("/static", ConsoleFiles(directory=static), name="static"),
         ]
 

@@ -224,6 +224,7 @@ def document() -> dict[str, Any]:
 
 
 NAME = _path("name", "a schedule's name")
+WORKFLOW = _path("workflow_id", "a workflow's id")
 
 
 def more_paths() -> dict[str, Any]:
@@ -231,6 +232,7 @@ def more_paths() -> dict[str, Any]:
     bulk = {**_ok("what was done (or, dry, would be)", _ref("Bulk")),
             **_errors("400", "409", "503")}
     schedule = _ok("the schedule", _ref("Schedule"))
+    workflow = _ok("the workflow", {"type": "object", "required": ["workflow_id"]})
     groups = _ok("the groups", {"type": "object", "properties": {
         "queue": {"type": "string"}, "groups": {"type": "array", "items": {"type": "object"}}}})
     return {
@@ -249,6 +251,33 @@ def more_paths() -> dict[str, Any]:
             operate=True, params=[JOB_ID],
             body={"type": "object", "required": ["reason"],
                   "properties": {"reason": {"type": "string"}}})},
+        "/api/v1/workflows": {
+            "get": _op("workflows newest first, each with its status (running, succeeded, "
+                       "failed with its `failed_step`, cancelled); `name`, `after` (a "
+                       "workflow id: older ones), `limit` (1-500, 50)",
+                       {**_ok("a page of workflows", {"type": "object", "properties": {
+                           "workflows": {"type": "array", "items": {"type": "object"}},
+                           "next": NEXT}}), **_errors("400")},
+                       params=[_query("name", "a workflow's name"),
+                               _query("after", "a workflow id"),
+                               _query("limit", "1-500 (50)", {"type": "integer"})]),
+            "post": _op("submit a workflow (`{\"workflow\", \"steps\": {STEP: JOB_SPEC}, "
+                        "\"idempotency_key\"}`), validated whole and written in one "
+                        "transaction: 201, its id and each step's job (200 when its key "
+                        "answered an earlier one)", {**workflow, **_errors("400", "409")},
+                        operate=True, body={"type": "object",
+                                            "required": ["workflow", "steps"]}),
+        },
+        "/api/v1/workflows/{workflow_id}": {"get": _op(
+            "a workflow, its status and each step's (job, status, after)",
+            {**workflow, **_errors("400", "404")}, params=[WORKFLOW])},
+        **{f"/api/v1/workflows/{{workflow_id}}/{verb}": {"post": _op(
+            what, {**workflow, **_errors("400", "404", "409")}, operate=True,
+            params=[WORKFLOW], body=REASON)}
+           for verb, what in (("cancel", "cancel every unfinished step (a running one's "
+                                         "command stopped through the cancel path)"),
+                              ("retry", "run the failed and never-run steps again, the "
+                                        "succeeded ones kept"))},
         "/api/v1/schedules": {
             "get": _op("schedules by name, a page at a time: at most `limit` and 4 MiB, each "
                        "at most 256 KiB (past it its spec's actions by name, `spec_cut`)",

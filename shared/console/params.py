@@ -138,6 +138,13 @@ def job_id(text: str) -> UUID:
         raise InvalidSpec(f"{text[:80]!r} is not a job id (expected a UUID)") from None
 
 
+def workflow_id(text: str) -> UUID:
+    try:
+        return parse_job_id(text)
+    except ValueError:
+        raise InvalidSpec(f"{text[:80]!r} is not a workflow id (expected a UUID)") from None
+
+
 def queue(text: str) -> str:
     try:
         return queue_name(text)

@@ -174,6 +174,66 @@ def test_queues_and_drain(server: Served, dsn: str) -> None:
     assert server.post("/api/v1/jobs", spec(), headers=ALICE).status == 202
 
 
+@pytest.mark.pooled  # directly and through PgBouncer in transaction mode
+def test_workflows_and_groups(server: Served, dsn: str) -> None:
+    """A workflow submitted, read, run, failed at a step, retried and cancelled through the
+    API (as the CLI sees it), and a queue's groups set and read; a reader may do none of
+    the writes, and a bad workflow is a 400 that writes nothing."""
+    wf = {"workflow": "etl", "idempotency_key": "etl-1", "steps": {
+        "extract": spec(), "load": {**spec(max_attempts=1, actions=[
+            {"name": "command", "params": {"argv": ["false"]}}]), "after": ["extract"]},
+        "report": {**spec(), "after": ["load"]}}}
+    made = server.post("/api/v1/workflows", wf, headers=ALICE)
+    assert made.status == 201, made.body
+    wid = made.body["workflow_id"]
+    assert made.headers["location"] == f"/api/v1/workflows/{wid}"
+    again = server.post("/api/v1/workflows", wf, headers=ALICE)
+    assert again.status == 200 and again.body["workflow_id"] == wid
+    assert again.body["created"] is False
+    assert server.post("/api/v1/workflows", {**wf, "idempotency_key": "etl-1", "steps": {
+        "x": spec()}}, headers=ALICE).status == 409
+    assert run_cli(dsn, "worker", "--max-jobs", "3", "--idle-seconds", "1",
+                   **FAST).returncode in (0, 1)
+    got = server.get(f"/api/v1/workflows/{wid}", headers=BOB).body
+    assert (got["status"], got["failed_step"]) == ("failed", "load")
+    cli = json.loads(run_cli(dsn, "workflow", "status", wid, "-o", "json").stdout)
+    assert got == cli
+    assert [w["workflow_id"] for w in server.get("/api/v1/workflows?name=etl",
+                                                 headers=BOB).body["workflows"]] == [wid]
+    retried = server.post(f"/api/v1/workflows/{wid}/retry", {"reason": "fixed"},
+                          headers=ALICE)
+    assert retried.status == 200 and retried.body["status"] == "running"
+    assert retried.body["steps"]["extract"]["attempts"] == 1
+    cancelled = server.post(f"/api/v1/workflows/{wid}/cancel", headers=CAROL)
+    assert cancelled.body["status"] == "cancelled"
+    assert "by carol" in cancelled.body["steps"]["report"]["error"]
+    for path in ("/api/v1/workflows", f"/api/v1/workflows/{wid}/cancel",
+                 f"/api/v1/workflows/{wid}/retry", "/api/v1/queues/q/groups"):
+        assert server.post(path, wf, headers=BOB).status == 403, path
+    with connect(dsn) as conn:
+        before = conn.execute("SELECT count(*) AS n FROM jobs").fetchone()["n"]
+        bad = server.post("/api/v1/workflows", {"workflow": "w", "steps": {
+            "a": {**spec(), "after": ["b"]}, "b": {**spec(), "after": ["a"]}}},
+            headers=ALICE)
+        assert bad.status == 400 and "cycle" in bad.body["error"]
+        assert conn.execute("SELECT count(*) AS n FROM jobs").fetchone()["n"] == before
+    assert server.get("/api/v1/workflows/nope", headers=BOB).status == 400
+    assert server.get("/api/v1/workflows/01a226d7-219f-726e-bc16-f8c4cfd64f5a",
+                      headers=BOB).status == 404
+
+    enqueue(dsn, 'sleep:{"seconds": 0}', "--queue", "tenants", "--group", "acme")
+    groups = server.post("/api/v1/queues/tenants/groups", {"group_limit": 2, "fair": True},
+                         headers=ALICE)
+    assert groups.status == 200 and groups.body == {"queue": "tenants", "groups": [
+        {"group": "acme", "pending": 1, "scheduled": 0, "running": 0, "waiting": 0}]}
+    [q] = [q for q in server.get("/api/v1/queues", headers=BOB).body["queues"]
+           if q["queue"] == "tenants"]
+    assert (q["group_limit"], q["fair"]) == (2, True)
+    assert server.get("/api/v1/queues/tenants/groups", headers=BOB).body == groups.body
+    assert server.post("/api/v1/queues/tenants/groups", {"group_limit": -1},
+                       headers=ALICE).status == 400
+
+
 def test_who_may_do_what(server: Served) -> None:
     assert server.get("/api/v1/jobs").status == 401  # no identity: the proxy was bypassed
     assert server.get("/api/v1/me", headers=BOB).body == {
