@@ -59,6 +59,7 @@ from jobfence.spec import JobSpec, parse_specs
 from jobfence.store import Store
 from jobfence.submit import cancelled_object, enqueued_object, submit
 from jobfence.views import job_views
+from jobfence.workflows import is_workflow, parse_workflow, submit_workflow, submitted_object
 
 Spec = Mapping[str, Any] | JobSpec
 """One job spec: what ``jobfence enqueue --spec`` reads, as a mapping or a ``JobSpec``."""
@@ -71,8 +72,15 @@ def enqueue(conn: Any, specs: Spec | Sequence[Spec], *,
     """Enqueue one spec or a list of them in the connection's transaction (or in one of
     their own on an autocommit connection outside a transaction): all or nothing. One
     object per spec, in order: ``{"job_id", "status"}``, plus ``"children"`` for a spec
-    with inputs and ``"created": false`` for an idempotent replay."""
-    parsed = parse_specs(_plain(specs))  # every spec checked before any statement
+    with inputs and ``"created": false`` for an idempotent replay. A workflow (one object
+    with ``workflow`` and ``steps``) is written whole: one object, its id and each step's."""
+    plain = _plain(specs)
+    if is_workflow(plain):
+        workflow = parse_workflow(plain)
+        store, settings = _open(conn, schema)
+        done = submit_workflow(settings, store, workflow, actor=None)
+        return [to_jsonable(submitted_object(done))]
+    parsed = parse_specs(plain)  # every spec checked before any statement
     store, settings = _open(conn, schema)
     return [enqueued_object(job) for job in submit(settings, store, parsed, list_first=True)]
 

@@ -293,3 +293,21 @@ def test_inputs_are_listed_first_and_the_transaction_holds_parent_and_children(
     assert jobfence.status(app, parent["job_id"])["children"]["pending"] == 5
     with pytest.raises(jobfence.NotFound):
         jobfence.enqueue(app, {**spec, "inputs": "s3://no-such-bucket/x/"})
+
+
+def test_a_workflow_in_the_applications_transaction(dsn: Dsn, app: psycopg.Connection[Any],
+                                                    conn: Any) -> None:
+    """A workflow enqueued in the application's transaction: gone with its rollback, all of
+    it there with its commit (the operator's login), answered as the CLI answers it."""
+    wf = {"workflow": "signup", "steps": {"welcome": {"actions": SLEEP},
+                                          "follow-up": {"actions": SLEEP,
+                                                        "after": ["welcome"]}}}
+    with app.transaction(force_rollback=True):
+        jobfence.enqueue(app, wf)
+    assert conn.execute("SELECT count(*) AS n FROM workflows").fetchone()["n"] == 0
+    [made] = jobfence.enqueue(app, wf)
+    assert set(made) == {"workflow_id", "workflow", "steps"}
+    assert {k: v["status"] for k, v in made["steps"].items()} == {
+        "welcome": "pending", "follow-up": "waiting"}
+    assert conn.execute("SELECT count(*) AS n FROM jobs WHERE workflow_id = %s",
+                        (made["workflow_id"],)).fetchone()["n"] == 2
