@@ -8,8 +8,9 @@ draining pods). A realistic mix — table maintenance on exclusive resources, a 
 flaky job, a scheduled job, a datum job from S3 inputs held in its paused queue — while one
 worker is SIGKILLed (reconciliation recovers its job in seconds) and one is paused past its
 lease (the sweeper recovers it; the fence rejects its late write). Then the datums queue is
-resumed and a few draining pods run all its work. Ends with a summary table, and cleans up
-after itself.
+resumed and a few draining pods run all its work; then a workflow of twelve steps, one of
+them a fan-out of 120 datums (examples/etl-workflow), runs to its end. Ends with a summary
+table, and cleans up after itself.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ SCHEDULE = {"sweeper": 2.0, "reconciliation": 2.0, "export-finalize": 2.0,
             "lifecycle": 5.0, "orphan-cleanup": 5.0, "schedules": 5.0}
 BUCKET = "jobfence-demo"
 DATUMS = 12
+WORKFLOW_DATUMS = 120
 # The pools the manifests ship, sized for one machine.
 POOL_SIZES = {"default": 4, "datums": 3}
 
@@ -113,6 +115,11 @@ class Demo:
         row = self.store.jobs.get(UUID(job_id))
         assert row is not None
         return row._asdict()
+
+    def workflow(self, workflow_id: str) -> dict[str, Any]:
+        from jobfence import workflows
+
+        return workflows.workflow_view(*workflows.get(self.store, UUID(workflow_id)))
 
     def taken_back(self, job_id: str) -> str:
         """Why the job's first claim was taken away, from the audit trail (the row's own
@@ -337,6 +344,23 @@ def story(d: Demo, platform: LocalPlatform) -> int:
         d.say(f"finalized {(row.finished_at - last).total_seconds():.2f} s after its last "
               "child, by the worker that ran it (export-finalize is the safety net)")
     d.say(f"{len(outputs)} committed outputs, e.g. {outputs[0].rsplit('/', 1)[1]} = {sample!r}")
+
+    d.step(f"8. a workflow of twelve steps, one a fan-out of {WORKFLOW_DATUMS} datums: "
+           "examples/etl-workflow/workflow.yaml")
+    for i in range(WORKFLOW_DATUMS):
+        s3.put_bytes(BUCKET, f"lake/day=2026-11-22/part-{i:03d}.txt", f"row {i}\n".encode())
+    etl = str(REPO / "examples" / "etl-workflow" / "workflow.yaml")
+    made = json.loads(d.cli("enqueue", "--spec", etl, show=False))
+    workflow_id = made["workflow_id"]
+    d.say(f"workflow {workflow_id[:8]}… submitted whole, in one transaction: "
+          + ", ".join(f"{k} {v['status']}" for k, v in list(made["steps"].items())[:4])
+          + ", …")
+    d.wait_until("the workflow to finish", lambda: d.workflow(workflow_id)["finished_at"],
+                 timeout=180)
+    d.cli("workflow", "status", workflow_id)
+    again = json.loads(d.cli("enqueue", "--spec", etl, show=False))
+    d.say(f"submitted again with its key: the same workflow ({again['workflow_id'][:8]}…, "
+          f"created {again.get('created', True)}), nothing run twice")
     time.sleep(SCHEDULE["orphan-cleanup"] + 1)  # one more orphan-cleanup tick
     platform.stop()
 
@@ -346,11 +370,13 @@ def story(d: Demo, platform: LocalPlatform) -> int:
         ("db.events", events, ""), ("db.events.snapshots", expiry, "after db.events"),
         ("db.clicks", flaky, "failed once, retried with backoff"),
         ("clicks report", report, "scheduled: not before its delay"),
-        (f"export ({DATUMS} datums)", parent, "held while paused; finalized once")])
+        (f"export ({DATUMS} datums)", parent, "held while paused; finalized once"),
+        ("nightly-etl: report", made["steps"]["report"]["job_id"],
+         f"the last of 12 steps; {WORKFLOW_DATUMS} datums before it")])
 
 
 def summary(d: Demo, platform: LocalPlatform, rows: list[tuple[str, str, str]]) -> int:
-    d.step("8. what happened, from the audit trail")
+    d.step("9. what happened, from the audit trail")
     print(f"   {'JOB':<22}{'STATUS':<11}{'ATTEMPTS':<10}{'CLAIMED BY (audit)':<44}NOTE")
     ok = True
     for what, job_id, note in rows:

@@ -312,9 +312,12 @@ def _yaml_loader() -> type:
 
     class SpecLoader(yaml.SafeLoader):
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            keys = [self.construct_object(k, deep=True) for k, _ in node.value]
+            # PyYAML keeps the last of a key given twice, silently: a step named twice.
+            # (A merge's keys, `<<: *x`, may be given again: that is what a merge is for.)
+            keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)
+                    and k.tag != "tag:yaml.org,2002:merge"]
             repeated = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
-            if repeated is not None:  # PyYAML keeps the last silently: a step named twice
+            if repeated is not None:
                 raise InvalidSpec(f"{str(repeated)[:70]!r} is named twice in one mapping")
             return super().construct_mapping(node, deep=deep)
 

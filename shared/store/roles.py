@@ -52,7 +52,7 @@ ROLE_OF_COMMAND = {
     "schedules": "maintainer",
     "enqueue": "operator", "cancel": "operator", "retry": "operator", "wait": "operator",
     "drain": "operator",
-    "queue": "operator", "serve": "operator", "schedule": "operator",
+    "queue": "operator", "serve": "operator", "schedule": "operator", "workflow": "operator",
     "status": "reader", "list": "reader", "info": "reader", "metrics": "reader",
     "runs": "reader",
     "pools": "reader",
