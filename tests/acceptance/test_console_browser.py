@@ -455,3 +455,35 @@ def test_a_jobs_whole_output_on_its_page(browser: Any, dsn: str, tmp_path: Path,
         shown = until(browser, "#actions pre.log-stdout").text.splitlines()
         assert shown == [str(i) for i in range(1, 200_001)]
         assert not _errors(browser)
+
+
+def test_a_workflow_in_the_console(browser: Any, console: Served, dsn: str,
+                                   shots: Path) -> None:
+    """A workflow's graph, each step coloured by its state as it runs and fails; a retry
+    from its page runs the failed and the never-run steps again."""
+    sleep = [{"name": "sleep", "params": {"seconds": 0}}]
+    failing = [{"name": "command", "params": {"argv": ["false"]}}]
+    wf = {"workflow": "nightly-etl", "steps": {
+        "extract": {"actions": sleep},
+        "load-eu": {"actions": failing, "after": ["extract"], "max_attempts": 1},
+        "load-us": {"actions": sleep, "after": ["extract"]},
+        "report": {"actions": sleep, "after": ["load-eu", "load-us"]}}}
+    r = run_cli(dsn, "enqueue", "--spec", "-", input=json.dumps(wf))
+    assert r.returncode == 0, r.stderr
+    wid = json.loads(r.stdout)["workflow_id"]
+    browser.get(console.url + "/#/workflows")
+    until(browser, f"#workflows tr[data-workflow='{wid}'] .state", "running")
+    assert run_cli(dsn, "worker", "--max-jobs", "4", "--idle-seconds", "1",
+                   **FAST).returncode == 1  # load-eu failed
+    browser.get(console.url + f"/#/workflows/{wid}")
+    until(browser, "#workflow-facts dd[data-fact=status]", "failed")
+    until(browser, "#workflow-facts dd[data-fact=status]", "at step load-eu")
+    until(browser, "#workflow-graph a.step[data-step=load-eu]", "failed")
+    until(browser, "#workflow-graph a.step[data-step=load-us]", "succeeded")
+    until(browser, "#steps tr[data-step=report]", "(step load-eu) failed")
+    browser.save_screenshot(str(shots / "workflow-failed.png"))
+    click(browser, "#retry-workflow")
+    click(browser, "#confirm-ok")
+    until(browser, "#workflow-graph a.step[data-step=load-eu]", "pending")
+    until(browser, "#workflow-graph a.step[data-step=report]", "waiting")
+    browser.save_screenshot(str(shots / "workflow-retried.png"))

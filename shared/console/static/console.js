@@ -267,6 +267,9 @@ function route() {
   if (job) return ["jobs", () => jobPage(job[1])];
   if (path === "/jobs") return ["jobs", jobsPage];
   if (path === "/schedules") return ["schedules", schedulesPage];
+  const workflow = path.match(/^\/workflows\/([0-9a-fA-F-]{36})$/);
+  if (workflow) return ["workflows", () => workflowPage(workflow[1])];
+  if (path === "/workflows") return ["workflows", workflowsPage];
   if (path === "/functions") return ["functions", functionsPage];
   return ["queues", queuesPage];
 }
