@@ -113,11 +113,13 @@ class HistoryReport:
     function_runs_deleted: int
     function_triggers_deleted: int
     schedule_ticks_deleted: int
+    workflows_deleted: int
 
 
 class History:
-    """The audit trail (jobs' transitions, operators' changes), and the function-run records
-    with their manual triggers, each on its own retention."""
+    """The audit trail (jobs' transitions, operators' changes), the function-run records
+    with their manual triggers, and the workflows whose steps are gone, each on its own
+    retention."""
 
     @staticmethod
     def run_once(settings: Settings, deps: Deps, budget: Budget) -> HistoryReport:
@@ -136,7 +138,9 @@ class History:
                 deps, budget),
             schedule_ticks_deleted=History._delete_old(
                 m.delete_old_schedule_ticks, settings.function_runs_retention, settings,
-                deps, budget))
+                deps, budget),
+            workflows_deleted=History._delete_old(
+                m.delete_old_workflows, settings.audit_retention, settings, deps, budget))
 
     @staticmethod
     def _delete_old(verb: Callable[..., int], older_than: timedelta, settings: Settings,
@@ -166,6 +170,7 @@ class Report:
     function_runs_deleted: int
     function_triggers_deleted: int
     schedule_ticks_deleted: int
+    workflows_deleted: int
     batches: int
     longest_batch_seconds: float = snapshot()
     """Wall time of the longest single database batch: an upper bound on the longest

@@ -142,6 +142,13 @@ class Maintenance(Settling):
         return self._count("delete_old_function_triggers", {
             "now": now, "retention_seconds": older_than.total_seconds(), "limit": limit})
 
+    def delete_old_workflows(self, *, older_than: timedelta, limit: int,
+                             now: datetime | None = None) -> int:
+        """Delete up to ``limit`` workflows submitted before ``older_than`` whose steps
+        retention has deleted."""
+        return self._count("delete_old_workflows", {
+            "now": now, "retention_seconds": older_than.total_seconds(), "limit": limit})
+
     def delete_old_schedule_ticks(self, *, older_than: timedelta, limit: int,
                                   now: datetime | None = None) -> int:
         """Delete up to ``limit`` recorded schedule ticks older than ``older_than``."""

@@ -246,3 +246,16 @@ WHERE (schedule_id, tick_at) IN (
     ORDER BY at
     LIMIT %(limit)s
 );
+
+-- delete_old_workflows --
+-- Delete one bounded batch of workflows submitted before the audit retention whose steps
+-- are all gone (retention deleted them), oldest first.
+DELETE FROM {schema}.workflows
+WHERE workflow_id IN (
+    SELECT w.workflow_id FROM {schema}.workflows w
+    WHERE w.created_at < coalesce(%(now)s::timestamptz, now())
+                         - make_interval(secs => %(retention_seconds)s)
+      AND NOT EXISTS (SELECT FROM {schema}.jobs j WHERE j.workflow_id = w.workflow_id)
+    ORDER BY w.created_at
+    LIMIT %(limit)s
+);

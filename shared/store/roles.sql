@@ -157,6 +157,7 @@ GRANT EXECUTE ON FUNCTION {schema}.resolve_waiting(uuid[]),
 -- drain switch: the schedules pass enqueues only what an operator scheduled, through
 -- scheduler_fire, once per tick already due.
 GRANT UPDATE, DELETE ON {schema}.jobs, {schema}.job_outputs TO {maintainer};
+GRANT DELETE ON {schema}.workflows TO {maintainer};
 GRANT DELETE ON {schema}.job_events, {schema}.job_action_results,
     {schema}.job_dependencies, {schema}.job_watchers TO {maintainer};
 GRANT DELETE ON {schema}.function_triggers, {schema}.control_events TO {maintainer};

@@ -49,6 +49,22 @@ class StepRow(NamedTuple):
     after_jobs: list[UUID]
 
 
+class Recent(NamedTuple):
+    workflow_id: UUID
+    name: str
+    status: str
+    steps_failed: int
+    seconds: float | None
+    """Submitted to its last step's end; None while a step is unfinished."""
+
+
+class Summary(NamedTuple):
+    """The workflows of the last day: how many by status, and each name's latest finished."""
+
+    counts: dict[str, int]
+    latest: list[Recent]
+
+
 class Added(NamedTuple):
     workflow_id: UUID
     spec_hash: str
@@ -86,3 +102,14 @@ class Workflows(Noun):
 
     def steps(self, workflow_id: UUID) -> list[StepRow]:
         return self._rows("steps", {"workflow_id": workflow_id}, StepRow)
+
+    def summary(self) -> Summary:
+        """The workflows submitted in the last day: how many by status, and each name's
+        latest finished one (what the metrics show)."""
+        counts: dict[str, int] = {}
+        latest: dict[str, Recent] = {}
+        for r in self._rows("recent", None, Recent):  # newest first
+            counts[r.status] = counts.get(r.status, 0) + 1
+            if r.seconds is not None and r.name not in latest:
+                latest[r.name] = r
+        return Summary(counts, list(latest.values()))

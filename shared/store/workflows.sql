@@ -52,3 +52,13 @@ SELECT j.step, j.job_id, j.status, j.is_parent, j.reason, j.error, j.attempt_cou
 FROM {schema}.jobs j
 WHERE j.workflow_id = %(workflow_id)s
 ORDER BY j.step;
+
+-- recent --
+-- The workflows submitted in the last day, each with its state: what the metrics count
+-- (workflows by status; each name's latest finished one). Index scans of their steps.
+SELECT w.workflow_id, w.name, s.status, s.steps_failed,
+    extract(epoch FROM s.finished_at - w.created_at)::float8 AS seconds
+FROM {schema}.workflows w
+CROSS JOIN LATERAL {schema}.jobfence_workflow_state(w.workflow_id, w.cancelled_at, w.steps) s
+WHERE w.created_at > now() - interval '1 day'
+ORDER BY w.workflow_id DESC;

@@ -281,3 +281,39 @@ def test_whatever_a_workflow_spec_holds_it_is_refused_cleanly_or_accepted(
         except InvalidSpec:
             pass
     assert store.workflows.page(limit=1) == []
+
+
+def test_lifecycle_deletes_a_workflow_once_retention_took_its_steps(
+        dsn: str, store: Store) -> None:
+    """A workflow older than the audit retention stays while any of its steps does; once
+    retention has deleted them all, the lifecycle pass deletes it too."""
+    from datetime import timedelta
+
+    objects = objects_with(0)
+    spec = {"workflow": "w", "steps": {"a": NOOP, "b": {**NOOP, "after": ["a"]}}}
+    done = submit(dsn, store, spec, objects)
+    store.conn.execute("UPDATE jobfence.workflows SET created_at = now() - interval '400 "
+                       "days' WHERE workflow_id = %s", (done.workflow_id,))
+    m = store.maintenance
+    assert m.delete_old_workflows(older_than=timedelta(days=90), limit=10) == 0
+    store.conn.execute("DELETE FROM jobfence.jobs WHERE workflow_id = %s",
+                       (done.workflow_id,))
+    assert m.delete_old_workflows(older_than=timedelta(days=90), limit=10) == 1
+    assert store.workflows.get(done.workflow_id) is None
+
+
+def test_the_metrics_count_workflows_and_each_names_latest(dsn: str, store: Store) -> None:
+    from jobfence.metrics import StoreCollector
+
+    objects = objects_with(3)
+    spec = {"workflow": "w", "steps": {"a": NOOP, "b": {**NOOP, "after": ["a"]},
+                                       "c": {**NOOP, "after": ["b"]}}}
+    first = submit(dsn, store, spec, objects)
+    run_all(store, objects, fails=lambda j: j == first.steps["b"].job_id)
+    submit(dsn, store, spec, objects)  # the next one, still running
+    got = {(s.name, tuple(s.labels.values())): s.value
+           for m in StoreCollector(store, runs=False).collect() for s in m.samples}
+    assert got["jobfence_workflows", ("failed",)] == 1
+    assert got["jobfence_workflows", ("running",)] == 1
+    assert got["jobfence_workflow_last_steps_failed", ("w", "failed")] == 2
+    assert got["jobfence_workflow_last_duration_seconds", ("w", "failed")] > 0

@@ -28,3 +28,4 @@ ALTER TABLE {schema}.jobs
     ADD CONSTRAINT jobs_step_of_a_workflow CHECK ((workflow_id IS NULL) = (step IS NULL));
 CREATE UNIQUE INDEX jobs_workflow_step ON {schema}.jobs (workflow_id, step)
     WHERE workflow_id IS NOT NULL;
+CREATE INDEX workflows_created ON {schema}.workflows (created_at);
