@@ -1,8 +1,8 @@
 """workflow: a workflow's state and its steps (status), the workflows newest first (list),
 and cancel (every unfinished step, a running one's command stopped through the cancel path)
 or retry (the failed and the never-run steps, the succeeded ones kept). A workflow is
-submitted with ``enqueue --spec`` (docs/REFERENCE.md, "Workflows"); each change is audited
-with who made it."""
+submitted by ``jobfence enqueue`` given its spec file (docs/REFERENCE.md, "Workflows"); each
+change is audited with who made it."""
 
 from __future__ import annotations
 
