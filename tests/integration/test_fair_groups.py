@@ -7,11 +7,7 @@ the client and to the database, whatever the text."""
 
 from __future__ import annotations
 
-import random
-import threading
-import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from uuid import UUID
 
 import psycopg
@@ -20,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from devtools.audit import group_limit_violations, most_running_in_group
-from devtools.sqlconn import connect
 from jobfence.errors import InvalidSpec
 from jobfence.limits import GROUP_KEY
 from jobfence.store import Claim, Store
 from tests.support.factories import new_job
+from tests.support.races import drain_racing
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 
@@ -134,32 +130,8 @@ def test_sixteen_claimers_never_run_more_of_a_group_than_its_limit(
     store.jobs.enqueue([new_job(queue="tenants", group_key=g)
                         for _ in range(25) for g in groups])
     total = 25 * len(groups)
-    barrier = threading.Barrier(THREADS)
-    done = threading.Event()
-
-    def claimer(i: int) -> int:
-        rnd = random.Random(i)
-        finished = 0
-        with connect(dsn) as conn:
-            s = Store(conn)
-            barrier.wait()
-            while not done.is_set():
-                claims = s.attempts.claim(worker_id=f"racer-{i}", lease_seconds=60,
-                                          queue="tenants", limit=rnd.choice((1, 1, 3, 10)))
-                assert len(claims) <= GROUP_LIMIT * len(groups)
-                if not claims:
-                    if not s.jobs.page(status="pending", queue="tenants", limit=1) and \
-                            not s.jobs.page(status="running", queue="tenants", limit=1):
-                        done.set()
-                    time.sleep(rnd.uniform(0, 0.003))
-                    continue
-                time.sleep(rnd.uniform(0, 0.01))
-                finish(s, claims)
-                finished += len(claims)
-        return finished
-
-    with ThreadPoolExecutor(THREADS) as pool:
-        assert sum(pool.map(claimer, range(THREADS))) == total
+    assert drain_racing(dsn, "tenants", threads=THREADS, batches=(1, 1, 3, 10),
+                        most=GROUP_LIMIT * len(groups)) == total
     assert group_limit_violations(store.conn) == []
     assert [most_running_in_group(store.conn, "tenants", g) for g in groups] == \
         [GROUP_LIMIT] * len(groups)

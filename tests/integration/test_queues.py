@@ -5,7 +5,6 @@ trail); scheduled jobs wait for their time; children inherit their parent's queu
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +17,7 @@ from devtools.audit import most_running, queue_limit_violations
 from devtools.sqlconn import connect
 from jobfence.store import Claim, RetryPolicy, Store
 from tests.support.factories import enqueue_one, new_job
+from tests.support.races import drain_racing
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
 
@@ -125,34 +125,7 @@ def test_thirty_claimers_on_a_queue_limited_to_three_never_run_more_than_three(
     total = 120
     store.jobs.enqueue([new_job(queue="limited") for _ in range(total)])
     store.jobs.enqueue([new_job(queue="free") for _ in range(30)])  # unlimited beside it
-    barrier = threading.Barrier(THREADS)
-    done = threading.Event()
-
-    def claimer(i: int) -> int:
-        rnd = random.Random(i)
-        finished = 0
-        with connect(dsn) as conn:
-            s = Store(conn)
-            barrier.wait()
-            while not done.is_set():
-                claims = s.attempts.claim(worker_id=f"racer-{i}", lease_seconds=60,
-                                          queue="limited", limit=rnd.choice((1, 1, 2, 5)))
-                assert len(claims) <= LIMIT
-                if not claims:
-                    if not s.jobs.page(status="pending", queue="limited", limit=1) and \
-                            not s.jobs.page(status="running", queue="limited", limit=1):
-                        done.set()
-                    time.sleep(rnd.uniform(0, 0.003))
-                    continue
-                time.sleep(rnd.uniform(0, 0.01))
-                for c in claims:
-                    assert s.attempts.finish(job_id=c.job_id, attempt_id=c.attempt_id,
-                                             succeeded=True) is not None
-                    finished += 1
-        return finished
-
-    with ThreadPoolExecutor(THREADS) as pool:
-        finished = sum(pool.map(claimer, range(THREADS)))
+    finished = drain_racing(dsn, "limited", threads=THREADS, batches=(1, 1, 2, 5), most=LIMIT)
     assert finished == total
     assert queue_limit_violations(store.conn) == []
     assert most_running(store.conn, "limited") == LIMIT
