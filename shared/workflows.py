@@ -263,9 +263,10 @@ def retry(store: Store, workflow_id: UUID, *, actor: str | None, reason: str
                 store.parents.reopen(parent_id=s.job_id, reason=reason)
         acted = store.jobs.retry_many(job_ids=[s.job_id for s in again if not s.is_parent],
                                       reason=reason) if again else []
-    refused = [a for a in acted if a.refusal is not None]
-    if refused:
-        raise Conflict(f"step job {refused[0].job_id} cannot run again: {refused[0].refusal}")
+        refused = [a for a in acted if a.refusal is not None]
+        if refused:  # all or nothing: the mark and every step rolled back with it
+            step = next(s.step for s in again if s.job_id == refused[0].job_id)
+            raise Conflict(f"step {step} cannot run again yet: {refused[0].refusal}")
     settled = {t.job_id: t.status for t in store.jobs.settle_retried(
         [s.job_id for s in again]).done}
     status = {a.job_id: a.status or "waiting" for a in acted}

@@ -317,3 +317,16 @@ def test_the_metrics_count_workflows_and_each_names_latest(dsn: str, store: Stor
     assert got["jobfence_workflows", ("running",)] == 1
     assert got["jobfence_workflow_last_steps_failed", ("w", "failed")] == 2
     assert got["jobfence_workflow_last_duration_seconds", ("w", "failed")] > 0
+
+
+def test_a_retry_refused_for_one_step_retries_none(dsn: str, store: Store) -> None:
+    """A step whose cancelled attempt is still stopping cannot run again yet: the retry is
+    refused whole, naming it — no step moved, the workflow still cancelled."""
+    objects = objects_with(2)
+    done = submit(dsn, store, etl(), objects)
+    store.attempts.claim(worker_id="w", lease_seconds=60)  # extract, running
+    workflows.cancel(store, done.workflow_id, actor="ops", reason="oops")
+    with pytest.raises(Conflict, match="step extract cannot run again yet: stopping"):
+        workflows.retry(store, done.workflow_id, actor="ops", reason="again")
+    row, steps = workflows.get(store, done.workflow_id)
+    assert row.status == "cancelled" and {s.status for s in steps} == {"cancelled"}
