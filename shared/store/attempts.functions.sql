@@ -120,7 +120,9 @@ $$;
 --   round again while a round gave any — one probe of jobs_ready_group a job taken (each
 --   finds the next group's next job), and one a group at its limit passed;
 -- * not fair: the queue's order (priority, then readiness) across every group with room —
---   looks at each group with ready work (two probes a group).
+--   its first ready jobs looked at in that order (a few times the claim's size); only
+--   when those leave the claim short (a group at its limit holds the front of the queue)
+--   each group with ready work is looked at (two probes a group).
 -- Run only by worker_claim, under the queue's lock: no claim of the queue runs beside it.
 CREATE OR REPLACE FUNCTION {schema}.jobfence_pick_groups(
     p_queue text, p_room integer, p_group_limit integer, p_fair boolean)
@@ -138,44 +140,76 @@ DECLARE
     rooms integer[] := '{{}}';
     i integer;
     n bigint;
+    looked integer := 0;
 BEGIN
     IF NOT p_fair THEN
-        picked := ARRAY(
-            WITH RECURSIVE groups (g) AS (
-                (SELECT coalesce(j.group_key, '') FROM {schema}.jobs j
-                 WHERE j.status = 'pending' AND j.queue = p_queue
-                 ORDER BY coalesce(j.group_key, '') LIMIT 1)
-                UNION ALL
-                SELECT (SELECT coalesce(j.group_key, '') FROM {schema}.jobs j
-                        WHERE j.status = 'pending' AND j.queue = p_queue
-                          AND coalesce(j.group_key, '') > s.g
-                        ORDER BY coalesce(j.group_key, '') LIMIT 1)
-                FROM groups s WHERE s.g IS NOT NULL
-            ), running AS (
-                SELECT coalesce(r.group_key, '') AS g, count(*) AS n FROM {schema}.jobs r
+        -- Most claims: the queue's first ready jobs in its order, past the groups with no
+        -- room; when those fill the claim, or are all the ready jobs there are, that is it.
+        FOR job, g IN
+            SELECT j.job_id, coalesce(j.group_key, '') FROM {schema}.jobs j
+            WHERE j.status = 'pending' AND j.queue = p_queue AND j.visible_at <= now()
+              AND j.stopping_attempt_id IS NULL
+            ORDER BY j.priority DESC, j.visible_at
+            LIMIT p_room * 4 + 16
+        LOOP
+            looked := looked + 1;
+            i := array_position(seen, g);
+            IF i IS NULL THEN
+                SELECT count(*) INTO n FROM {schema}.jobs r
                 WHERE r.status = 'running' AND r.queue = p_queue AND NOT r.is_parent
-                GROUP BY 1
-            ), stopping AS (
-                SELECT coalesce(r.group_key, '') AS g, count(*) AS n FROM {schema}.jobs r
-                WHERE r.stopping_attempt_id IS NOT NULL AND r.queue = p_queue
-                  AND r.stopping_until > clock_timestamp()
-                GROUP BY 1
-            )
-            SELECT c.job_id FROM groups s
-            LEFT JOIN running r ON r.g = s.g
-            LEFT JOIN stopping t ON t.g = s.g
-            CROSS JOIN LATERAL (
-                SELECT j.job_id, j.priority, j.visible_at FROM {schema}.jobs j
-                WHERE j.status = 'pending' AND j.queue = p_queue
-                  AND coalesce(j.group_key, '') = s.g
-                  AND j.visible_at <= now() AND j.stopping_attempt_id IS NULL
-                ORDER BY j.priority DESC, j.visible_at
-                LIMIT least(p_room, greatest(0, coalesce(p_group_limit, p_room)
-                                                - coalesce(r.n, 0) - coalesce(t.n, 0)))
-            ) c
-            WHERE s.g IS NOT NULL
-            ORDER BY c.priority DESC, c.visible_at
-            LIMIT p_room);
+                  AND coalesce(r.group_key, '') = g;
+                SELECT n + count(*) INTO n FROM {schema}.jobs s
+                WHERE s.stopping_attempt_id IS NOT NULL AND s.queue = p_queue
+                  AND coalesce(s.group_key, '') = g AND s.stopping_until > clock_timestamp();
+                seen := seen || g;
+                rooms := rooms || (coalesce(p_group_limit, p_room) - n)::integer;
+                i := cardinality(seen);
+            END IF;
+            CONTINUE WHEN rooms[i] <= 0;
+            rooms[i] := rooms[i] - 1;
+            picked := picked || job;
+            EXIT WHEN cardinality(picked) >= p_room;
+        END LOOP;
+        -- Else (a group at its limit holds the front of the queue): every group with
+        -- ready work, its first jobs as far as its room goes, in the queue's order.
+        IF cardinality(picked) < p_room AND looked >= p_room * 4 + 16 THEN
+            picked := ARRAY(
+                WITH RECURSIVE groups (g) AS (
+                    (SELECT coalesce(j.group_key, '') FROM {schema}.jobs j
+                     WHERE j.status = 'pending' AND j.queue = p_queue
+                     ORDER BY coalesce(j.group_key, '') LIMIT 1)
+                    UNION ALL
+                    SELECT (SELECT coalesce(j.group_key, '') FROM {schema}.jobs j
+                            WHERE j.status = 'pending' AND j.queue = p_queue
+                              AND coalesce(j.group_key, '') > s.g
+                            ORDER BY coalesce(j.group_key, '') LIMIT 1)
+                    FROM groups s WHERE s.g IS NOT NULL
+                ), running AS (
+                    SELECT coalesce(r.group_key, '') AS g, count(*) AS n FROM {schema}.jobs r
+                    WHERE r.status = 'running' AND r.queue = p_queue AND NOT r.is_parent
+                    GROUP BY 1
+                ), stopping AS (
+                    SELECT coalesce(r.group_key, '') AS g, count(*) AS n FROM {schema}.jobs r
+                    WHERE r.stopping_attempt_id IS NOT NULL AND r.queue = p_queue
+                      AND r.stopping_until > clock_timestamp()
+                    GROUP BY 1
+                )
+                SELECT c.job_id FROM groups s
+                LEFT JOIN running r ON r.g = s.g
+                LEFT JOIN stopping t ON t.g = s.g
+                CROSS JOIN LATERAL (
+                    SELECT j.job_id, j.priority, j.visible_at FROM {schema}.jobs j
+                    WHERE j.status = 'pending' AND j.queue = p_queue
+                      AND coalesce(j.group_key, '') = s.g
+                      AND j.visible_at <= now() AND j.stopping_attempt_id IS NULL
+                    ORDER BY j.priority DESC, j.visible_at
+                    LIMIT least(p_room, greatest(0, coalesce(p_group_limit, p_room)
+                                                    - coalesce(r.n, 0) - coalesce(t.n, 0)))
+                ) c
+                WHERE s.g IS NOT NULL
+                ORDER BY c.priority DESC, c.visible_at
+                LIMIT p_room);
+        END IF;
         -- Locked now; one another verb holds is left for the next claim.
         RETURN ARRAY(SELECT j.job_id FROM {schema}.jobs j
                      WHERE j.job_id = ANY(picked) AND j.status = 'pending'

@@ -112,6 +112,20 @@ def test_a_group_at_its_limit_waits_and_the_others_go_on(store: Store) -> None:
     assert Counter(groups_of(store, claim(store, "q", limit=20))) == {"big": 6, "small": 8}
 
 
+def test_a_group_at_its_limit_at_the_front_of_the_queue_is_passed(store: Store) -> None:
+    """Not fair, each group limited to one running job: a tenant's 200 jobs ahead of the
+    queue hold its first looks; the claim goes past them, to the others' jobs."""
+    store.queues.set_groups("q", group_limit=1, set_group_limit=True)
+    store.jobs.enqueue([new_job(queue="q", group_key="bulk") for _ in range(200)])
+    store.jobs.enqueue([new_job(queue="q", group_key=f"t{i}") for i in range(3)])
+    first = claim(store, "q", limit=1)
+    assert groups_of(store, first) == ["bulk"]
+    assert sorted(groups_of(store, claim(store, "q", limit=10)), key=str) == ["t0", "t1", "t2"]
+    assert claim(store, "q", limit=10) == []  # every group at its limit
+    finish(store, first)
+    assert groups_of(store, claim(store, "q", limit=10)) == ["bulk"]
+
+
 THREADS = 16
 GROUP_LIMIT = 2
 
