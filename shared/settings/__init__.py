@@ -160,7 +160,8 @@ class Settings(CommandSettings):
     audit_retention: Duration = timedelta(days=90)
     """How long audit events (``job_events``) are kept, as an ISO 8601 duration. Longer
     than job retention on purpose: the trail of a deleted job still answers "what happened
-    to it" for a quarter."""
+    to it" for a quarter. A workflow is deleted once it is older than this and retention has
+    deleted all its steps (lifecycle's ``workflows_deleted``)."""
 
     function_runs_retention: Duration = timedelta(days=30)
     """How long records of periodic function runs (``function_runs``) and of their manual

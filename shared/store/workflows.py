@@ -108,7 +108,7 @@ class Workflows(Noun):
         latest finished one (what the metrics show)."""
         counts: dict[str, int] = {}
         latest: dict[str, Recent] = {}
-        for r in self._rows("recent", None, Recent):  # newest first
+        for r in self._rows("summary", None, Recent):  # newest first
             counts[r.status] = counts.get(r.status, 0) + 1
             if r.seconds is not None and r.name not in latest:
                 latest[r.name] = r

@@ -53,7 +53,7 @@ FROM {schema}.jobs j
 WHERE j.workflow_id = %(workflow_id)s
 ORDER BY j.step;
 
--- recent --
+-- summary --
 -- The workflows submitted in the last day, each with its state: what the metrics count
 -- (workflows by status; each name's latest finished one). Index scans of their steps.
 SELECT w.workflow_id, w.name, s.status, s.steps_failed,
