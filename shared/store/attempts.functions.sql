@@ -141,6 +141,11 @@ DECLARE
     i integer;
     n bigint;
     looked integer := 0;
+    -- Whether any attempt of the queue is still stopping (each holds its group a slot).
+    any_stopping boolean := p_group_limit IS NOT NULL AND EXISTS (
+        SELECT FROM {schema}.jobs s
+        WHERE s.stopping_attempt_id IS NOT NULL AND s.queue = p_queue
+          AND s.stopping_until > clock_timestamp());
 BEGIN
     IF NOT p_fair THEN
         -- Most claims: the queue's first ready jobs in its order, past the groups with no
@@ -158,9 +163,11 @@ BEGIN
                 SELECT count(*) INTO n FROM {schema}.jobs r
                 WHERE r.status = 'running' AND r.queue = p_queue AND NOT r.is_parent
                   AND coalesce(r.group_key, '') = g;
-                SELECT n + count(*) INTO n FROM {schema}.jobs s
-                WHERE s.stopping_attempt_id IS NOT NULL AND s.queue = p_queue
-                  AND coalesce(s.group_key, '') = g AND s.stopping_until > clock_timestamp();
+                IF any_stopping THEN
+                    SELECT n + count(*) INTO n FROM {schema}.jobs s
+                    WHERE s.stopping_attempt_id IS NOT NULL AND s.queue = p_queue
+                      AND coalesce(s.group_key, '') = g AND s.stopping_until > clock_timestamp();
+                END IF;
                 seen := seen || g;
                 rooms := rooms || (coalesce(p_group_limit, p_room) - n)::integer;
                 i := cardinality(seen);
@@ -251,9 +258,11 @@ BEGIN
                 SELECT count(*) INTO n FROM {schema}.jobs r
                 WHERE r.status = 'running' AND r.queue = p_queue AND NOT r.is_parent
                   AND coalesce(r.group_key, '') = g;
-                SELECT n + count(*) INTO n FROM {schema}.jobs s
-                WHERE s.stopping_attempt_id IS NOT NULL AND s.queue = p_queue
-                  AND coalesce(s.group_key, '') = g AND s.stopping_until > clock_timestamp();
+                IF any_stopping THEN
+                    SELECT n + count(*) INTO n FROM {schema}.jobs s
+                    WHERE s.stopping_attempt_id IS NOT NULL AND s.queue = p_queue
+                      AND coalesce(s.group_key, '') = g AND s.stopping_until > clock_timestamp();
+                END IF;
                 seen := seen || g;
                 rooms := rooms || (p_group_limit - n)::integer;
                 i := cardinality(seen);

@@ -126,6 +126,20 @@ def test_a_group_at_its_limit_at_the_front_of_the_queue_is_passed(store: Store) 
     assert groups_of(store, claim(store, "q", limit=10)) == ["bulk"]
 
 
+@pytest.mark.parametrize("fair", [True, False])
+def test_a_cancelled_attempt_still_stopping_holds_its_groups_slot(store: Store,
+                                                                  fair: bool) -> None:
+    """Until its worker confirms the command gone, a cancelled attempt keeps its group's
+    slot, as it keeps the queue's (invariant 12): the group's next job waits."""
+    store.queues.set_groups("q", group_limit=1, set_group_limit=True, fair=fair)
+    store.jobs.enqueue([new_job(queue="q", group_key="t") for _ in range(2)])
+    [running] = claim(store, "q")
+    store.jobs.cancel(job_id=running.job_id, reason="wrong input")
+    assert claim(store, "q", limit=10) == []
+    assert store.attempts.stopped(job_id=running.job_id, attempt_id=running.attempt_id)
+    assert len(claim(store, "q", limit=10)) == 1
+
+
 THREADS = 16
 GROUP_LIMIT = 2
 
