@@ -192,7 +192,8 @@ def run(bench: Bench) -> Section:
                      f"{med[mode, 10] / med[base, 10]:.2f}× |")
     lines += ["", "A fair claim reads one index entry a job it takes (the next group's next "
               "ready job) and one a group at its limit it passes; a claim under a per-group "
-              "limit without round-robin looks at every group with ready work (two probes a "
-              f"group): its cost grows with the groups, {GROUPS} here."]
+              "limit without round-robin looks first at the queue's first ready jobs in its "
+              "order (a few times the claim's size), and only when those leave it short at "
+              f"every group with ready work (two probes a group, {GROUPS} groups here)."]
     s.notes.append("\n" + "\n".join(lines))
     return s
