@@ -395,7 +395,8 @@ def summary(d: Demo, platform: LocalPlatform, rows: list[tuple[str, str, str]]) 
     d.cli("logs", flaky, "--attempt", "1")
     d.say("what each attempt wrote stays readable: tails in the database, a longer output "
           "whole on S3 (`--follow` while it runs)")
-    children = d.store.jobs.children_counts(UUID(rows[-1][1]))
+    export = next(job_id for what, job_id, _ in rows if what.startswith("export"))
+    children = d.store.jobs.children_counts(UUID(export))
     print(f"\n   children of the datum job: {children}")
     running = d.conn.execute("SELECT count(*) AS n FROM jobs WHERE status = 'running' "
                              "AND NOT is_parent").fetchone()
