@@ -61,6 +61,7 @@ def test_a_workflow_is_submitted_run_and_shown(dsn: str) -> None:
     assert "SUCCEEDED" in text and "render" in text
     listed = json.loads(run_cli(dsn, "workflow", "list", "-o", "json").stdout)
     assert [v["workflow_id"] for v in listed] == [out["workflow_id"]]
+    assert listed[0]["status"] == "succeeded" and listed[0]["steps"] == view["steps"]
     job = json.loads(run_cli(dsn, "status", out["steps"]["mail"]["job_id"], "-o",
                              "json").stdout)
     assert job["status"] == "succeeded"
