@@ -358,6 +358,12 @@ def story(d: Demo, platform: LocalPlatform) -> int:
     d.wait_until("the workflow to finish", lambda: d.workflow(workflow_id)["finished_at"],
                  timeout=180)
     d.cli("workflow", "status", workflow_id)
+    [report_url] = [r["url"] for r in d.store.conn.execute(
+        "SELECT o.url FROM jobfence.job_outputs o WHERE o.job_id = %s AND o.status = 'done'",
+        (UUID(made["steps"]["report"]["job_id"]),))]
+    lines = s3.get_bytes(*report_url.removeprefix("s3://").split("/", 1)).decode().split("\n")
+    d.say("each load took the transform's datums' files, the report took each load's: "
+          f"report.txt says {lines[0]!r}, … ({len([x for x in lines if x])} loads)")
     again = json.loads(d.cli("enqueue", "--spec", etl, show=False))
     d.say(f"submitted again with its key: the same workflow ({again['workflow_id'][:8]}…, "
           f"created {again.get('created', True)}), nothing run twice")

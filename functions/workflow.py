@@ -85,11 +85,13 @@ def _print_one(view: dict[str, Any]) -> None:
     for k in ("created_at", "started_at", "finished_at", "cancelled_at", "created_by"):
         if view[k] is not None:
             print(f"  {k.replace('_', ' ')}: {view[k]}")
-    print(f"  {'STEP':<24} {'STATUS':<10} {'JOB':<36}  AFTER")
+    print(f"  {'STEP':<24} {'STATUS':<10} {'JOB':<36} {'FILES IN':>8}  AFTER")
     for name, s in view["steps"].items():
         after = ", ".join(s["after"] + s["after_jobs"]) or "-"
         fan = " (fan-out)" if s["fan_out"] else ""
-        print(f"  {name + fan:<24} {s['status']:<10} {s['job_id']:<36}  {after}")
+        handed = "-" if not s["inputs_from"] else (
+            "later" if s["inputs_handed"] is None else str(s["inputs_handed"]))
+        print(f"  {name + fan:<24} {s['status']:<10} {s['job_id']:<36} {handed:>8}  {after}")
         if s["status"] in ("failed", "cancelled") and s["error"]:
             print(f"  {'':<24} {str(s['error'])[:200]}")
 

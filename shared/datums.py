@@ -124,29 +124,37 @@ class AttemptFiles:
         """Progress, for the inactivity timeout: a file came or went."""
 
     def download_inputs(self, space: JobSpace) -> list[str]:
-        """Download this datum's objects into the space's ``inputs/``, keeping their names
-        relative to the input prefix, each into a new file the space made (never by a path
-        into the job's directory); the relative names."""
+        """Download this job's input objects into the space's ``inputs/``, each into a new
+        file the space made (never by a path into the job's directory): a datum's keep their
+        names relative to the input prefix; a workflow step's ``files`` (the outputs of the
+        steps before it) their ``STEP/NAME``. The relative names."""
         if not self.inputs:
             return []
-        bucket, base = self.inputs["bucket"], self.inputs.get("base", "")
-        pairs = []
-        for key in self.inputs["keys"]:
-            rel = PurePosixPath(key[len(base):] if key.startswith(base) else key)
+        wanted: list[tuple[str, str, str]] = []  # bucket, key, name in inputs/
+        if "files" in self.inputs:
+            for f in self.inputs["files"]:
+                wanted.append((*parse_s3_url(f["url"]), f["name"]))
+        elif "keys" in self.inputs:
+            bucket, base = self.inputs["bucket"], self.inputs.get("base", "")
+            wanted += [(bucket, key, key[len(base):] if key.startswith(base) else key)
+                       for key in self.inputs["keys"]]
+        for _, key, name in wanted:
+            rel = PurePosixPath(name)
             if rel.is_absolute() or ".." in rel.parts or not rel.parts:
-                raise ObjectStoreError(f"refusing input key {key!r}: it escapes the input dir")
-            pairs.append((key, rel.as_posix()))
+                raise ObjectStoreError(f"refusing input {key!r} as {name!r}: it escapes the "
+                                       "input dir")
         store = self._objects()
-        for batch in _batches(pairs):
-            files = space.create_inputs([rel for _, rel in batch])
+        for batch in _batches(wanted):
+            files = space.create_inputs([PurePosixPath(name).as_posix() for *_, name in batch])
             try:
                 with ThreadPoolExecutor(TRANSFER_THREADS) as pool:
-                    list(pool.map(lambda kf: self._download(store, bucket, *kf),
-                                  [(key, f) for (key, _), f in zip(batch, files, strict=True)]))
+                    list(pool.map(lambda w: self._download(store, *w),
+                                  [(bucket, key, f) for (bucket, key, _), f
+                                   in zip(batch, files, strict=True)]))
             finally:
                 for f in files:
                     f.close()
-        return [rel for _, rel in pairs]
+        return [PurePosixPath(name).as_posix() for *_, name in wanted]
 
     def _download(self, store: ObjectStore, bucket: str, key: str, f: BinaryIO) -> None:
         store.download_to(bucket, key, f, progress=lambda _sent: self._touch())

@@ -137,6 +137,10 @@ class JobSpec(BaseModel):
     @field_validator("inputs", mode="before")
     @classmethod
     def _inputs_url(cls, v: object) -> object:
+        if isinstance(v, Mapping) and "steps" in v:
+            raise ValueError("inputs from steps name the steps before it in a workflow: "
+                             "only a workflow's step takes them (a job's inputs are an "
+                             "s3:// url)")
         return {"url": v} if isinstance(v, str) else v
 
     @field_validator("actions")

@@ -2,7 +2,10 @@
 
 ``{"workflow": NAME, "steps": {STEP: JOB_SPEC, ...}, "idempotency_key": K}`` — a step's
 ``after`` names other steps (or job ids outside the workflow); a step with ``inputs`` fans
-out into datums as any job does, and the steps after it wait for its parent. The whole is
+out into datums as any job does, and the steps after it wait for its parent. A step whose
+``inputs`` are ``{"steps": [STEP, ...]}`` runs after those steps and gets their committed
+outputs as its input files (``STEP/NAME``; a fan-out step's are its datums'), listed by
+the database when it becomes pending (``jobfence_step_inputs``). The whole is
 validated before anything is written (every step as ``enqueue`` validates a spec; unknown
 or duplicate names, a step after itself, a cycle, more than ``MAX_STEPS``: InvalidSpec)
 and written in one transaction: the workflow's row, then its steps in dependency order,
@@ -48,6 +51,8 @@ class Workflow(NamedTuple):
     steps: dict[str, JobSpec]
     after: dict[str, tuple[str, ...]]
     """Each step's steps before it (its spec's ``after`` keeps the job ids outside)."""
+    inputs_from: dict[str, tuple[str, ...]]
+    """The steps whose outputs a step takes as its inputs (each also in its ``after``)."""
     order: tuple[str, ...]
     spec_hash: str
 
@@ -82,6 +87,7 @@ def parse_workflow(data: object, where: str = "workflow") -> Workflow:
     checking = Checking()
     specs: dict[str, JobSpec] = {}
     after: dict[str, tuple[str, ...]] = {}
+    inputs_from: dict[str, tuple[str, ...]] = {}
     for step, body in steps.items():
         if not isinstance(step, str) or not STEP.fullmatch(step):
             raise InvalidSpec(f"{where}: step {str(step)[:70]!r} is not a step name (a DNS "
@@ -93,8 +99,13 @@ def parse_workflow(data: object, where: str = "workflow") -> Workflow:
             raise InvalidSpec(f"step {step}: a step has no idempotency_key of its own (the "
                               "workflow's covers its steps)")
         names, jobs = _after(step, body.get("after"), steps)
+        spec = {**body, "after": jobs}
+        if taken := _inputs_from(step, body.get("inputs"), steps):
+            del spec["inputs"]  # the files of the steps before it, listed when it is ready
+            inputs_from[step] = taken
+            names += tuple(s for s in taken if s not in names)
         after[step] = names
-        specs[step] = checking.spec({**body, "after": jobs}, f"step {step}", walked=True)
+        specs[step] = checking.spec(spec, f"step {step}", walked=True)
     checking.resources(list(specs.values()))
     try:
         order = tuple(graphlib.TopologicalSorter(after).static_order())
@@ -105,7 +116,7 @@ def parse_workflow(data: object, where: str = "workflow") -> Workflow:
     body = {k: v for k, v in data.items() if k != "idempotency_key"}
     spec_hash = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()
                                ).hexdigest()
-    return Workflow(name, key, specs, after, order, spec_hash)
+    return Workflow(name, key, specs, after, inputs_from, order, spec_hash)
 
 
 def _after(step: str, given: object, steps: Mapping[str, object]
@@ -131,6 +142,28 @@ def _after(step: str, given: object, steps: Mapping[str, object]
     if len(set(names)) != len(names):
         raise InvalidSpec(f"step {step}: a step named twice in its after")
     return tuple(names), jobs
+
+
+def _inputs_from(step: str, given: object, steps: Mapping[str, object]) -> tuple[str, ...]:
+    """The steps a step takes its inputs from (``{"steps": [...]}``); none when its inputs
+    are anything else (an s3:// url, checked with its spec)."""
+    if not (isinstance(given, Mapping) and "steps" in given):
+        return ()
+    if set(given) != {"steps"}:
+        raise InvalidSpec(f"step {step}: inputs from steps take nothing but steps (per_datum "
+                          "fans out an s3:// url's objects, not a step's outputs)")
+    names = given["steps"]
+    if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
+        raise InvalidSpec(f"step {step}: inputs.steps must be a list of step names")
+    for n in names:
+        if n == step:
+            raise InvalidSpec(f"step {step}: takes its inputs from itself")
+        if n not in steps:
+            raise InvalidSpec(f"step {step}: inputs from {n[:70]!r}, which is not a step of "
+                              "the workflow")
+    if len(set(names)) != len(names):
+        raise InvalidSpec(f"step {step}: a step named twice in its inputs")
+    return tuple(names)
 
 
 class Submitted(NamedTuple):
@@ -181,7 +214,10 @@ def _step_job(settings: Settings, workflow: Workflow, workflow_id: UUID,
     spec = workflow.steps[step]
     job = to_new_job(spec, settings, ids[step], traceparent)
     after = tuple(ids[s] for s in workflow.after[step]) + job.after
-    return job._replace(after=after, workflow_id=str(workflow_id), step=step)
+    job = job._replace(after=after, workflow_id=str(workflow_id), step=step)
+    if taken := workflow.inputs_from.get(step):
+        job = job._replace(inputs={"steps": {s: str(ids[s]) for s in taken}})
+    return job
 
 
 def submitted_object(s: Submitted) -> dict[str, Any]:
@@ -220,7 +256,9 @@ def workflow_view(row: WorkflowRow, steps: Sequence[StepRow] | None = None) -> d
         view["steps"] = {s.step: {"job_id": str(s.job_id), "status": s.status,
                                   "after": list(s.after),
                                   "after_jobs": [str(j) for j in s.after_jobs],
-                                  "fan_out": s.is_parent, "attempts": s.attempt_count,
+                                  "fan_out": s.is_parent, "inputs_from": s.inputs_from,
+                                  "inputs_handed": s.inputs_handed,
+                                  "attempts": s.attempt_count,
                                   "reason": s.reason, "error": s.error,
                                   "started_at": s.started_at, "finished_at": s.finished_at}
                          for s in steps}

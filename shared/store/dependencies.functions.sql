@@ -9,9 +9,53 @@
 -- EXISTS first where a signature, a return type or an argument's name changes (see
 -- docs/DEVELOPERS.md). Each function's history before 0038 is in store/schema/.
 
+-- The files a workflow step takes from the steps before it (its inputs' `steps`, each name
+-- with its job id), once they have all succeeded: each one's committed outputs — a fan-out
+-- step's, its datums' — named STEP/PATH (STEP/DATUM/PATH where two datums wrote one
+-- name; where a run's attempts wrote one name, the newest). Its inputs back with `files`
+-- added, or a failure when there are more than p_most of them.
+CREATE OR REPLACE FUNCTION {schema}.jobfence_step_inputs(p_inputs jsonb, p_most integer)
+RETURNS TABLE (inputs jsonb, failure text)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
+    WITH given AS (
+        SELECT s.key AS step, s.value::uuid AS job_id
+        FROM jsonb_each_text(p_inputs -> 'steps') AS s
+    ), producers AS (
+        SELECT g.step, j.job_id, j.attempt_id, j.run
+        FROM given g JOIN {schema}.jobs j ON j.job_id = g.job_id
+        WHERE NOT j.is_parent AND j.status = 'succeeded'
+        UNION ALL
+        SELECT g.step, c.job_id, c.attempt_id, c.run
+        FROM given g JOIN {schema}.jobs c ON c.parent_id = g.job_id
+        WHERE c.status = 'succeeded'
+    ), files AS (
+        SELECT DISTINCT ON (p.step, p.job_id, o.path) p.step, p.job_id, o.path, o.url
+        FROM producers p JOIN {schema}.job_outputs o ON o.job_id = p.job_id
+        WHERE o.status = 'done'
+          AND (o.attempt_id = p.attempt_id
+               OR EXISTS (SELECT FROM {schema}.job_action_results r
+                          WHERE r.job_id = p.job_id AND r.attempt_id = o.attempt_id
+                            AND r.status = 'succeeded' AND r.run = p.run))
+        ORDER BY p.step, p.job_id, o.path, o.created_at DESC
+    ), named AS (
+        SELECT f.url, f.step || '/' || CASE
+            WHEN count(*) OVER (PARTITION BY f.step, f.path) > 1 THEN f.job_id || '/'
+            ELSE '' END || f.path AS name
+        FROM files f
+    )
+    SELECT CASE WHEN count(*) <= p_most THEN p_inputs || jsonb_build_object('files',
+               coalesce(jsonb_agg(jsonb_build_object('name', n.name, 'url', n.url)
+                                  ORDER BY n.name), '[]'::jsonb)) END,
+           CASE WHEN count(*) > p_most THEN format(
+               'the steps before it left %s files, more than the %s a step takes as inputs',
+               count(*), p_most) END
+    FROM named n;
+$$;
+
 -- Settle waiting jobs whose dependencies are all decided: pending once they all
 -- succeeded, failed (naming the dependency, and its step in a workflow) when one failed,
--- was cancelled or is gone.
+-- was cancelled or is gone. A workflow step taking files from the steps before it gets
+-- them now, when it becomes pending (again after a retry: the files of the runs that won).
 -- Run after an enqueue's commit, so that a dependency finishing meanwhile is seen by one
 -- side or the other.
 CREATE OR REPLACE FUNCTION {schema}.resolve_waiting(p_job_ids uuid[])
@@ -42,17 +86,27 @@ BEGIN
             WHERE dep.job_id = ids.job_id
         ) v
         WHERE v.deps > 0
+    ), handed AS (
+        SELECT v.job_id, v.active, coalesce(v.failure, h.failure) AS failure, h.inputs
+        FROM verdict v
+        LEFT JOIN LATERAL (  -- the files only of a step about to become pending
+            SELECT s.inputs, s.failure FROM {schema}.jobs w
+            CROSS JOIN LATERAL {schema}.jobfence_step_inputs(w.inputs, 10000) s
+            WHERE w.job_id = v.job_id AND v.failure IS NULL AND v.active = 0
+              AND w.status = 'waiting' AND w.inputs ? 'steps'
+        ) h ON true
     ), written AS (
         UPDATE {schema}.jobs j SET
             status = CASE WHEN v.failure IS NOT NULL THEN 'failed'
                           WHEN j.is_parent THEN 'running' ELSE 'pending' END,
+            inputs = coalesce(v.inputs, j.inputs),
             visible_at = greatest(now(), coalesce(j.run_at, now())),
             finished_at = CASE WHEN v.failure IS NOT NULL THEN now() END,
             retain_until = CASE WHEN v.failure IS NOT NULL THEN now() + j.ttl END,
             started_at = CASE WHEN v.failure IS NULL AND j.is_parent THEN now() END,
             reason = coalesce(v.failure, 'dependencies succeeded'),
             error = v.failure
-        FROM verdict v
+        FROM handed v
         WHERE j.job_id = v.job_id AND j.status = 'waiting'
           AND (v.failure IS NOT NULL OR v.active = 0)
         RETURNING j.job_id, j.status, j.parent_id, j.is_parent

@@ -45,6 +45,8 @@ class StepRow(NamedTuple):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    inputs_from: list[str]
+    inputs_handed: int | None
     after: list[str]
     after_jobs: list[UUID]
 

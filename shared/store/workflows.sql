@@ -37,9 +37,13 @@ LIMIT %(limit)s;
 
 -- steps --
 -- A workflow's steps: each one's job and its state, the steps it is after (and the jobs
--- outside the workflow), in step name order.
+-- outside the workflow), the steps it takes its inputs from and how many files they
+-- handed it (once it became pending), in step name order.
 SELECT j.step, j.job_id, j.status, j.is_parent, j.reason, j.error, j.attempt_count,
     j.created_at, j.started_at, j.finished_at,
+    ARRAY(SELECT s FROM jsonb_object_keys(j.inputs -> 'steps') AS s ORDER BY s)
+        AS inputs_from,
+    jsonb_array_length(j.inputs -> 'files') AS inputs_handed,
     ARRAY(SELECT d.step FROM {schema}.job_dependencies dep
           JOIN {schema}.jobs d ON d.job_id = dep.depends_on
           WHERE dep.job_id = j.job_id AND d.workflow_id = j.workflow_id

@@ -467,7 +467,7 @@ def test_a_workflow_in_the_console(browser: Any, console: Served, dsn: str,
         "extract": {"actions": sleep},
         "load-eu": {"actions": failing, "after": ["extract"], "max_attempts": 1},
         "load-us": {"actions": sleep, "after": ["extract"]},
-        "report": {"actions": sleep, "after": ["load-eu", "load-us"]}}}
+        "report": {"actions": sleep, "after": ["load-eu"], "inputs": {"steps": ["load-us"]}}}}
     r = run_cli(dsn, "enqueue", "--spec", "-", input=json.dumps(wf))
     assert r.returncode == 0, r.stderr
     wid = json.loads(r.stdout)["workflow_id"]
@@ -481,6 +481,7 @@ def test_a_workflow_in_the_console(browser: Any, console: Served, dsn: str,
     until(browser, "#workflow-graph a.step[data-step=load-eu]", "failed")
     until(browser, "#workflow-graph a.step[data-step=load-us]", "succeeded")
     until(browser, "#steps tr[data-step=report]", "(step load-eu) failed")
+    until(browser, "#steps td[data-inputs=report]", "load-us")  # the files it would take
     browser.save_screenshot(str(shots / "workflow-failed.png"))
     click(browser, "#retry-workflow")
     click(browser, "#confirm-ok")

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from devtools.sqlconn import connect
+from jobfence.adapters.s3 import S3ObjectStore
+from jobfence.objectstore import parse_s3_url
 from tests.support import run_cli
 from tests.support.procs import FAST, kill_quietly, read_pid, spawn, wait_for
 
@@ -67,6 +69,53 @@ def test_a_workflow_is_submitted_run_and_shown(dsn: str) -> None:
     assert job["status"] == "succeeded"
 
 
+def sh(script: str) -> dict[str, Any]:
+    return {"actions": [{"name": "command", "params": {"argv": ["sh", "-c", script]}}]}
+
+
+def test_a_step_gets_the_files_the_steps_before_it_wrote(dsn: str,
+                                                         s3_env: dict[str, str]) -> None:
+    """Real workers, moto's S3: load's command finds extract's file and every transform
+    datum's in its input directory, each under its step's name, and what load writes is
+    handed to report in turn."""
+    store, bucket = S3ObjectStore(endpoint_url=s3_env["JOBFENCE_S3_ENDPOINT_URL"]), \
+        s3_env["JOBFENCE_S3_BUCKET"]
+    for i in range(3):
+        store.put_bytes(bucket, f"lake/{i}.txt", f"row {i}\n".encode())
+    spec = {"workflow": "handoff", "steps": {
+        "extract": sh('echo day=29 > "$JOBFENCE_OUTPUT_DIR/manifest.txt"'),
+        "transform": {**sh('for f in "$JOBFENCE_INPUT_DIR"/*; do tr a-z A-Z < "$f" > '
+                           '"$JOBFENCE_OUTPUT_DIR/$(basename "$f" .txt).out"; done'),
+                      "after": ["extract"], "inputs": f"s3://{bucket}/lake/"},
+        "load": {**sh('cd "$JOBFENCE_INPUT_DIR" && find . -type f | sort > '
+                      '"$JOBFENCE_OUTPUT_DIR/ls" && cat transform/*.out > '
+                      '"$JOBFENCE_OUTPUT_DIR/rows"'),
+                 "inputs": {"steps": ["extract", "transform"]}},
+        "report": {**sh('cat "$JOBFENCE_INPUT_DIR/load/rows" > "$JOBFENCE_OUTPUT_DIR/report"'),
+                   "inputs": {"steps": ["load"]}}}}
+    r = run_cli(dsn, "enqueue", "--spec", "-", input=json.dumps(spec), **s3_env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    r = run_cli(dsn, "worker", "--max-jobs", "6", "--idle-seconds", "3", **FAST, **s3_env)
+    assert r.returncode == 0, r.stderr
+    view = status(dsn, out["workflow_id"])
+    assert view["status"] == "succeeded", view
+    assert view["steps"]["load"]["inputs_from"] == ["extract", "transform"]
+    assert view["steps"]["load"]["inputs_handed"] == 4
+
+    def output(step: str, path: str) -> str:
+        with connect(dsn) as conn:
+            row = conn.execute("SELECT o.url FROM job_outputs o JOIN jobs j USING (job_id) "
+                               "WHERE j.step = %s AND o.path = %s AND o.status = 'done'",
+                               (step, path)).fetchone()
+        assert row is not None, (step, path)
+        return store.get_bytes(*parse_s3_url(row["url"])).decode()
+
+    assert output("load", "ls").split() == [
+        "./extract/manifest.txt", "./transform/0.out", "./transform/1.out", "./transform/2.out"]
+    assert output("report", "report") == "ROW 0\nROW 1\nROW 2\n"
+
+
 def test_cancel_stops_a_running_steps_command(dsn: str, tmp_path: Path) -> None:
     pidfile = tmp_path / "step.pid"
     spec = {"workflow": "long", "steps": {
@@ -104,6 +153,7 @@ STEPS_BAD: dict[str, Any] = {
     "too many steps": {f"s{i}": NOOP for i in range(1001)},
     "a bad job spec": {"a": {"actions": [{"name": "no-such-action"}]}},
     "no steps": {},
+    "inputs from an unknown step": {"a": {**NOOP, "inputs": {"steps": ["missing"]}}},
 }
 
 
@@ -139,3 +189,12 @@ def test_a_drained_installation_refuses_a_workflow_and_writes_nothing(dsn: str) 
                 input=json.dumps({"workflow": "w", "steps": {"a": NOOP}}))
     assert r.returncode != 0 and counts(dsn) == before
     assert "drain" in r.stderr
+
+
+def test_a_job_outside_a_workflow_cannot_take_inputs_from_steps(dsn: str) -> None:
+    before = counts(dsn)
+    r = run_cli(dsn, "enqueue", "--spec", "-",
+                input=json.dumps({**NOOP, "inputs": {"steps": ["extract"]}}))
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "only a workflow's step takes them" in r.stderr
+    assert counts(dsn) == before

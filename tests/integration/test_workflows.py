@@ -16,6 +16,7 @@ from uuid import UUID
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from psycopg.types.json import Jsonb
 
 from devtools.memory_objects import MemoryObjectStore
 from devtools.sqlconn import connect
@@ -169,6 +170,70 @@ def test_retry_runs_a_fan_out_steps_failed_datums_and_keeps_the_others(
     assert store.jobs.children_counts(transform) == {"succeeded": 30}
 
 
+def wrote(store: Store, c: Any, *names: str) -> None:
+    """The attempt ``c`` uploaded ``names`` (registered and confirmed under its fence)."""
+    assert store.attempts.register_outputs(job_id=c.job_id, attempt_id=c.attempt_id, outputs=[
+        (n, f"s3://out/{c.job_id}/{c.attempt_id}/{n}") for n in names])
+    assert store.attempts.confirm_outputs(job_id=c.job_id, attempt_id=c.attempt_id, outputs=[
+        {"path": n, "status": "done", "size_bytes": 1, "error": None} for n in names])
+
+
+def test_a_step_takes_the_outputs_of_the_steps_before_it(dsn: str, store: Store) -> None:
+    """load takes extract's files and the transform datums' (a name two datums wrote comes
+    under each datum's id), committed outputs only; report takes load's. A retry of the
+    workflow hands load the files of the run that won, not of the one before."""
+    objects = objects_with(3)
+    spec = {"workflow": "handoff", "steps": {
+        "extract": {**NOOP, "max_attempts": 1},
+        "transform": {**NOOP, "inputs": "s3://in/rows/", "after": ["extract"]},
+        "load": {**NOOP, "inputs": {"steps": ["extract", "transform"]}},
+        "report": {**NOOP, "inputs": {"steps": ["load"]}}}}
+    done = submit(dsn, store, spec, objects)
+    ids = {name: s.job_id for name, s in done.steps.items()}
+    assert done.steps["load"].status == "waiting"  # its inputs' steps are in its after
+    store.conn.execute(  # an attempt that never committed: its file is never handed
+        "INSERT INTO jobfence.job_outputs (job_id, attempt_id, path, url, status) "
+        "VALUES (%s, gen_random_uuid(), 'stale.csv', 's3://out/stale.csv', 'done')",
+        (ids["extract"],))
+    seen: dict[UUID, Any] = {}
+
+    def run(first: str, fails: frozenset[UUID] = frozenset()) -> None:
+        while claims := store.attempts.claim(worker_id="w", lease_seconds=60, limit=1000):
+            for c in claims:
+                seen[c.job_id] = c.inputs
+                wrote(store, c, *({ids["extract"]: [first, "b.csv"], ids["load"]: ["rows.db"]}
+                                  .get(c.job_id, ["part.out"])))
+                store.attempts.finish(job_id=c.job_id, attempt_id=c.attempt_id,
+                                      succeeded=c.job_id not in fails, error="boom")
+                if c.parent_id is not None:
+                    finalize_parent(store, lambda: objects, "out", installation(store),
+                                    c.parent_id)
+
+    run("a.csv", fails=frozenset({ids["extract"]}))  # extract fails (once: max_attempts 1)
+    row, steps = workflows.get(store, done.workflow_id)
+    assert (row.status, row.failed_step) == ("failed", "extract")
+    workflows.retry(store, done.workflow_id, actor="ops", reason="fixed")
+    run("c.csv")
+    row, steps = workflows.get(store, done.workflow_id)
+    assert row.status == "succeeded", steps
+    datums = sorted(str(c.job_id) for c in store.parents.children_page(
+        parent_id=ids["transform"], after=UUID(int=0), limit=10))
+    names = [f["name"] for f in seen[ids["load"]]["files"]]
+    assert names == ["extract/b.csv", "extract/c.csv"] + [
+        f"transform/{d}/part.out" for d in datums]
+    assert all(f["url"].startswith("s3://out/") for f in seen[ids["load"]]["files"])
+    assert [f["name"] for f in seen[ids["report"]]["files"]] == ["load/rows.db"]
+    view = workflows.workflow_view(row, steps)["steps"]
+    assert view["load"]["inputs_from"] == ["extract", "transform"]
+    assert view["load"]["inputs_handed"] == 5 and view["extract"]["inputs_handed"] is None
+    got = store.conn.execute(
+        "SELECT inputs, failure FROM jobfence.jobfence_step_inputs(%s, 4)",
+        (Jsonb({"steps": {"extract": str(ids["extract"]), "transform": str(ids["transform"])}}),)
+    ).fetchone()  # one more file than it may take: refused, naming the count
+    assert got is not None and got["inputs"] is None
+    assert "left 5 files, more than the 4" in got["failure"]
+
+
 def test_cancel_stops_every_unfinished_step(dsn: str, store: Store) -> None:
     objects = objects_with(10)
     done = submit(dsn, store, etl(), objects)
@@ -226,6 +291,16 @@ def test_refused_specs_name_the_problem() -> None:
         "a bad job spec": ({"a": {"actions": []}}, "step a"),
         "no steps": ({}, "at least one"),
         "too many": ({f"s{i}": NOOP for i in range(workflows.MAX_STEPS + 1)}, "at most 1000"),
+        "inputs from an unknown step": ({"a": {**NOOP, "inputs": {"steps": ["nope"]}}},
+                                        "inputs from 'nope', which is not a step"),
+        "inputs from itself": ({"a": {**NOOP, "inputs": {"steps": ["a"]}}}, "from itself"),
+        "inputs from a step twice": ({"a": NOOP, "b": {**NOOP, "inputs": {
+            "steps": ["a", "a"]}}}, "named twice in its inputs"),
+        "a fan-out over a step": ({"a": NOOP, "b": {**NOOP, "inputs": {
+            "steps": ["a"], "per_datum": 2}}}, "nothing but steps"),
+        "no steps to take from": ({"a": {**NOOP, "inputs": {"steps": []}}}, "list of step"),
+        "a cycle through inputs": ({"a": {**NOOP, "inputs": {"steps": ["b"]}},
+                                    "b": {**NOOP, "after": ["a"]}}, "form a cycle"),
     }
     for what, (steps, said) in cases.items():
         with pytest.raises(InvalidSpec, match=said):
@@ -248,15 +323,16 @@ def test_any_graph_is_accepted_exactly_when_it_has_no_cycle(graph: tuple[int, li
     after: dict[str, set[str]] = {f"s{i}": set() for i in range(n)}
     for a, b in edges:
         after[f"s{b}"].add(f"s{a}")
-    spec = {"workflow": "g", "steps": {s: {**NOOP, "after": sorted(d)}
-                                       for s, d in after.items()}}
+    spec = {"workflow": "g", "steps": {  # every other step names its steps by its inputs
+        s: {**NOOP, "after": sorted(d)} if i % 2 or not d else
+        {**NOOP, "inputs": {"steps": sorted(d)}} for i, (s, d) in enumerate(after.items())}}
     try:
         list(graphlib.TopologicalSorter(after).static_order())
         acyclic = all(s not in d for s, d in after.items())
     except graphlib.CycleError:
         acyclic = False
     if not acyclic:
-        with pytest.raises(InvalidSpec, match=r"cycle|after itself"):
+        with pytest.raises(InvalidSpec, match=r"cycle|after itself|from itself"):
             workflows.parse_workflow(spec)
         return
     w = workflows.parse_workflow(spec)

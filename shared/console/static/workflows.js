@@ -104,11 +104,14 @@ async function workflowPage(id) {
     el("td", { class: "state" }, badge(s.status)),
     el("td", { class: "mono" }, el("a", { href: "#/jobs/" + s.job_id }, s.job_id.slice(0, 8) + "…")),
     el("td", {}, [...s.after, ...s.after_jobs].join(", ") || "-"),
+    el("td", { "data-inputs": n }, s.inputs_from.length === 0 ? "-"
+      : s.inputs_from.join(", ") + (s.inputs_handed === null ? ""
+        : ` (${s.inputs_handed} file${s.inputs_handed === 1 ? "" : "s"})`)),
     el("td", { class: "muted" }, s.error || "")));
   return [el("h1", {}, "Workflow ", el("span", { id: "workflow-name" }, w.workflow)),
           verbs,
           el("dl", { class: "facts", id: "workflow-facts" }, facts.flatMap(([k, v]) =>
             [el("dt", {}, k), el("dd", { "data-fact": k }, v)])),
           el("h2", {}, "Steps"), graph(w.steps),
-          table(["step", "status", "job", "after", "error"], rows, { id: "steps" })];
+          table(["step", "status", "job", "after", "files from", "error"], rows, { id: "steps" })];
 }
