@@ -13,7 +13,7 @@
 -- with its job id), once they have all succeeded: each one's committed outputs — a fan-out
 -- step's, its datums' — named STEP/PATH (STEP/DATUM/PATH where two datums wrote one
 -- name; where a run's attempts wrote one name, the newest). Its inputs back with `files`
--- added, or a failure when there are more than p_most of them.
+-- added, or a failure when there are more than p_most of them or two would share a name.
 CREATE OR REPLACE FUNCTION {schema}.jobfence_step_inputs(p_inputs jsonb, p_most integer)
 RETURNS TABLE (inputs jsonb, failure text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
@@ -43,12 +43,18 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
             ELSE '' END || f.path AS name
         FROM files f
     )
-    SELECT CASE WHEN count(*) <= p_most THEN p_inputs || jsonb_build_object('files',
-               coalesce(jsonb_agg(jsonb_build_object('name', n.name, 'url', n.url)
-                                  ORDER BY n.name), '[]'::jsonb)) END,
+    SELECT CASE WHEN count(*) <= p_most AND count(DISTINCT n.name) = count(*)
+               THEN p_inputs || jsonb_build_object('files',
+                   coalesce(jsonb_agg(jsonb_build_object('name', n.name, 'url', n.url)
+                                      ORDER BY n.name), '[]'::jsonb)) END,
            CASE WHEN count(*) > p_most THEN format(
                'the steps before it left %s files, more than the %s a step takes as inputs',
-               count(*), p_most) END
+               count(*), p_most)
+           WHEN count(DISTINCT n.name) < count(*) THEN format(
+               'two files of the steps before it would both be %s in its inputs (a datum '
+               'wrote a name under another datum''s id)', (
+                   SELECT d.name FROM named d GROUP BY d.name HAVING count(*) > 1
+                   ORDER BY d.name LIMIT 1)) END
     FROM named n;
 $$;
 

@@ -234,6 +234,29 @@ def test_a_step_takes_the_outputs_of_the_steps_before_it(dsn: str, store: Store)
     assert "left 5 files, more than the 4" in got["failure"]
 
 
+def test_a_step_whose_files_would_share_a_name_fails_naming_it(dsn: str,
+                                                                 store: Store) -> None:
+    """A datum's job code writes a file under another datum's id, where that datum's own
+    file (its name shared) is put: the step after them fails, naming the file, and nothing
+    is handed to it."""
+    objects = objects_with(2)
+    spec = {"workflow": "clash", "steps": {
+        "transform": {**NOOP, "inputs": "s3://in/rows/"},
+        "load": {**NOOP, "inputs": {"steps": ["transform"]}}}}
+    done = submit(dsn, store, spec, objects)
+    first, second = store.attempts.claim(worker_id="w", lease_seconds=60, limit=2)
+    wrote(store, first, "part.out")
+    wrote(store, second, "part.out", f"{first.job_id}/part.out")
+    for c in (first, second):
+        store.attempts.finish(job_id=c.job_id, attempt_id=c.attempt_id, succeeded=True)
+    finalize_parent(store, lambda: objects, "out", installation(store),
+                    done.steps["transform"].job_id)
+    load = store.jobs.get(done.steps["load"].job_id)
+    assert load is not None and load.status == "failed"
+    assert f"both be transform/{first.job_id}/part.out" in str(load.error)
+    assert "files" not in load.inputs
+
+
 def test_cancel_stops_every_unfinished_step(dsn: str, store: Store) -> None:
     objects = objects_with(10)
     done = submit(dsn, store, etl(), objects)
