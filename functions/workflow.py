@@ -41,8 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.verb == "list":
                 rows = store.workflows.page(name=args.name, limit=args.limit,
                                             after=workflow_id)
-                views = [workflows.workflow_view(r, store.workflows.steps(r.workflow_id))
-                         for r in rows]
+                views = workflows.views(store, rows)
                 if args.output == "json":
                     cli.emit(views)
                 else:

@@ -199,9 +199,9 @@ def submit_workflow(settings: Settings, store: Store, workflow: Workflow, *,
             else:
                 answers = adding.add(jobs, datum_children(settings, objects))
         if not added.created:
+            _, steps = get(store, added.workflow_id)
             return Submitted(added.workflow_id, workflow.name, {
-                s.step: Enqueued(s.job_id, s.status, False)
-                for s in store.workflows.steps(added.workflow_id)}, False)
+                s.step: Enqueued(s.job_id, s.status, False) for s in steps}, False)
         if adding.owned:
             answers = store.jobs.settled_late(answers)
         by_id = {a.job_id: a for a in answers}
@@ -265,11 +265,17 @@ def workflow_view(row: WorkflowRow, steps: Sequence[StepRow] | None = None) -> d
     return view
 
 
+def views(store: Store, rows: Sequence[WorkflowRow]) -> list[dict[str, Any]]:
+    """Each of these workflows as ``workflow_view`` shows it, their steps read at once."""
+    steps = store.workflows.steps([r.workflow_id for r in rows])
+    return [workflow_view(r, steps[r.workflow_id]) for r in rows]
+
+
 def get(store: Store, workflow_id: UUID) -> tuple[WorkflowRow, list[StepRow]]:
     row = store.workflows.get(workflow_id)
     if row is None:
         raise NotFound(f"workflow {workflow_id} not found")
-    return row, store.workflows.steps(workflow_id)
+    return row, store.workflows.steps([workflow_id])[workflow_id]
 
 
 def cancel(store: Store, workflow_id: UUID, *, actor: str | None, reason: str) -> int:

@@ -47,8 +47,7 @@ def routes(server: Routes) -> list[Route]:
         if len(rows) == q["limit"]:
             given = {k: v for k, v in call.given.items() if k != "after"}
             following = f"{V1}/workflows?{urlencode({**given, 'after': str(rows[-1][0])})}"
-        return Answer({"workflows": [workflows.workflow_view(r, store.workflows.steps(
-            r.workflow_id)) for r in rows], "next": following})
+        return Answer({"workflows": workflows.views(store, rows), "next": following})
 
     def one(store: Store, call: Call) -> Answer:
         return Answer(workflows.workflow_view(*workflows.get(store, call.path["workflow_id"])))

@@ -5,6 +5,7 @@ steps themselves are written and moved by the jobs' own verbs."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import NamedTuple
 from uuid import UUID
@@ -35,6 +36,7 @@ class WorkflowRow(NamedTuple):
 class StepRow(NamedTuple):
     """One step of a workflow: its job and the steps (and other jobs) it is after."""
 
+    workflow_id: UUID
     step: str
     job_id: UUID
     status: str
@@ -102,8 +104,12 @@ class Workflows(Noun):
         return self._rows("page", {"name": name, "limit": limit, "after": after},
                           WorkflowRow)
 
-    def steps(self, workflow_id: UUID) -> list[StepRow]:
-        return self._rows("steps", {"workflow_id": workflow_id}, StepRow)
+    def steps(self, workflow_ids: Sequence[UUID]) -> dict[UUID, list[StepRow]]:
+        """The steps of each of these workflows (one query however many), by workflow."""
+        found: dict[UUID, list[StepRow]] = {w: [] for w in workflow_ids}
+        for row in self._rows("steps", {"workflow_ids": list(workflow_ids)}, StepRow):
+            found[row.workflow_id].append(row)
+        return found
 
     def summary(self) -> Summary:
         """The workflows submitted in the last day: how many by status, and each name's

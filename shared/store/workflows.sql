@@ -36,10 +36,10 @@ ORDER BY w.workflow_id DESC
 LIMIT %(limit)s;
 
 -- steps --
--- A workflow's steps: each one's job and its state, the steps it is after (and the jobs
--- outside the workflow), the steps it takes its inputs from and how many files they
--- handed it (once it became pending), in step name order.
-SELECT j.step, j.job_id, j.status, j.is_parent, j.reason, j.error, j.attempt_count,
+-- The steps of these workflows: each one's job and its state, the steps it is after (and
+-- the jobs outside the workflow), the steps it takes its inputs from and how many files
+-- they handed it (once it became pending); by workflow, in step name order.
+SELECT j.workflow_id, j.step, j.job_id, j.status, j.is_parent, j.reason, j.error, j.attempt_count,
     j.created_at, j.started_at, j.finished_at,
     ARRAY(SELECT s FROM jsonb_object_keys(j.inputs -> 'steps') AS s ORDER BY s)
         AS inputs_from,
@@ -54,8 +54,8 @@ SELECT j.step, j.job_id, j.status, j.is_parent, j.reason, j.error, j.attempt_cou
                 AND d.workflow_id = j.workflow_id)
           ORDER BY dep.depends_on) AS after_jobs
 FROM {schema}.jobs j
-WHERE j.workflow_id = %(workflow_id)s
-ORDER BY j.step;
+WHERE j.workflow_id = ANY(%(workflow_ids)s::uuid[])
+ORDER BY j.workflow_id, j.step;
 
 -- summary --
 -- The workflows submitted in the last day, each with its state: what the metrics count
