@@ -20,7 +20,7 @@ import io
 import json
 import tempfile
 from collections.abc import Callable, Iterable
-from typing import IO
+from typing import IO, Any
 from uuid import UUID
 
 from jobfence.errors import JobfenceError
@@ -97,6 +97,16 @@ def finalize(parent: Parent, objects: Callable[[], ObjectStore], bucket: str | N
     return t
 
 
+def _input_urls(inputs: Any) -> list[str]:
+    """A datum's input objects: of an S3 prefix's (``keys``), or of the files of the steps
+    before its workflow step (``files``)."""
+    if not isinstance(inputs, dict):
+        return []
+    if "files" in inputs:
+        return [f["url"] for f in inputs["files"]]
+    return [s3_url(inputs["bucket"], k) for k in inputs.get("keys", [])]
+
+
 def _write_manifest(f: IO[str], parent: Parent, summary: ParentSummary,
                     counts: dict[str, int]) -> None:
     total = sum(counts.values())
@@ -112,8 +122,7 @@ def _write_manifest(f: IO[str], parent: Parent, summary: ParentSummary,
         for child in page:
             item = {"job_id": str(child.job_id), "status": child.status,
                     "attempt_id": str(child.attempt_id) if child.attempt_id else None,
-                    "inputs": [s3_url(child.inputs["bucket"], k)
-                               for k in child.inputs["keys"]] if child.inputs else [],
+                    "inputs": _input_urls(child.inputs),
                     "outputs": list(child.outputs), "error": child.error}
             f.write(("" if first else ", ") + json.dumps(item))
             first = False

@@ -5,7 +5,8 @@
 out into datums as any job does, and the steps after it wait for its parent. A step whose
 ``inputs`` are ``{"steps": [STEP, ...]}`` runs after those steps and gets their committed
 outputs as its input files (``STEP/NAME``; a fan-out step's are its datums'), listed by
-the database when it becomes pending (``jobfence_step_inputs``). The whole is
+the database when it becomes pending (``jobfence_step_inputs``) — or, with ``per_datum``,
+fans out over them: its datums made by the database when it starts. The whole is
 validated before anything is written (every step as ``enqueue`` validates a spec; unknown
 or duplicate names, a step after itself, a cycle, more than ``MAX_STEPS``: InvalidSpec)
 and written in one transaction: the workflow's row, then its steps in dependency order,
@@ -42,6 +43,14 @@ STEP = re.compile(r"^[a-z0-9]([-a-z0-9_]{0,61}[a-z0-9])?$")
 FIELDS = {"workflow", "steps", "idempotency_key"}
 
 
+class Taken(NamedTuple):
+    """A step's inputs from the steps before it: their files, to one job, or fanned out
+    ``per_datum`` files a datum."""
+
+    steps: tuple[str, ...]
+    per_datum: int | None
+
+
 class Workflow(NamedTuple):
     """A workflow spec, validated: its steps in an order where each comes after the steps
     it waits on."""
@@ -51,7 +60,7 @@ class Workflow(NamedTuple):
     steps: dict[str, JobSpec]
     after: dict[str, tuple[str, ...]]
     """Each step's steps before it (its spec's ``after`` keeps the job ids outside)."""
-    inputs_from: dict[str, tuple[str, ...]]
+    inputs_from: dict[str, Taken]
     """The steps whose outputs a step takes as its inputs (each also in its ``after``)."""
     order: tuple[str, ...]
     spec_hash: str
@@ -87,7 +96,7 @@ def parse_workflow(data: object, where: str = "workflow") -> Workflow:
     checking = Checking()
     specs: dict[str, JobSpec] = {}
     after: dict[str, tuple[str, ...]] = {}
-    inputs_from: dict[str, tuple[str, ...]] = {}
+    inputs_from: dict[str, Taken] = {}
     for step, body in steps.items():
         if not isinstance(step, str) or not STEP.fullmatch(step):
             raise InvalidSpec(f"{where}: step {str(step)[:70]!r} is not a step name (a DNS "
@@ -103,7 +112,7 @@ def parse_workflow(data: object, where: str = "workflow") -> Workflow:
         if taken := _inputs_from(step, body.get("inputs"), steps):
             del spec["inputs"]  # the files of the steps before it, listed when it is ready
             inputs_from[step] = taken
-            names += tuple(s for s in taken if s not in names)
+            names += tuple(s for s in taken.steps if s not in names)
         after[step] = names
         specs[step] = checking.spec(spec, f"step {step}", walked=True)
     checking.resources(list(specs.values()))
@@ -144,14 +153,17 @@ def _after(step: str, given: object, steps: Mapping[str, object]
     return tuple(names), jobs
 
 
-def _inputs_from(step: str, given: object, steps: Mapping[str, object]) -> tuple[str, ...]:
-    """The steps a step takes its inputs from (``{"steps": [...]}``); none when its inputs
-    are anything else (an s3:// url, checked with its spec)."""
+def _inputs_from(step: str, given: object, steps: Mapping[str, object]) -> Taken | None:
+    """The steps a step takes its inputs from (``{"steps": [...], "per_datum": N}``); None
+    when its inputs are anything else (an s3:// url, checked with its spec)."""
     if not (isinstance(given, Mapping) and "steps" in given):
-        return ()
-    if set(given) != {"steps"}:
-        raise InvalidSpec(f"step {step}: inputs from steps take nothing but steps (per_datum "
-                          "fans out an s3:// url's objects, not a step's outputs)")
+        return None
+    if not set(given) <= {"steps", "per_datum"}:
+        raise InvalidSpec(f"step {step}: inputs from steps take steps and per_datum only")
+    per_datum = given.get("per_datum")
+    if per_datum is not None and not (type(per_datum) is int and 1 <= per_datum <= 10_000):
+        raise InvalidSpec(f"step {step}: inputs.per_datum must be a whole number from 1 to "
+                          "10000")
     names = given["steps"]
     if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
         raise InvalidSpec(f"step {step}: inputs.steps must be a list of step names")
@@ -163,7 +175,7 @@ def _inputs_from(step: str, given: object, steps: Mapping[str, object]) -> tuple
                               "the workflow")
     if len(set(names)) != len(names):
         raise InvalidSpec(f"step {step}: a step named twice in its inputs")
-    return tuple(names)
+    return Taken(tuple(names), per_datum)
 
 
 class Submitted(NamedTuple):
@@ -216,7 +228,10 @@ def _step_job(settings: Settings, workflow: Workflow, workflow_id: UUID,
     after = tuple(ids[s] for s in workflow.after[step]) + job.after
     job = job._replace(after=after, workflow_id=str(workflow_id), step=step)
     if taken := workflow.inputs_from.get(step):
-        job = job._replace(inputs={"steps": {s: str(ids[s]) for s in taken}})
+        inputs: dict[str, Any] = {"steps": {s: str(ids[s]) for s in taken.steps}}
+        if taken.per_datum is not None:  # a parent whose datums are made when it starts
+            inputs["per_datum"] = taken.per_datum
+        job = job._replace(inputs=inputs, is_parent=taken.per_datum is not None)
     return job
 
 

@@ -13,7 +13,8 @@
 -- with its job id), once they have all succeeded: each one's committed outputs — a fan-out
 -- step's, its datums' — named STEP/PATH (STEP/DATUM/PATH where two datums wrote one
 -- name; where a run's attempts wrote one name, the newest). Its inputs back with `files`
--- added, or a failure when there are more than p_most of them or two would share a name.
+-- added, or a failure when there are more than p_most of them, two would share a name, or
+-- a step that fans out over them (`per_datum`) would have none.
 CREATE OR REPLACE FUNCTION {schema}.jobfence_step_inputs(p_inputs jsonb, p_most integer)
 RETURNS TABLE (inputs jsonb, failure text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
@@ -44,12 +45,15 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
         FROM files f
     )
     SELECT CASE WHEN count(*) <= p_most AND count(DISTINCT n.name) = count(*)
+                    AND (count(*) > 0 OR NOT p_inputs ? 'per_datum')
                THEN p_inputs || jsonb_build_object('files',
                    coalesce(jsonb_agg(jsonb_build_object('name', n.name, 'url', n.url)
                                       ORDER BY n.name), '[]'::jsonb)) END,
            CASE WHEN count(*) > p_most THEN format(
                'the steps before it left %s files, more than the %s a step takes as inputs',
                count(*), p_most)
+           WHEN count(*) = 0 AND p_inputs ? 'per_datum' THEN
+               'the steps before it left no files to fan out over'
            WHEN count(DISTINCT n.name) < count(*) THEN format(
                'two files of the steps before it would both be %s in its inputs (a datum '
                'wrote a name under another datum''s id)', (
@@ -58,10 +62,46 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
     FROM named n;
 $$;
 
+-- A new job id as the clients make them (jobfence.ids.uuid7): the milliseconds since the
+-- epoch in its first 48 bits, version 7, random after.
+CREATE OR REPLACE FUNCTION {schema}.jobfence_uuid7() RETURNS uuid
+LANGUAGE sql VOLATILE SET search_path = {schema}, pg_temp AS $$
+    SELECT encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
+        PLACING substring(int8send((extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+                          FROM 3)
+        FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid;
+$$;
+
+-- The datums of a workflow step that fans out over the files of the steps before it (its
+-- inputs' `per_datum` of them each, in name order), made when it starts running — once:
+-- a step opened again by a retry keeps the datums it has. Each as a datum of an S3 prefix
+-- is made (submit.py, datums.py): the parent's actions, limits, labels, queue and group.
+CREATE OR REPLACE FUNCTION {schema}.jobfence_fan_out(p_parent_id uuid, p_files jsonb)
+RETURNS TABLE (job_id uuid, status text, parent_id uuid)
+LANGUAGE sql SET search_path = {schema}, pg_temp AS $$
+    INSERT INTO {schema}.jobs AS c (
+        job_id, status, actions, resource, priority, max_attempts, visible_at, parent_id,
+        is_parent, inputs, labels, timeout, reason, queue, run_at, traceparent, group_key)
+    SELECT {schema}.jobfence_uuid7(), 'pending', p.actions, NULL, p.priority,
+        p.max_attempts, greatest(now(), coalesce(p.run_at, now())), p.job_id, false,
+        jsonb_build_object('files', d.files), p.labels, p.timeout, 'parent started',
+        p.queue, p.run_at, p.traceparent, p.group_key
+    FROM {schema}.jobs p
+    CROSS JOIN LATERAL (
+        SELECT jsonb_agg(f.value ORDER BY f.n) AS files
+        FROM jsonb_array_elements(p_files) WITH ORDINALITY AS f (value, n)
+        GROUP BY (f.n - 1) / greatest(coalesce((p.inputs ->> 'per_datum')::integer, 1), 1)
+    ) d
+    WHERE p.job_id = p_parent_id AND p.is_parent AND p.status = 'running'
+      AND NOT EXISTS (SELECT FROM {schema}.jobs k WHERE k.parent_id = p.job_id)
+    RETURNING c.job_id, c.status, c.parent_id;
+$$;
+
 -- Settle waiting jobs whose dependencies are all decided: pending once they all
 -- succeeded, failed (naming the dependency, and its step in a workflow) when one failed,
 -- was cancelled or is gone. A workflow step taking files from the steps before it gets
--- them now, when it becomes pending (again after a retry: the files of the runs that won).
+-- them now, when it becomes pending (again after a retry: the files of the runs that won);
+-- one that fans out over them, its datums (jobfence_fan_out; the parent keeps the count).
 -- Run after an enqueue's commit, so that a dependency finishing meanwhile is seen by one
 -- side or the other.
 CREATE OR REPLACE FUNCTION {schema}.resolve_waiting(p_job_ids uuid[])
@@ -71,6 +111,8 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
 DECLARE
     started uuid[] := '{{}}';
     failed uuid[] := '{{}}';
+    fanned uuid[] := '{{}}';
+    fanned_files jsonb[] := '{{}}';
     made record;
 BEGIN
     FOR made IN WITH verdict AS (
@@ -105,7 +147,10 @@ BEGIN
         UPDATE {schema}.jobs j SET
             status = CASE WHEN v.failure IS NOT NULL THEN 'failed'
                           WHEN j.is_parent THEN 'running' ELSE 'pending' END,
-            inputs = coalesce(v.inputs, j.inputs),
+            inputs = CASE WHEN v.inputs IS NULL THEN j.inputs
+                          WHEN j.is_parent THEN j.inputs || jsonb_build_object(
+                              'handed', jsonb_array_length(v.inputs -> 'files'))
+                          ELSE v.inputs END,
             visible_at = greatest(now(), coalesce(j.run_at, now())),
             finished_at = CASE WHEN v.failure IS NOT NULL THEN now() END,
             retain_until = CASE WHEN v.failure IS NOT NULL THEN now() + j.ttl END,
@@ -115,17 +160,24 @@ BEGIN
         FROM handed v
         WHERE j.job_id = v.job_id AND j.status = 'waiting'
           AND (v.failure IS NOT NULL OR v.active = 0)
-        RETURNING j.job_id, j.status, j.parent_id, j.is_parent
+        RETURNING j.job_id, j.status, j.parent_id, j.is_parent, v.inputs AS handed
     ) SELECT * FROM written
     LOOP
         job_id := made.job_id; status := made.status; parent_id := made.parent_id;
         RETURN NEXT;
         IF made.is_parent AND made.status = 'running' THEN
             started := started || made.job_id;
+            IF made.handed IS NOT NULL THEN
+                fanned := fanned || made.job_id;
+                fanned_files := fanned_files || (made.handed -> 'files');
+            END IF;
         ELSIF made.is_parent AND made.status = 'failed' THEN
             failed := failed || made.job_id;
         END IF;
     END LOOP;
+    RETURN QUERY
+    SELECT f.* FROM unnest(fanned, fanned_files) AS x (parent, files)
+    CROSS JOIN LATERAL {schema}.jobfence_fan_out(x.parent, x.files) f;
     RETURN QUERY
     UPDATE {schema}.jobs c SET status = 'pending',
         visible_at = greatest(now(), coalesce(c.run_at, now())), reason = 'parent started'

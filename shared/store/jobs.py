@@ -75,7 +75,8 @@ class Enqueuing:
         inserted = jobs.insert_many(batch, rows)
         answers = jobs.idempotent_replays(batch, inserted)
         if children is not None:
-            answers = [jobs.insert_children(a, j, children) if a.created and j.is_parent
+            answers = [jobs.insert_children(a, j, children)
+                       if a.created and j.is_parent and "url" in j.inputs
                        else a for a, j in zip(answers, batch, strict=True)]
         deps.insert_many([(j.job_id, d) for j in batch if j.job_id in inserted
                           for d in j.after])

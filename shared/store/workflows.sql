@@ -43,7 +43,8 @@ SELECT j.workflow_id, j.step, j.job_id, j.status, j.is_parent, j.reason, j.error
     j.created_at, j.started_at, j.finished_at,
     ARRAY(SELECT s FROM jsonb_object_keys(j.inputs -> 'steps') AS s ORDER BY s)
         AS inputs_from,
-    jsonb_array_length(j.inputs -> 'files') AS inputs_handed,
+    coalesce(jsonb_array_length(j.inputs -> 'files'), (j.inputs ->> 'handed')::integer)
+        AS inputs_handed,
     ARRAY(SELECT d.step FROM {schema}.job_dependencies dep
           JOIN {schema}.jobs d ON d.job_id = dep.depends_on
           WHERE dep.job_id = j.job_id AND d.workflow_id = j.workflow_id

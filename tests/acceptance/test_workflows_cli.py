@@ -75,18 +75,17 @@ def sh(script: str) -> dict[str, Any]:
 
 def test_a_step_gets_the_files_the_steps_before_it_wrote(dsn: str,
                                                          s3_env: dict[str, str]) -> None:
-    """Real workers, moto's S3: load's command finds extract's file and every transform
-    datum's in its input directory, each under its step's name, and what load writes is
-    handed to report in turn."""
-    store, bucket = S3ObjectStore(endpoint_url=s3_env["JOBFENCE_S3_ENDPOINT_URL"]), \
-        s3_env["JOBFENCE_S3_BUCKET"]
-    for i in range(3):
-        store.put_bytes(bucket, f"lake/{i}.txt", f"row {i}\n".encode())
+    """Real workers, moto's S3: extract writes three partitions, transform fans out over
+    them (a datum each, made when it starts), load's command finds extract's files and
+    every datum's in its input directory under each step's name, and what load writes is
+    handed to report in turn; transform's manifest names each datum's input."""
+    store = S3ObjectStore(endpoint_url=s3_env["JOBFENCE_S3_ENDPOINT_URL"])
     spec = {"workflow": "handoff", "steps": {
-        "extract": sh('echo day=29 > "$JOBFENCE_OUTPUT_DIR/manifest.txt"'),
-        "transform": {**sh('for f in "$JOBFENCE_INPUT_DIR"/*; do tr a-z A-Z < "$f" > '
+        "extract": sh('for i in 0 1 2; do echo "row $i" > "$JOBFENCE_OUTPUT_DIR/part-$i.txt"; '
+                      'done'),
+        "transform": {**sh('for f in "$JOBFENCE_INPUT_DIR"/extract/*; do tr a-z A-Z < "$f" > '
                            '"$JOBFENCE_OUTPUT_DIR/$(basename "$f" .txt).out"; done'),
-                      "after": ["extract"], "inputs": f"s3://{bucket}/lake/"},
+                      "inputs": {"steps": ["extract"], "per_datum": 1}},
         "load": {**sh('cd "$JOBFENCE_INPUT_DIR" && find . -type f | sort > '
                       '"$JOBFENCE_OUTPUT_DIR/ls" && cat transform/*.out > '
                       '"$JOBFENCE_OUTPUT_DIR/rows"'),
@@ -100,8 +99,10 @@ def test_a_step_gets_the_files_the_steps_before_it_wrote(dsn: str,
     assert r.returncode == 0, r.stderr
     view = status(dsn, out["workflow_id"])
     assert view["status"] == "succeeded", view
+    assert view["steps"]["transform"]["fan_out"] and view["steps"]["transform"][
+        "inputs_handed"] == 3
     assert view["steps"]["load"]["inputs_from"] == ["extract", "transform"]
-    assert view["steps"]["load"]["inputs_handed"] == 4
+    assert view["steps"]["load"]["inputs_handed"] == 6
 
     def output(step: str, path: str) -> str:
         with connect(dsn) as conn:
@@ -112,8 +113,14 @@ def test_a_step_gets_the_files_the_steps_before_it_wrote(dsn: str,
         return store.get_bytes(*parse_s3_url(row["url"])).decode()
 
     assert output("load", "ls").split() == [
-        "./extract/manifest.txt", "./transform/0.out", "./transform/1.out", "./transform/2.out"]
+        *(f"./extract/part-{i}.txt" for i in range(3)),
+        *(f"./transform/part-{i}.out" for i in range(3))]
     assert output("report", "report") == "ROW 0\nROW 1\nROW 2\n"
+    transform = json.loads(run_cli(dsn, "status", out["steps"]["transform"]["job_id"], "-o",
+                                   "json").stdout)
+    manifest = json.loads(store.get_bytes(*parse_s3_url(transform["manifest"])))
+    assert sorted(len(i["inputs"]) for i in manifest["items"]) == [1, 1, 1]
+    assert all(i["inputs"][0].endswith(".txt") for i in manifest["items"])
 
 
 def test_cancel_stops_a_running_steps_command(dsn: str, tmp_path: Path) -> None:

@@ -234,6 +234,62 @@ def test_a_step_takes_the_outputs_of_the_steps_before_it(dsn: str, store: Store)
     assert "left 5 files, more than the 4" in got["failure"]
 
 
+def test_a_step_fans_out_over_the_files_of_the_steps_before_it(dsn: str,
+                                                                store: Store) -> None:
+    """transform fans out over extract's five files, two a datum: its three datums are made
+    when it starts, each with its files; load takes their outputs. With no files to fan out
+    over, the step fails saying so, and a retry once there are some runs it."""
+    objects = objects_with(0)
+    spec = {"workflow": "fan", "steps": {
+        "extract": {**NOOP, "max_attempts": 1},
+        "transform": {**NOOP, "inputs": {"steps": ["extract"], "per_datum": 2}},
+        "load": {**NOOP, "inputs": {"steps": ["transform"]}}}}
+    done = submit(dsn, store, spec, objects)
+    ids = {name: s.job_id for name, s in done.steps.items()}
+    assert done.steps["transform"].status == "waiting"
+    seen: dict[UUID, Any] = {}
+    parts: list[str] = []
+
+    def run() -> None:
+        while claims := store.attempts.claim(worker_id="w", lease_seconds=60, limit=1000):
+            for c in claims:
+                seen[c.job_id] = c.inputs
+                if c.job_id == ids["extract"] and parts:
+                    wrote(store, c, *parts)
+                elif c.parent_id == ids["transform"]:
+                    wrote(store, c, *(f["name"].split("/")[1] + ".out"
+                                      for f in c.inputs["files"]))
+                store.attempts.finish(job_id=c.job_id, attempt_id=c.attempt_id,
+                                      succeeded=True)
+                if c.parent_id is not None:
+                    finalize_parent(store, lambda: objects, "out", installation(store),
+                                    c.parent_id)
+
+    run()  # extract wrote nothing
+    row, steps = workflows.get(store, done.workflow_id)
+    assert (row.status, row.failed_step) == ("failed", "transform")
+    assert "no files to fan out over" in str({s.step: s for s in steps}["transform"].error)
+    assert store.jobs.children_counts(ids["transform"]) == {}
+    parts[:] = [f"p{i}.csv" for i in range(5)]
+    workflows.retry(store, done.workflow_id, actor="ops", reason="the day landed")
+    store.conn.execute("UPDATE jobfence.jobs SET status = 'failed' WHERE job_id = %s",
+                       (ids["extract"],))  # run extract again too: it writes this time
+    workflows.retry(store, done.workflow_id, actor="ops", reason="extract again")
+    run()
+    row, steps = workflows.get(store, done.workflow_id)
+    assert row.status == "succeeded", steps
+    datums = store.parents.children_page(parent_id=ids["transform"], after=UUID(int=0),
+                                         limit=10)
+    given = sorted([f["name"] for f in seen[d.job_id]["files"]] for d in datums)
+    assert given == [["extract/p0.csv", "extract/p1.csv"], ["extract/p2.csv", "extract/p3.csv"],
+                     ["extract/p4.csv"]]
+    assert all(d.job_id.version == 7 for d in datums)
+    assert [f["name"] for f in seen[ids["load"]]["files"]] == [
+        f"transform/p{i}.csv.out" for i in range(5)]
+    view = workflows.workflow_view(row, steps)["steps"]
+    assert view["transform"]["fan_out"] and view["transform"]["inputs_handed"] == 5
+
+
 def test_a_step_whose_files_would_share_a_name_fails_naming_it(dsn: str,
                                                                  store: Store) -> None:
     """A datum's job code writes a file under another datum's id, where that datum's own
@@ -319,8 +375,12 @@ def test_refused_specs_name_the_problem() -> None:
         "inputs from itself": ({"a": {**NOOP, "inputs": {"steps": ["a"]}}}, "from itself"),
         "inputs from a step twice": ({"a": NOOP, "b": {**NOOP, "inputs": {
             "steps": ["a", "a"]}}}, "named twice in its inputs"),
-        "a fan-out over a step": ({"a": NOOP, "b": {**NOOP, "inputs": {
-            "steps": ["a"], "per_datum": 2}}}, "nothing but steps"),
+        "inputs from steps and a url": ({"a": NOOP, "b": {**NOOP, "inputs": {
+            "steps": ["a"], "url": "s3://in/x/"}}}, "steps and per_datum only"),
+        "no datums": ({"a": NOOP, "b": {**NOOP, "inputs": {
+            "steps": ["a"], "per_datum": 0}}}, "per_datum must be a whole number"),
+        "a datum of yes": ({"a": NOOP, "b": {**NOOP, "inputs": {
+            "steps": ["a"], "per_datum": True}}}, "per_datum must be a whole number"),
         "no steps to take from": ({"a": {**NOOP, "inputs": {"steps": []}}}, "list of step"),
         "a cycle through inputs": ({"a": {**NOOP, "inputs": {"steps": ["b"]}},
                                     "b": {**NOOP, "after": ["a"]}}, "form a cycle"),
