@@ -10,17 +10,20 @@
 -- docs/DEVELOPERS.md). Each function's history before 0038 is in store/schema/.
 
 -- The files a workflow step takes from the steps before it (its inputs' `steps`, each name
--- with its job id), once they have all succeeded: each one's committed outputs — a fan-out
+-- with its job id; each must be a step of p_workflow_id), once they have all succeeded: each one's committed outputs — a fan-out
 -- step's, its datums' — named STEP/PATH (STEP/DATUM/PATH where two datums wrote one
 -- name; where a run's attempts wrote one name, the newest). Its inputs back with `files`
 -- added, or a failure when there are more than p_most of them, two would share a name, or
 -- a step that fans out over them (`per_datum`) would have none.
-CREATE OR REPLACE FUNCTION {schema}.jobfence_step_inputs(p_inputs jsonb, p_most integer)
+CREATE OR REPLACE FUNCTION {schema}.jobfence_step_inputs(p_workflow_id uuid, p_inputs jsonb,
+                                                         p_most integer)
 RETURNS TABLE (inputs jsonb, failure text)
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
-    WITH given AS (
-        SELECT s.key AS step, s.value::uuid AS job_id
-        FROM jsonb_each_text(p_inputs -> 'steps') AS s
+    WITH named AS (
+        SELECT s.value::uuid AS job_id FROM jsonb_each_text(p_inputs -> 'steps') AS s
+    ), given AS (  -- only steps of its own workflow (a row written by hand names no other)
+        SELECT j.step, j.job_id FROM named n JOIN {schema}.jobs j ON j.job_id = n.job_id
+        WHERE j.workflow_id = p_workflow_id AND j.step IS NOT NULL
     ), producers AS (
         SELECT g.step, j.job_id, j.attempt_id, j.run
         FROM given g JOIN {schema}.jobs j ON j.job_id = g.job_id
@@ -38,18 +41,25 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
                           WHERE r.job_id = p.job_id AND r.attempt_id = o.attempt_id
                             AND r.status = 'succeeded' AND r.run = p.run))
         ORDER BY p.step, p.job_id, o.path, o.created_at DESC
-    ), named AS (
+    ), handed AS (
         SELECT f.url, f.step || '/' || CASE
             WHEN count(*) OVER (PARTITION BY f.step, f.path) > 1 THEN f.job_id || '/'
             ELSE '' END || f.path AS name
         FROM files f
+    ), strays AS (
+        SELECT min(n.job_id::text) AS job_id FROM named n
+        WHERE NOT EXISTS (SELECT FROM given g WHERE g.job_id = n.job_id)
     )
     SELECT CASE WHEN count(*) <= p_most AND count(DISTINCT n.name) = count(*)
                     AND (count(*) > 0 OR NOT p_inputs ? 'per_datum')
+                    AND (SELECT x.job_id FROM strays x) IS NULL
                THEN p_inputs || jsonb_build_object('files',
                    coalesce(jsonb_agg(jsonb_build_object('name', n.name, 'url', n.url)
                                       ORDER BY n.name), '[]'::jsonb)) END,
-           CASE WHEN count(*) > p_most THEN format(
+           CASE WHEN (SELECT x.job_id FROM strays x) IS NOT NULL THEN format(
+               'its inputs name job %s, which is not a step of its workflow',
+               (SELECT x.job_id FROM strays x))
+           WHEN count(*) > p_most THEN format(
                'the steps before it left %s files, more than the %s a step takes as inputs',
                count(*), p_most)
            WHEN count(*) = 0 AND p_inputs ? 'per_datum' THEN
@@ -57,9 +67,9 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
            WHEN count(DISTINCT n.name) < count(*) THEN format(
                'two files of the steps before it would both be %s in its inputs (a datum '
                'wrote a name under another datum''s id)', (
-                   SELECT d.name FROM named d GROUP BY d.name HAVING count(*) > 1
+                   SELECT d.name FROM handed d GROUP BY d.name HAVING count(*) > 1
                    ORDER BY d.name LIMIT 1)) END
-    FROM named n;
+    FROM handed n;
 $$;
 
 -- A new job id as the clients make them (jobfence.ids.uuid7): the milliseconds since the
@@ -139,7 +149,8 @@ BEGIN
         FROM verdict v
         LEFT JOIN LATERAL (  -- the files only of a step about to become pending
             SELECT s.inputs, s.failure FROM {schema}.jobs w
-            CROSS JOIN LATERAL {schema}.jobfence_step_inputs(w.inputs, 10000) s
+            CROSS JOIN LATERAL {schema}.jobfence_step_inputs(w.workflow_id, w.inputs,
+                                                             10000) s
             WHERE w.job_id = v.job_id AND v.failure IS NULL AND v.active = 0
               AND w.status = 'waiting' AND w.inputs ? 'steps'
         ) h ON true

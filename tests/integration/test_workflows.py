@@ -19,12 +19,14 @@ from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
 from devtools.memory_objects import MemoryObjectStore
+from devtools.roles import ensure_logins
 from devtools.sqlconn import connect
 from jobfence import workflows
 from jobfence.errors import Conflict, InvalidSpec
 from jobfence.finalize import finalize_parent
 from jobfence.settings import Settings, load_settings
-from jobfence.store import Store
+from jobfence.ids import uuid7
+from jobfence.store import NewJob, Store
 from tests.support.factories import installation
 
 pytestmark = pytest.mark.pooled  # directly and through PgBouncer
@@ -227,11 +229,37 @@ def test_a_step_takes_the_outputs_of_the_steps_before_it(dsn: str, store: Store)
     assert view["load"]["inputs_from"] == ["extract", "transform"]
     assert view["load"]["inputs_handed"] == 5 and view["extract"]["inputs_handed"] is None
     got = store.conn.execute(
-        "SELECT inputs, failure FROM jobfence.jobfence_step_inputs(%s, 4)",
-        (Jsonb({"steps": {"extract": str(ids["extract"]), "transform": str(ids["transform"])}}),)
+        "SELECT inputs, failure FROM jobfence.jobfence_step_inputs(%s, %s, 4)",
+        (done.workflow_id, Jsonb({"steps": {"extract": str(ids["extract"]),
+                                            "transform": str(ids["transform"])}}))
     ).fetchone()  # one more file than it may take: refused, naming the count
     assert got is not None and got["inputs"] is None
     assert "left 5 files, more than the 4" in got["failure"]
+
+
+def test_a_job_written_by_hand_takes_no_files_of_another_workflows_step(
+        dsn: str, store: Store) -> None:
+    """An operator's login writes a job row itself, its inputs naming a step of someone
+    else's workflow (and waiting on it): when it is settled it fails, naming that job, and
+    nothing of the step's files is handed to it."""
+    objects = objects_with(0)
+    other = submit(dsn, store, {"workflow": "theirs", "steps": {"secret": NOOP}}, objects)
+    [c] = store.attempts.claim(worker_id="w", lease_seconds=60)
+    wrote(store, c, "payroll.csv")
+    store.attempts.finish(job_id=c.job_id, attempt_id=c.attempt_id, succeeded=True)
+    forged = uuid7()
+    with connect(ensure_logins(dsn.direct)["operator"]) as conn:
+        mine = Store(conn)
+        with mine.jobs.enqueuing() as adding:
+            adding.add([NewJob(job_id=forged, actions=NOOP["actions"], max_attempts=1,
+                               after=(c.job_id,),
+                               inputs={"steps": {"secret": str(c.job_id)}})])
+        mine.dependencies.resolve([forged])
+        job = mine.jobs.get(forged)
+    assert job is not None and job.status == "failed"
+    assert f"inputs name job {c.job_id}, which is not a step of its workflow" in str(job.error)
+    assert "files" not in job.inputs
+    assert other.steps["secret"].job_id == c.job_id
 
 
 def test_a_step_fans_out_over_the_files_of_the_steps_before_it(dsn: str,
