@@ -24,8 +24,8 @@ from devtools.sqlconn import connect
 from jobfence import workflows
 from jobfence.errors import Conflict, InvalidSpec
 from jobfence.finalize import finalize_parent
-from jobfence.settings import Settings, load_settings
 from jobfence.ids import uuid7
+from jobfence.settings import Settings, load_settings
 from jobfence.store import NewJob, Store
 from tests.support.factories import installation
 
