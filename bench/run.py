@@ -38,6 +38,7 @@ BENCHMARKS = {
     "listing": "bench.bench_listing",
     "enqueue": "bench.bench_enqueue",
     "dependents": "bench.bench_dependents",
+    "handoff": "bench.bench_handoff",
     "finalize": "bench.bench_finalize",
     "output": "bench.bench_output",
     "pools": "bench.bench_pools",
