@@ -1,7 +1,8 @@
 """`make chaos`: jobfence under fire, judged by its audit trail.
 
 Thousands of jobs of every kind — plain, on exclusive resources, flaky with retries, with
-run timeouts, chained by dependencies, datum parents on S3 — in three queues, while worker
+run timeouts, chained by dependencies, datum parents on S3, workflows whose steps hand
+their files on — in three queues, while worker
 processes are started continuously the way KEDA would (devtools/platform.py, each pool's
 own trigger query): one job per pod for maintenance work, draining workers for short work,
 and draining workers of a queue limited to 2 running jobs. The periodic functions run on a
@@ -44,6 +45,7 @@ from bench.chaos_checks import (
     acked_events,
     check_acks,
     check_database,
+    check_handed,
     check_manifests,
     check_overlaps,
 )
@@ -52,6 +54,7 @@ from devtools.pgbouncer import PgBouncer
 from devtools.platform import LocalPlatform, Proc
 from devtools.s3 import moto_server
 from devtools.sqlconn import connect
+from jobfence import workflows
 from jobfence.adapters.s3 import S3ObjectStore
 from jobfence.errors import JobfenceError, ResourceBusy, StoreUnavailable
 from jobfence.functions.cli import COMMANDS
@@ -117,6 +120,24 @@ UPPER = ('for f in "$JOBFENCE_INPUT_DIR"/*; do sleep 0.1; tr a-z A-Z < "$f" > '
          '"$JOBFENCE_OUTPUT_DIR/$(basename "$f").out"; done')
 
 
+def _sh(script: str) -> dict[str, Any]:
+    return {"actions": [{"name": "command", "params": {"argv": ["sh", "-c", script]}}],
+            "max_attempts": 4, "queue": "datums"}
+
+
+WORKFLOW: dict[str, Any] = {"workflow": "handoff", "steps": {
+    # three files; a datum over each (each writes one name: handed on under its datum's id);
+    # the last step takes both steps' files
+    "make": _sh('sleep 0.1; for i in 1 2 3; do echo "$i" > "$JOBFENCE_OUTPUT_DIR/f$i"; done'),
+    "spread": {**_sh('sleep 0.1; cat "$JOBFENCE_INPUT_DIR"/make/* > "$JOBFENCE_OUTPUT_DIR/out"'),
+               "inputs": {"steps": ["make"], "per_datum": 1}},
+    "gather": {**_sh('find "$JOBFENCE_INPUT_DIR" -type f | sort > "$JOBFENCE_OUTPUT_DIR/ls"'),
+               "inputs": {"steps": ["make", "spread"]}}}}
+"""A workflow whose steps take the files of the steps before them (every file handed on must
+be a committed one: chaos_checks.check_handed)."""
+WORKFLOW_JOBS = 3 + 3  # its steps, and the datums of its fan-out
+
+
 def on_resource_action(locks: Path, resource: str, lo: float, hi: float) -> dict[str, Any]:
     """A command that holds the resource's lock file for as long as any of its processes
     lives (flock: the kernel lets go when the last one dies) and writes its attempt as the
@@ -142,9 +163,13 @@ class Feeder(threading.Thread):
         self.done = threading.Event()
         self.recent: list[str] = []
         self.datums = 0
+        self.error: BaseException | None = None
 
     def _spec(self) -> dict[str, Any]:
         spec = self._kind()
+        if "workflow" in spec:
+            self.counts["queue: datums"] += 1  # its steps'
+            return spec
         self.counts[f"queue: {spec.setdefault('queue', 'default')}"] += 1
         return spec
 
@@ -171,7 +196,10 @@ class Feeder(threading.Thread):
         if r < 0.92 and self.recent:
             self.counts["kind: after a dependency"] += 1
             return {"actions": [sleep_action(0.02, 0.2)], "after": [random.choice(self.recent)]}
-        if r < 0.95:
+        if r < 0.945:
+            self.counts["kind: workflow handing files on"] += 1
+            return WORKFLOW
+        if r < 0.975:
             self.counts["kind: datum parent"] += 1
             prefix = f"inputs/{self.datums}/"
             self.datums += 1
@@ -184,12 +212,24 @@ class Feeder(threading.Thread):
         return {"actions": [sleep_action(0.02, 0.4)]}
 
     def run(self) -> None:
+        try:
+            self._feed()
+        except BaseException as exc:
+            self.error = exc  # judged: a run that enqueued less than it said is no pass
+            raise
+
+    def _feed(self) -> None:
         conn = None
         while self.created < self.total:
             spec = self._spec()
             try:
                 if conn is None or conn.closed:
                     conn = connect(self.settings.database_url, application_name="chaos-feeder")
+                if "workflow" in spec:
+                    workflows.submit_workflow(self.settings, Store(conn),
+                                              workflows.parse_workflow(spec), actor="chaos")
+                    self.created += WORKFLOW_JOBS
+                    continue
                 [job] = submit(self.settings, Store(conn), parse_specs(spec),
                                objects=lambda: self.objects)
             except ResourceBusy:
@@ -417,12 +457,16 @@ def main() -> int:
         with connect(pg.dsn) as conn:
             verdicts = check_database(conn)
             verdicts.append(check_manifests(conn, lambda: objects))
+            verdicts.append(check_handed(conn))
             verdicts.append(check_overlaps(conn, locks / "overlaps"))
             # what each worker was acknowledged (its log), against what the database kept
             verdicts.extend(check_acks(conn, acked_events(
                 sorted((work / "logs").glob("*-worker-*.log")), injector.killed)))
             if not drained:
                 verdicts.append(Verdict("the queue drained within the timeout", ["timeout"]))
+            if feeder.error is not None:
+                verdicts.append(Verdict("every job of the mix was enqueued",
+                                        [{"feeder": repr(feeder.error)[:500]}]))
             totals = conn.execute("SELECT status, count(*) AS n FROM jobs GROUP BY status "
                                   "ORDER BY status").fetchall()
             claims = conn.execute("SELECT count(*) AS n FROM job_events "

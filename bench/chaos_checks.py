@@ -151,6 +151,32 @@ def check_manifests(conn: Connection, objects: Callable[[], ObjectStore]) -> Ver
     return v
 
 
+def check_handed(conn: Connection) -> Verdict:
+    """Every file a workflow step was handed (its inputs' ``files``: a step's, or a
+    fan-out's datum's) is a committed output: of a job that succeeded, uploaded by the
+    attempt that won its terminal write, or by an earlier attempt of its run that
+    finished an action (a resumed run's) — never a fenced-out or failed attempt's."""
+    v = Verdict("no file handed on from a losing attempt (workflow steps)")
+    rows = conn.execute("""
+        SELECT t.job_id AS taker, f ->> 'url' AS url, o.job_id AS producer,
+               o.attempt_id, o.status AS upload, p.status, p.attempt_id AS won,
+               EXISTS (SELECT FROM job_action_results r
+                       WHERE r.job_id = p.job_id AND r.attempt_id = o.attempt_id
+                         AND r.status = 'succeeded' AND r.run = p.run) AS resumed_from
+        FROM jobs t CROSS JOIN LATERAL jsonb_array_elements(t.inputs -> 'files') f
+        LEFT JOIN job_outputs o ON o.url = f ->> 'url'
+        LEFT JOIN jobs p ON p.job_id = o.job_id
+        WHERE t.inputs ? 'files'""").fetchall()
+    for r in rows:
+        v.checked += 1
+        if not (r["upload"] == "done" and r["status"] == "succeeded"
+                and (r["attempt_id"] == r["won"] or r["resumed_from"])
+                and f"/{r['producer']}/{r['attempt_id']}/" in r["url"]):
+            v.violations.append({"step": str(r["taker"]), "file": r["url"],
+                                 "producer_status": r["status"]})
+    return v
+
+
 def check_overlaps(conn: Connection, overlaps: Path) -> Verdict:
     """No command ran beside another on its resource while the older one's attempt was
     stopping (invariant 12). Each line of ``overlaps`` is a command that found its
