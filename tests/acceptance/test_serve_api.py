@@ -216,6 +216,10 @@ def test_workflows_and_groups(server: Served, dsn: str) -> None:
             "a": {**spec(), "after": ["b"]}, "b": {**spec(), "after": ["a"]}}},
             headers=ALICE)
         assert bad.status == 400 and "cycle" in bad.body["error"]
+        bad = server.post("/api/v1/workflows", {"workflow": "w", "steps": {
+            "a": spec(), "b": {**spec(), "inputs": {"steps": ["a"], "per_datum": 0}}}},
+            headers=ALICE)
+        assert bad.status == 400 and "per_datum" in bad.body["error"]
         assert conn.execute("SELECT count(*) AS n FROM jobs").fetchone()["n"] == before
     assert server.get("/api/v1/workflows/nope", headers=BOB).status == 400
     assert server.get("/api/v1/workflows/01a226d7-219f-726e-bc16-f8c4cfd64f5a",
