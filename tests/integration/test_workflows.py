@@ -470,6 +470,40 @@ def test_whatever_a_workflow_spec_holds_it_is_refused_cleanly_or_accepted(
     assert store.workflows.page(limit=1) == []
 
 
+ANY_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats()
+                        | st.text(max_size=8), lambda kids: st.lists(kids, max_size=3)
+                        | st.dictionaries(st.text(max_size=6), kids, max_size=3),
+                        max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(
+    ANY_JSON,
+    st.lists(st.sampled_from(["a", "b", "c", "zz"]) | ANY_JSON, max_size=4),
+), st.one_of(st.none(), ANY_JSON, st.integers(-5, 10_005)),
+   st.dictionaries(st.sampled_from(["url", "x", "per_datum"]), ANY_JSON, max_size=2))
+def test_whatever_a_steps_inputs_hold_they_are_refused_cleanly_or_kept_exactly(
+        named: object, per_datum: object, more: dict[str, object]) -> None:
+    """A step's ``inputs: {steps, per_datum, ...}`` of any shape: refused with InvalidSpec
+    (never another error), or accepted only when it names other steps of the workflow,
+    each once, with a whole per_datum from 1 to 10,000 or none — and then kept exactly,
+    its steps in its after."""
+    inputs = {"steps": named, **more}
+    if per_datum is not None:
+        inputs["per_datum"] = per_datum
+    spec = {"workflow": "w", "steps": {"a": NOOP, "b": NOOP, "c": {**NOOP, "inputs": inputs}}}
+    try:
+        w = workflows.parse_workflow(spec)
+    except InvalidSpec:
+        return
+    given = inputs.get("per_datum")
+    assert isinstance(named, list) and named and len(set(named)) == len(named)
+    assert set(named) <= {"a", "b"} and set(inputs) <= {"steps", "per_datum"}
+    assert given is None or (type(given) is int and 1 <= given <= 10_000)
+    assert w.inputs_from["c"] == workflows.Taken(tuple(named), given)
+    assert set(named) <= set(w.after["c"])
+
+
 def test_lifecycle_deletes_a_workflow_once_retention_took_its_steps(
         dsn: str, store: Store) -> None:
     """A workflow older than the audit retention stays while any of its steps does; once
