@@ -138,14 +138,15 @@ class AttemptFiles:
             bucket, base = self.inputs["bucket"], self.inputs.get("base", "")
             wanted += [(bucket, key, key[len(base):] if key.startswith(base) else key)
                        for key in self.inputs["keys"]]
-        for _, key, name in wanted:
+        for i, (bucket, key, name) in enumerate(wanted):
             rel = PurePosixPath(name)
             if rel.is_absolute() or ".." in rel.parts or not rel.parts:
                 raise ObjectStoreError(f"refusing input {key!r} as {name!r}: it escapes the "
                                        "input dir")
+            wanted[i] = (bucket, key, rel.as_posix())
         store = self._objects()
         for batch in _batches(wanted):
-            files = space.create_inputs([PurePosixPath(name).as_posix() for *_, name in batch])
+            files = space.create_inputs([name for *_, name in batch])
             try:
                 with ThreadPoolExecutor(TRANSFER_THREADS) as pool:
                     list(pool.map(lambda w: self._download(store, *w),
@@ -154,7 +155,7 @@ class AttemptFiles:
             finally:
                 for f in files:
                     f.close()
-        return [PurePosixPath(name).as_posix() for *_, name in wanted]
+        return [name for *_, name in wanted]
 
     def _download(self, store: ObjectStore, bucket: str, key: str, f: BinaryIO) -> None:
         store.download_to(bucket, key, f, progress=lambda _sent: self._touch())

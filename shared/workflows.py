@@ -211,7 +211,7 @@ def submit_workflow(settings: Settings, store: Store, workflow: Workflow, *,
             else:
                 answers = adding.add(jobs, datum_children(settings, objects))
         if not added.created:
-            _, steps = get(store, added.workflow_id)
+            steps = store.workflows.steps([added.workflow_id])[added.workflow_id]
             return Submitted(added.workflow_id, workflow.name, {
                 s.step: Enqueued(s.job_id, s.status, False) for s in steps}, False)
         if adding.owned:

@@ -10,8 +10,9 @@
 -- docs/DEVELOPERS.md). Each function's history before 0038 is in store/schema/.
 
 -- The files a workflow step takes from the steps before it (its inputs' `steps`, each name
--- with its job id; each must be a step of p_workflow_id), once they have all succeeded: each one's committed outputs — a fan-out
--- step's, its datums' — named STEP/PATH (STEP/DATUM/PATH where two datums wrote one
+-- with its job id; each must be a step of p_workflow_id), once they have all succeeded:
+-- each one's committed outputs (jobfence_committed_outputs) — a fan-out step's, its
+-- datums' — named STEP/PATH (STEP/DATUM/PATH where two datums wrote one
 -- name; where a run's attempts wrote one name, the newest). Its inputs back with `files`
 -- added, or a failure when there are more than p_most of them, two would share a name, or
 -- a step that fans out over them (`per_datum`) would have none.
@@ -34,12 +35,9 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
         WHERE c.status = 'succeeded'
     ), files AS (
         SELECT DISTINCT ON (p.step, p.job_id, o.path) p.step, p.job_id, o.path, o.url
-        FROM producers p JOIN {schema}.job_outputs o ON o.job_id = p.job_id
-        WHERE o.status = 'done'
-          AND (o.attempt_id = p.attempt_id
-               OR EXISTS (SELECT FROM {schema}.job_action_results r
-                          WHERE r.job_id = p.job_id AND r.attempt_id = o.attempt_id
-                            AND r.status = 'succeeded' AND r.run = p.run))
+        FROM producers p
+        CROSS JOIN LATERAL {schema}.jobfence_committed_outputs(p.job_id, p.attempt_id,
+                                                               p.run) o
         ORDER BY p.step, p.job_id, o.path, o.created_at DESC
     ), handed AS (
         SELECT f.url, f.step || '/' || CASE

@@ -498,3 +498,21 @@ BEGIN
             WHERE jsonb_typeof(a.x -> 'params' -> 'env') = 'object');
 END;
 $$;
+
+-- A succeeded job's committed outputs: the confirmed files of the attempt that won
+-- (p_attempt_id), and of every earlier attempt of its run (p_run) that finished an action
+-- (a resumed run skipped those actions; their files are its outputs). What a parent's
+-- manifest lists and what a workflow step hands on. A SQL function without SET, inlined
+-- into the statement that calls it (as one of its own would cost a plan at each call).
+CREATE OR REPLACE FUNCTION {schema}.jobfence_committed_outputs(p_job_id uuid,
+                                                               p_attempt_id uuid,
+                                                               p_run integer)
+RETURNS TABLE (path text, url text, created_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT o.path, o.url, o.created_at FROM {schema}.job_outputs o
+    WHERE o.job_id = p_job_id AND o.status = 'done'
+      AND (o.attempt_id = p_attempt_id
+           OR EXISTS (SELECT FROM {schema}.job_action_results r
+                      WHERE r.job_id = p_job_id AND r.attempt_id = o.attempt_id
+                        AND r.status = 'succeeded' AND r.run = p_run));
+$$;

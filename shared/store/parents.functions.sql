@@ -43,21 +43,17 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
                       AND s.status IN ('waiting', 'pending', 'running'));
 $$;
 
--- A parent's children with their committed outputs: for a child that succeeded, the
--- confirmed files of the attempt that won, and of every earlier attempt of its run that
--- finished an action (a resumed run skipped those actions; their files are its outputs).
+-- A parent's children with their committed outputs (jobfence_committed_outputs) for a
+-- child that succeeded.
 CREATE OR REPLACE FUNCTION {schema}.jobfence_children_page(p_parent_id uuid, p_after uuid,
                                                            p_limit integer)
 RETURNS TABLE (job_id uuid, status text, attempt_id uuid, inputs jsonb, error text,
                outputs text[])
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = {schema}, pg_temp AS $$
     SELECT c.job_id, c.status, c.attempt_id, c.inputs, c.error,
-        ARRAY(SELECT o.url FROM {schema}.job_outputs o
-              WHERE c.status = 'succeeded' AND o.job_id = c.job_id AND o.status = 'done'
-                AND (o.attempt_id = c.attempt_id
-                     OR EXISTS (SELECT FROM {schema}.job_action_results r
-                                WHERE r.job_id = c.job_id AND r.attempt_id = o.attempt_id
-                                  AND r.status = 'succeeded' AND r.run = c.run))
+        ARRAY(SELECT o.url
+              FROM {schema}.jobfence_committed_outputs(c.job_id, c.attempt_id, c.run) o
+              WHERE c.status = 'succeeded'
               ORDER BY o.path, o.created_at)
     FROM {schema}.jobs c
     WHERE c.parent_id = p_parent_id AND c.job_id > p_after
